@@ -1,0 +1,188 @@
+"""Run the real Pulumi program under Pulumi's mocks and record what it registers.
+
+No Pulumi CLI, engine, provider plugin or cloud account is involved: the mocks answer
+every resource registration and invoke. Tests, the offline preview and the policy harness
+all go through `render`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi.runtime
+from pulumi.runtime import settings
+from pulumi.runtime.stack import wait_for_rpcs
+from pulumi.runtime.sync_await import _sync_await
+
+from components import stackfile
+
+PROGRAM = stackfile.PROJECT_ROOT / "__main__.py"
+# Placeholder handed to the program for `sshPrivateKey` when a stack file has none:
+# the offline render never connects anywhere.
+OFFLINE_SSH_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\noffline-placeholder\n-----END OPENSSH PRIVATE KEY-----\n"
+)
+
+
+@dataclass
+class RecordedResource:
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    custom: bool
+    provider: str | None = None
+    parent: str | None = None  # the parent's name ("" for the stack)
+    parent_type: str | None = None
+    depends_on: list[str] = field(default_factory=list)  # explicit dependsOn names
+    urn: str = ""
+
+
+@dataclass
+class Render:
+    stack: str
+    resources: list[RecordedResource]
+    outputs: dict[str, Any]
+    invokes: list[tuple[str, dict[str, Any]]]
+    error: str | None = None
+
+    def of_type(self, type_: str) -> list[RecordedResource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def named(self, name: str) -> RecordedResource:
+        matches = [r for r in self.resources if r.name == name]
+        if len(matches) != 1:
+            raise KeyError(f"{len(matches)} resources named {name!r}")
+        return matches[0]
+
+    @property
+    def custom_resources(self) -> list[RecordedResource]:
+        return [r for r in self.resources if r.custom]
+
+
+# Values a real provider computes, enough for the program's outputs to resolve.
+_COMPUTED: dict[str, dict[str, Any]] = {
+    "aws:lb/loadBalancer:LoadBalancer": {"dnsName": "{name}-0123456789.elb.amazonaws.com"},
+    "aws:ec2/instance:Instance": {"privateIp": "{privateIp}"},
+}
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Mocks that echo inputs as outputs, add ids/ARNs, and answer invokes plausibly."""
+
+    def __init__(self, invoke_results: dict[str, dict[str, Any]] | None = None):
+        self.resources: list[RecordedResource] = []
+        self.invokes: list[tuple[str, dict[str, Any]]] = []
+        self.invoke_results = invoke_results or {}
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outputs = dict(args.inputs)
+        for key, template in _COMPUTED.get(args.typ, {}).items():
+            outputs.setdefault(key, template.format(name=args.name, **_str_keys(args.inputs)))
+        outputs.setdefault("arn", f"arn:aws:mock:::{args.typ.split(':')[-1].lower()}/{args.name}")
+        self.resources.append(
+            RecordedResource(
+                args.typ, args.name, dict(args.inputs), outputs, args.custom, args.provider or None
+            )
+        )
+        return [f"{args.name}-id", outputs]
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        self.invokes.append((args.token, dict(args.args)))
+        if args.token in self.invoke_results:
+            return self.invoke_results[args.token]
+        if args.token == "aws:ec2/getAmi:getAmi":
+            return {
+                "id": "ami-0123456789abcdef0",
+                "name": "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261101",
+                "architecture": "x86_64",
+            }
+        if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
+            return {
+                "names": ["us-west-2a", "us-west-2b", "us-west-2c"],
+                "zoneIds": ["usw2-az1", "usw2-az2", "usw2-az3"],
+            }
+        return {}
+
+
+def _str_keys(inputs: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in inputs.items() if isinstance(k, str) and k.isidentifier()}
+
+
+def render(
+    stack_config: dict[str, Any],
+    stack: str = "dev",
+    *,
+    program: Path = PROGRAM,
+    ssh_private_key: str | None = OFFLINE_SSH_KEY,
+    invoke_results: dict[str, dict[str, Any]] | None = None,
+) -> Render:
+    """Run `program` with `stack_config` (the `config:` map of a stack file) under mocks."""
+    values, secret_keys = stackfile.as_pulumi_config(stack_config)
+    key_name = "qwen-cluster:sshPrivateKey"
+    if ssh_private_key is not None and key_name not in values:
+        values[key_name] = ssh_private_key
+        secret_keys.append(key_name)
+    mocks = RecordingMocks(invoke_results)
+    settings.ROOT.set(None)
+    pulumi.runtime.set_all_config(values, secret_keys)
+    pulumi.runtime.set_mocks(mocks, project="qwen-cluster", stack=stack, preview=False)
+
+    lineage: dict[tuple[str, str], tuple[str | None, str | None, list[str]]] = {}
+
+    def remember(args: pulumi.ResourceTransformationArgs):
+        opts = args.opts
+        parent = opts.parent if opts is not None else None
+        depends = opts.depends_on if opts is not None and opts.depends_on else []
+        if not isinstance(depends, list):
+            depends = [depends]
+        lineage[(args.type_, args.name)] = (
+            getattr(parent, "_name", None),
+            getattr(parent, "_type", None),
+            [getattr(d, "_name", str(d)) for d in depends],
+        )
+        return None
+
+    pulumi.runtime.register_stack_transformation(remember)
+    error: str | None = None
+    root = str(program.parent)
+    added = root not in sys.path
+    if added:
+        sys.path.insert(0, root)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(str(program), run_name="__main__")
+            _sync_await(wait_for_rpcs())
+    except (pulumi.RunError, ValueError) as exc:
+        error = str(exc)
+    finally:
+        if added:
+            sys.path.remove(root)
+    outputs: dict[str, Any] = {}
+    stack_resource = settings.get_root_resource()
+    if error is None and stack_resource is not None:
+        for name, value in getattr(stack_resource, "outputs", {}).items():
+            outputs[name] = _resolve(value)
+    for resource in mocks.resources:
+        parent, parent_type, depends = lineage.get((resource.type, resource.name), (None, None, []))
+        resource.parent, resource.parent_type, resource.depends_on = parent, parent_type, depends
+    return Render(stack, mocks.resources, outputs, mocks.invokes, error)
+
+
+def _resolve(value: Any) -> Any:
+    """Resolve an exported value (Outputs nested in dicts and lists) to plain data."""
+    resolved = _sync_await(pulumi.Output.from_input(value).future())
+    return json.loads(json.dumps(resolved, default=str))
+
+
+def render_stack(stack: str, **kwargs: Any) -> Render:
+    """Render a stack file of this project (`Pulumi.<stack>.yaml`)."""
+    return render(stackfile.read(stack), stack, **kwargs)

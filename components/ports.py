@@ -1,0 +1,318 @@
+"""The port table: the guide's ports, their scopes, and who may reach what.
+
+Every rendering (AWS security groups, host firewalls, nginx, reachability probes) reads
+its exposure from the pure functions here, so a port is written down exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic.alias_generators import to_camel
+
+SSH_PORT = 22
+
+
+class Scope(StrEnum):
+    CLIENTS = "clients"  # reached through the load balancer only
+    CLUSTER = "cluster"  # node to node only
+    MONITORING = "monitoring"  # monitoringCidrs only
+    ADMIN = "admin"  # adminCidrs only
+
+
+@dataclass(frozen=True, order=True)
+class PortRange:
+    low: int
+    high: int
+
+    @property
+    def size(self) -> int:
+        return self.high - self.low + 1
+
+    def overlaps(self, other: PortRange) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+    def __contains__(self, port: object) -> bool:
+        return isinstance(port, int) and self.low <= port <= self.high
+
+    def __str__(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_port_range(value: object) -> PortRange:
+    """Accept 5000, "5000" or "6000-6100"; reject anything else with the value named."""
+    if isinstance(value, PortRange):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a port or a 'low-high' range")
+    if isinstance(value, int):
+        low = high = value
+    elif isinstance(value, str) and (match := _RANGE.match(value)):
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+    else:
+        raise ValueError(f"{value!r} is not a port or a 'low-high' range")
+    for number in (low, high):
+        if not 1 <= number <= 65535:
+            raise ValueError(f"{value!r}: port {number} is outside 1-65535")
+    if low > high:
+        raise ValueError(f"{value!r}: range low {low} is above high {high}")
+    return PortRange(low, high)
+
+
+PortSpec = Annotated[
+    PortRange,
+    BeforeValidator(parse_port_range),
+    PlainSerializer(lambda r: r.low if r.low == r.high else str(r), return_type=int | str),
+]
+
+
+class PortEntry(BaseModel):
+    """One row of the port table (`qwen-cluster:ports`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=48)
+    port: PortSpec
+    scope: Scope
+    required: bool = True
+
+
+# The guide's table (section 3.1), the project's default.
+DEFAULT_PORTS: tuple[PortEntry, ...] = (
+    PortEntry(name="model-service", port=5000, scope=Scope.CLIENTS, required=True),
+    PortEntry(name="inter-node", port="6000-6100", scope=Scope.CLUSTER, required=True),
+    PortEntry(name="monitoring", port=8000, scope=Scope.MONITORING, required=False),
+)
+
+
+def table_errors(entries: list[PortEntry]) -> list[str]:
+    """Cross-row rules of the table; each message names the rows."""
+    errors: list[str] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        if entry.name in seen:
+            errors.append(f"ports[{index}].name {entry.name!r} is used already by ports[{seen[entry.name]}]")
+        seen.setdefault(entry.name, index)
+        for other_index in range(index):
+            other = entries[other_index]
+            if entry.port.overlaps(other.port):
+                errors.append(
+                    f"ports[{index}].port {entry.port} ({entry.name}) overlaps "
+                    f"ports[{other_index}].port {other.port} ({other.name})"
+                )
+        if entry.port.low <= SSH_PORT <= entry.port.high:
+            errors.append(
+                f"ports[{index}].port {entry.port} ({entry.name}) includes SSH port {SSH_PORT}, "
+                "which is governed by access.adminCidrs"
+            )
+    scopes = {entry.scope for entry in entries}
+    if Scope.CLIENTS not in scopes:
+        errors.append("ports has no entry with scope 'clients' (the model service)")
+    if Scope.CLUSTER not in scopes:
+        errors.append("ports has no entry with scope 'cluster' (communication between nodes)")
+    if sum(1 for entry in entries if entry.scope is Scope.CLIENTS) > 1:
+        names = [entry.name for entry in entries if entry.scope is Scope.CLIENTS]
+        errors.append(
+            f"ports has {len(names)} entries with scope 'clients' {names}; the load "
+            "balancer forwards to exactly one model port"
+        )
+    return errors
+
+
+def model_port(entries: list[PortEntry] | tuple[PortEntry, ...]) -> int:
+    """The model service port: the (single) clients-scope entry."""
+    return next(entry.port.low for entry in entries if entry.scope is Scope.CLIENTS)
+
+
+def cluster_range(entries: list[PortEntry] | tuple[PortEntry, ...]) -> PortEntry:
+    """The cluster-scope entry Ray/vLLM ports are pinned into: the widest one."""
+    cluster = [entry for entry in entries if entry.scope is Scope.CLUSTER]
+    return max(cluster, key=lambda entry: (entry.port.size, -entry.port.low))
+
+
+class Peer(StrEnum):
+    """Who a rule admits."""
+
+    NODES = "nodes"  # the cluster's own members: SG self reference / the exact node IPs
+    LOAD_BALANCER = "load-balancer"  # the LB: its SG on AWS, the LB node's IP on bare metal
+    CIDRS = "cidrs"  # the listed CIDR blocks
+
+
+class Target(StrEnum):
+    NODES = "nodes"
+    LOAD_BALANCER = "load-balancer"
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """One ingress rule in the abstract: `peer` may reach `ports` (None = all traffic) on `target`."""
+
+    name: str
+    target: Target
+    peer: Peer
+    ports: PortRange | None
+    protocol: str  # "tcp" or "all"
+    cidrs: tuple[str, ...] = ()
+    description: str = ""
+
+    @property
+    def all_traffic(self) -> bool:
+        return self.ports is None
+
+
+def exposures(
+    entries: list[PortEntry] | tuple[PortEntry, ...],
+    *,
+    listener_port: int,
+    client_cidrs: tuple[str, ...],
+    monitoring_cidrs: tuple[str, ...],
+    admin_cidrs: tuple[str, ...],
+    ssh_to_nodes: bool,
+) -> list[Exposure]:
+    """Every ingress the port table allows, and nothing else (default deny).
+
+    Between nodes we allow all traffic from members only: NCCL cannot be pinned to a port
+    range (NVIDIA/nccl#388) and EFA needs an all-traffic self rule. The cluster-scope rows
+    stay in the table to document (and pin) Ray and vLLM ports.
+    """
+    rules = [
+        Exposure(
+            name="cluster-all",
+            target=Target.NODES,
+            peer=Peer.NODES,
+            ports=None,
+            protocol="all",
+            description="all traffic between cluster nodes (NCCL/EFA use unpinnable ports)",
+        )
+    ]
+    for entry in entries:
+        if entry.scope is Scope.CLIENTS:
+            rules.append(
+                Exposure(
+                    name=entry.name,
+                    target=Target.NODES,
+                    peer=Peer.LOAD_BALANCER,
+                    ports=entry.port,
+                    protocol="tcp",
+                    description=f"{entry.name} {entry.port}/tcp from the load balancer only",
+                )
+            )
+        elif entry.scope is Scope.MONITORING and monitoring_cidrs:
+            rules.append(
+                Exposure(
+                    name=entry.name,
+                    target=Target.NODES,
+                    peer=Peer.CIDRS,
+                    ports=entry.port,
+                    protocol="tcp",
+                    cidrs=monitoring_cidrs,
+                    description=f"{entry.name} {entry.port}/tcp from monitoringCidrs",
+                )
+            )
+        elif entry.scope is Scope.ADMIN and admin_cidrs:
+            rules.append(
+                Exposure(
+                    name=entry.name,
+                    target=Target.NODES,
+                    peer=Peer.CIDRS,
+                    ports=entry.port,
+                    protocol="tcp",
+                    cidrs=admin_cidrs,
+                    description=f"{entry.name} {entry.port}/tcp from adminCidrs",
+                )
+            )
+    if ssh_to_nodes and admin_cidrs:
+        rules.append(
+            Exposure(
+                name="ssh",
+                target=Target.NODES,
+                peer=Peer.CIDRS,
+                ports=PortRange(SSH_PORT, SSH_PORT),
+                protocol="tcp",
+                cidrs=admin_cidrs,
+                description=f"SSH {SSH_PORT}/tcp from adminCidrs",
+            )
+        )
+    rules.append(
+        Exposure(
+            name="listener",
+            target=Target.LOAD_BALANCER,
+            peer=Peer.CIDRS,
+            ports=PortRange(listener_port, listener_port),
+            protocol="tcp",
+            cidrs=client_cidrs,
+            description=f"load balancer listener {listener_port}/tcp from clientCidrs",
+        )
+    )
+    return rules
+
+
+class Vantage(StrEnum):
+    """Where a reachability probe starts (the lab has one namespace of each)."""
+
+    NODE = "node"  # another cluster node
+    LOAD_BALANCER = "load-balancer"
+    CLIENT = "client"  # inside clientCidrs
+    MONITORING = "monitoring"  # inside monitoringCidrs
+    ADMIN = "admin"  # inside adminCidrs
+    OUTSIDER = "outsider"  # in none of the CIDRs
+    INTRUDER = "intruder"  # an unused address on the node segment
+
+
+@dataclass(frozen=True)
+class Expectation:
+    vantage: Vantage
+    target: Target
+    name: str
+    port: int
+    open: bool
+
+
+def reachability(
+    entries: list[PortEntry] | tuple[PortEntry, ...], *, listener_port: int, ssh_to_nodes: bool
+) -> list[Expectation]:
+    """What must be open and what must be closed, per vantage point, for each table port.
+
+    Both ends of a range are probed. The intruder sits on the node segment but is not a
+    member, so it must get no more than an outsider: the cluster rule names members only.
+    """
+    grants: dict[Scope, set[Vantage]] = {
+        Scope.CLIENTS: {Vantage.LOAD_BALANCER},
+        Scope.CLUSTER: {Vantage.NODE},
+        Scope.MONITORING: {Vantage.MONITORING},
+        Scope.ADMIN: {Vantage.ADMIN},
+    }
+    expectations: list[Expectation] = []
+    for vantage in Vantage:
+        for entry in entries:
+            for port in sorted({entry.port.low, entry.port.high}):
+                # Members reach every port of every other member (the all-traffic rule).
+                is_open = vantage is Vantage.NODE or vantage in grants[entry.scope]
+                expectations.append(Expectation(vantage, Target.NODES, entry.name, port, is_open))
+        expectations.append(
+            Expectation(
+                vantage,
+                Target.NODES,
+                "ssh",
+                SSH_PORT,
+                vantage is Vantage.NODE or (ssh_to_nodes and vantage is Vantage.ADMIN),
+            )
+        )
+        expectations.append(
+            Expectation(
+                vantage,
+                Target.LOAD_BALANCER,
+                "listener",
+                listener_port,
+                vantage in {Vantage.CLIENT, Vantage.NODE, Vantage.LOAD_BALANCER},
+            )
+        )
+    return expectations
