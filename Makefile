@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= onprem
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv system clean
 
 # The virtualenv is refreshed whenever requirements.txt changes.
 $(VENV)/.installed: requirements.txt
@@ -15,10 +15,14 @@ $(VENV)/.installed: requirements.txt
 
 venv: $(VENV)/.installed
 
-demo: venv
+# Debian packages the tests run for real (nginx, shellcheck, iproute2, nftables, ufw, ...).
+system:
+	bash scripts/setup-system.sh
+
+demo: venv system
 	$(PY) scripts/demo.py
 
-test: venv
+test: venv system
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

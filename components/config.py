@@ -453,11 +453,9 @@ def _bare_metal_errors(
             f"bareMetal.nicSpeedGbps {bare_metal.nic_speed_gbps:g} is below "
             f"network.minBandwidthGbps {network.min_bandwidth_gbps:g}"
         )
-    if nodes is not None and bare_metal.load_balancer_node is not None:
-        if bare_metal.load_balancer_node not in {node.name for node in nodes}:
-            errors.append(
-                f"bareMetal.loadBalancerNode {bare_metal.load_balancer_node} is not one of the nodes"
-            )
+    lb_node = bare_metal.load_balancer_node
+    if nodes is not None and lb_node is not None and lb_node not in {node.name for node in nodes}:
+        errors.append(f"bareMetal.loadBalancerNode {bare_metal.load_balancer_node} is not one of the nodes")
     return errors
 
 

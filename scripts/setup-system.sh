@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests and the lab run for real (nginx -t, shellcheck,
+# network namespaces, firewalls, probes). Skips what is already there; needs root for apt.
+set -euo pipefail
+
+# command -> Debian package
+declare -A needed=(
+  [nginx]=nginx-light
+  [shellcheck]=shellcheck
+  [ip]=iproute2
+  [ping]=iputils-ping
+  [iperf3]=iperf3
+  [nft]=nftables
+  [ufw]=ufw
+  [sshd]=openssh-server
+  [dot]=graphviz
+  [sysctl]=procps
+)
+
+missing=()
+for cmd in "${!needed[@]}"; do
+  if ! PATH="$PATH:/usr/sbin:/sbin" command -v "$cmd" >/dev/null 2>&1; then
+    missing+=("${needed[$cmd]}")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "setup-system: missing ${missing[*]} (install them as root with apt-get); tests that need them will say so" >&2
+  exit 0
+fi
+echo "setup-system: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# --no-install-recommends keeps ufw/nginx from pulling in services we start ourselves.
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

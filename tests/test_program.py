@@ -1,0 +1,53 @@
+"""The whole program under Pulumi mocks: stacks validate, a bad config registers nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from components import offline, stackfile
+
+
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_every_stack_file_validates(stack):
+    cluster = stackfile.load(stack)
+    assert len(cluster.nodes) >= 2
+
+
+def test_stacks_match_the_design_table():
+    dev, prod, onprem = (stackfile.load(s) for s in ("dev", "prod", "onprem"))
+    assert (dev.target.value, dev.aws.instance_type, len(dev.nodes)) == ("aws", "g6e.12xlarge", 2)
+    assert (prod.target.value, prod.aws.instance_type, len(prod.nodes)) == ("aws", "p5.48xlarge", 4)
+    assert onprem.target.value == "bare-metal" and onprem.bare_metal.firewall == "ufw"
+    assert [str(n.ip) for n in onprem.nodes] == [
+        "192.168.1.100",
+        "192.168.1.101",
+        "192.168.1.102",
+        "192.168.1.103",
+    ]
+    assert onprem.load_balancer_node.name == "master"
+    for cluster in (dev, prod):
+        assert len(cluster.topology.replicas) == len(cluster.nodes)
+
+
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_a_valid_stack_exports_its_summary(stack):
+    render = offline.render_stack(stack)
+    assert render.error is None
+    assert render.outputs["summary"]["target"] == stackfile.load(stack).target.value
+
+
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_a_bad_config_registers_no_resource(stack):
+    stack_config = stackfile.read(stack)
+    stack_config["qwen-cluster:nodes"] = [{"name": "solo", "ip": "172.16.0.9", "role": "master"}]
+    stack_config["qwen-cluster:typo"] = True
+    render = offline.render(stack_config, stack)
+    assert render.resources == []
+    assert "nodes has 1 entries" in render.error
+    assert "qwen-cluster:typo is not a known key" in render.error
+    assert "nodes[0].ip 172.16.0.9 is outside network.cidr" in render.error
+
+
+def test_unknown_stack_file_is_named():
+    with pytest.raises(FileNotFoundError, match="no stack file Pulumi.staging.yaml"):
+        stackfile.read("staging")
