@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= onprem
 
-.PHONY: demo test lint venv system clean
+.PHONY: demo test lint venv system bench clean
 
 # The virtualenv is refreshed whenever requirements.txt changes.
 $(VENV)/.installed: requirements.txt
@@ -25,6 +25,9 @@ demo: venv system
 test: venv system
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+bench: venv system
+	$(PY) scripts/bench.py
 
 lint: venv
 	$(PY) -m ruff check .

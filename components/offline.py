@@ -67,6 +67,46 @@ class Render:
     def custom_resources(self) -> list[RecordedResource]:
         return [r for r in self.resources if r.custom]
 
+    def dependencies(self) -> dict[str, set[str]]:
+        """Which custom resources each custom resource waits for at deploy time.
+
+        Explicit `depends_on` plus every input that carries another resource's id, ARN or
+        DNS name (how an Output flows from one resource into another; the mocks make those
+        values unique per resource)."""
+        custom = self.custom_resources
+        marks: dict[str, str] = {}
+        for resource in custom:
+            marks[f"{resource.name}-id"] = resource.name
+            for key in ("arn", "dnsName"):
+                if isinstance(resource.outputs.get(key), str):
+                    marks[resource.outputs[key]] = resource.name
+        graph: dict[str, set[str]] = {}
+        for resource in custom:
+            found = {marks[value] for value in _strings(resource.inputs) if value in marks}
+            found |= {name for name in resource.depends_on if any(r.name == name for r in custom)}
+            found.discard(resource.name)
+            graph[resource.name] = found
+        return graph
+
+    def critical_path(self) -> list[str]:
+        """The longest chain of custom resources that must be created one after another."""
+        graph = self.dependencies()
+        longest: dict[str, list[str]] = {}
+
+        def chain(name: str, seen: frozenset[str]) -> list[str]:
+            if name in longest:
+                return longest[name]
+            best: list[str] = []
+            for dependency in graph.get(name, ()):
+                if dependency not in seen:
+                    candidate = chain(dependency, seen | {dependency})
+                    if len(candidate) > len(best):
+                        best = candidate
+            longest[name] = [*best, name]
+            return longest[name]
+
+        return max((chain(name, frozenset({name})) for name in graph), key=len, default=[])
+
 
 # Values a real provider computes, enough for the program's outputs to resolve.
 _COMPUTED: dict[str, dict[str, Any]] = {
@@ -111,6 +151,18 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 "zoneIds": ["usw2-az1", "usw2-az2", "usw2-az3"],
             }
         return {}
+
+
+def _strings(value: Any):
+    """Every string inside a nested input value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
 
 
 def _str_keys(inputs: dict[str, Any]) -> dict[str, str]:

@@ -51,3 +51,35 @@ def test_a_bad_config_registers_no_resource(stack):
 def test_unknown_stack_file_is_named():
     with pytest.raises(FileNotFoundError, match="no stack file Pulumi.staging.yaml"):
         stackfile.read("staging")
+
+
+def test_dependency_graph_follows_ids_arns_and_depends_on():
+    render = offline.Render(
+        "t",
+        [
+            offline.RecordedResource("aws:ec2/vpc:Vpc", "vpc", {}, {"arn": "arn:vpc"}, True),
+            offline.RecordedResource(
+                "aws:ec2/subnet:Subnet", "subnet", {"vpcId": "vpc-id"}, {"arn": "arn:subnet"}, True
+            ),
+            offline.RecordedResource(
+                "aws:ec2/instance:Instance", "node", {"subnetId": "subnet-id"}, {}, True
+            ),
+            offline.RecordedResource(
+                "aws:lb/targetGroup:TargetGroup", "tg", {"tags": {"x": "arn:vpc"}}, {}, True
+            ),
+            offline.RecordedResource(
+                "command:remote:Command", "verify", {}, {}, True, depends_on=["node", "tg"]
+            ),
+            offline.RecordedResource("qwen-cluster:aws:Nodes", "group", {}, {}, False),
+        ],
+        {},
+        [],
+    )
+    assert render.dependencies() == {
+        "vpc": set(),
+        "subnet": {"vpc"},
+        "node": {"subnet"},
+        "tg": {"vpc"},
+        "verify": {"node", "tg"},
+    }
+    assert render.critical_path() == ["vpc", "subnet", "node", "verify"]
