@@ -241,13 +241,16 @@ def test_each_node_primary_ip_is_its_configured_ip(prod):
         assert instance.inputs["launchTemplate"]["id"] == f"gpu-nodes-{name}-template-id"
 
 
-def test_no_public_ip_on_nodes(prod):
+def test_no_public_ip_on_nodes(prod, dev):
+    for result in (dev, prod):
+        assert result.named("network-nodes").inputs["mapPublicIpOnLaunch"] is False
+        for instance in result.of_type(INSTANCE):
+            if instance.name != "bastion-host":
+                assert not instance.inputs.get("associatePublicIpAddress")
+    # One interface: said explicitly. Several: EC2 refuses the parameter, even as false.
+    assert templates(dev)["master"].inputs["networkInterfaces"][0]["associatePublicIpAddress"] == "false"
     for template in templates(prod).values():
-        primary = template.inputs["networkInterfaces"][0]
-        assert primary["associatePublicIpAddress"] == "false"
-    for instance in prod.of_type(INSTANCE):
-        if instance.name != "bastion-host":
-            assert not instance.inputs.get("associatePublicIpAddress")
+        assert not [i for i in template.inputs["networkInterfaces"] if "associatePublicIpAddress" in i]
 
 
 def test_imdsv2_required_and_root_volume_encrypted_gp3(prod, dev):

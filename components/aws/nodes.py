@@ -94,6 +94,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self.instance_ids = {}
         for node in cluster.nodes:
             node_tags = {**role_tags, NODE_TAG: node.name, "Name": f"{name}-{node.name}"}
+            specs = ec2.network_interfaces(kind, aws_target.efa, str(node.ip))
             interfaces = [
                 {
                     "network_card_index": spec.network_card_index,
@@ -103,12 +104,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
                     # Every interface carries the node SG; none at template level (AWS refuses both).
                     "security_groups": [args.security_group_id],
                     "private_ip_address": spec.private_ip,
-                    # Multi-interface instances cannot have a public IP; nodes never get one.
-                    "associate_public_ip_address": "false" if spec.private_ip else None,
+                    # No public IP: the node subnet does not map one, and a single interface
+                    # says so too. With several interfaces EC2 refuses the parameter even as
+                    # false (InvalidParameterCombination: "The associatePublicIPAddress
+                    # parameter cannot be specified when launching with multiple network
+                    # interfaces"), so it is left out there.
+                    "associate_public_ip_address": "false" if len(specs) == 1 else None,
                     "delete_on_termination": "true",
                     "description": f"{node.name} card {spec.network_card_index} {spec.interface_type}",
                 }
-                for spec in ec2.network_interfaces(kind, aws_target.efa, str(node.ip))
+                for spec in specs
             ]
             template = aws.ec2.LaunchTemplate(
                 f"{name}-{node.name}-template",
