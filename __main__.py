@@ -11,3 +11,9 @@ except config.ConfigError as error:
     raise pulumi.RunError(str(error)) from None
 
 pulumi.export("summary", summary.summary(cluster))
+
+if cluster.target is config.Target.AWS:
+    from components import aws
+
+    for output_name, value in aws.build(cluster).items():
+        pulumi.export(output_name, value)

@@ -291,6 +291,7 @@ class ClusterConfig(_Section):
             monitoring_cidrs=tuple(str(c) for c in self.access.monitoring_cidrs),
             admin_cidrs=tuple(str(c) for c in self.access.admin_cidrs),
             ssh_to_nodes=self.ssh_to_nodes,
+            ssh_via_bastion=bool(self.aws and self.aws.bastion),
         )
 
 
@@ -438,6 +439,14 @@ def _aws_errors(aws: AwsTarget, network: Network | None, access: Access | None) 
             errors.append(
                 f"network.cidr {network.cidr} is a /{network.cidr.prefixlen}; an AWS "
                 f"subnet is /{low} to /{high}"
+            )
+        elif network.cidr.prefixlen <= AWS_SUBNET_PREFIX[0]:
+            # The public subnets (NAT, bastion, internet-facing LB) are carved next to
+            # network.cidr inside a larger block, and a VPC is at most a /16.
+            errors.append(
+                f"network.cidr {network.cidr} is a /{network.cidr.prefixlen}, as large as a VPC "
+                f"can be; use a /{AWS_SUBNET_PREFIX[0] + 1} or smaller so the VPC has room for "
+                "the public subnets beside it"
             )
     if aws.bastion and access is not None and not access.admin_cidrs:
         errors.append("aws.bastion is true but access.adminCidrs is empty: nobody could reach it")

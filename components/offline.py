@@ -112,6 +112,8 @@ class Render:
 _COMPUTED: dict[str, dict[str, Any]] = {
     "aws:lb/loadBalancer:LoadBalancer": {"dnsName": "{name}-0123456789.elb.amazonaws.com"},
     "aws:ec2/instance:Instance": {"privateIp": "{privateIp}"},
+    "aws:ec2/launchTemplate:LaunchTemplate": {"latestVersion": 1},
+    "aws:ec2/placementGroup:PlacementGroup": {"name": "{name}-0123456"},  # auto-named by the engine
 }
 
 
@@ -126,7 +128,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
         for key, template in _COMPUTED.get(args.typ, {}).items():
-            outputs.setdefault(key, template.format(name=args.name, **_str_keys(args.inputs)))
+            if not isinstance(template, str):
+                outputs.setdefault(key, template)
+                continue
+            with contextlib.suppress(KeyError):  # an input the template names was not given
+                outputs.setdefault(key, template.format(name=args.name, **_str_keys(args.inputs)))
         outputs.setdefault("arn", f"arn:aws:mock:::{args.typ.split(':')[-1].lower()}/{args.name}")
         self.resources.append(
             RecordedResource(

@@ -144,11 +144,13 @@ class Peer(StrEnum):
     NODES = "nodes"  # the cluster's own members: SG self reference / the exact node IPs
     LOAD_BALANCER = "load-balancer"  # the LB: its SG on AWS, the LB node's IP on bare metal
     CIDRS = "cidrs"  # the listed CIDR blocks
+    BASTION = "bastion"  # the SSH jump host (AWS): its SG
 
 
 class Target(StrEnum):
     NODES = "nodes"
     LOAD_BALANCER = "load-balancer"
+    BASTION = "bastion"  # the SSH jump host (AWS, `aws.bastion`)
 
 
 @dataclass(frozen=True)
@@ -176,8 +178,12 @@ def exposures(
     monitoring_cidrs: tuple[str, ...],
     admin_cidrs: tuple[str, ...],
     ssh_to_nodes: bool,
+    ssh_via_bastion: bool = False,
 ) -> list[Exposure]:
     """Every ingress the port table allows, and nothing else (default deny).
+
+    With `ssh_via_bastion` (AWS) only the bastion reaches the nodes' SSH port, and the
+    bastion takes SSH from adminCidrs.
 
     Between nodes we allow all traffic from members only: NCCL cannot be pinned to a port
     range (NVIDIA/nccl#388) and EFA needs an all-traffic self rule. The cluster-scope rows
@@ -229,7 +235,29 @@ def exposures(
                     description=f"{entry.name} {entry.port}/tcp from adminCidrs",
                 )
             )
-    if ssh_to_nodes and admin_cidrs:
+    if ssh_to_nodes and admin_cidrs and ssh_via_bastion:
+        rules.append(
+            Exposure(
+                name="ssh",
+                target=Target.NODES,
+                peer=Peer.BASTION,
+                ports=PortRange(SSH_PORT, SSH_PORT),
+                protocol="tcp",
+                description=f"SSH {SSH_PORT}/tcp from the bastion only",
+            )
+        )
+        rules.append(
+            Exposure(
+                name="bastion-ssh",
+                target=Target.BASTION,
+                peer=Peer.CIDRS,
+                ports=PortRange(SSH_PORT, SSH_PORT),
+                protocol="tcp",
+                cidrs=admin_cidrs,
+                description=f"bastion SSH {SSH_PORT}/tcp from adminCidrs",
+            )
+        )
+    elif ssh_to_nodes and admin_cidrs:
         rules.append(
             Exposure(
                 name="ssh",

@@ -1,0 +1,101 @@
+"""The AWS target (stacks dev, prod): network, security groups, GPU nodes, NLB, optional bastion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from components import summary
+from components.config import ClusterConfig
+from components.render import sg_rules, vpc_plan
+from components.render.sg_rules import Group
+
+from .bastion import Bastion, BastionArgs
+from .loadbalancer import ModelLoadBalancer, ModelLoadBalancerArgs
+from .network import Network, NetworkArgs
+from .nodes import GpuNodeGroup, GpuNodeGroupArgs
+from .security import SecurityGroups, SecurityGroupsArgs
+
+__all__ = ["build"]
+
+
+def build(cluster: ClusterConfig) -> dict[str, Any]:
+    """Register the AWS resources for a validated cluster; return the stack outputs."""
+    aws_target = cluster.aws
+    if aws_target is None:
+        raise ValueError("components.aws.build needs target aws")
+    internet_facing = cluster.load_balancer.scheme == "internet-facing"
+    tags = {"qwen-cluster:stack": pulumi.get_stack()}
+
+    network = Network(
+        "network",
+        NetworkArgs(
+            plan=vpc_plan.plan(cluster.network.cidr, internet_facing=internet_facing),
+            availability_zone=aws_target.availability_zone,
+            region=aws_target.region,
+            vpc_id=aws_target.vpc_id,
+            tags=tags,
+        ),
+    )
+    security = SecurityGroups(
+        "security",
+        SecurityGroupsArgs(vpc_id=network.vpc_id, rules=sg_rules.rules(cluster.exposures()), tags=tags),
+    )
+    nodes = GpuNodeGroup(
+        "gpu-nodes",
+        GpuNodeGroupArgs(
+            cluster=cluster,
+            subnet_id=network.node_subnet_id,
+            security_group_id=security.group_ids[Group.NODES],
+            tags=tags,
+        ),
+    )
+    topology = cluster.topology
+    load_balancer = ModelLoadBalancer(
+        "model-lb",
+        ModelLoadBalancerArgs(
+            vpc_id=network.vpc_id,
+            # Internal: in the node subnet, next to its targets. Internet-facing: the public
+            # subnets in two AZs.
+            subnet_ids=network.public_subnet_ids if internet_facing else [network.node_subnet_id],
+            security_group_id=security.group_ids[Group.LOAD_BALANCER],
+            internal=not internet_facing,
+            listener_port=cluster.load_balancer.port,
+            model_port=cluster.model_port,
+            idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
+            targets={head.name: nodes.instance_ids[head.name] for head in topology.heads},
+            tags=tags,
+        ),
+    )
+    data = summary.summary(cluster)
+    outputs: dict[str, Any] = {
+        "endpoint": load_balancer.endpoint,
+        "loadBalancerDnsName": load_balancer.dns_name,
+        "nodes": {
+            node.name: {
+                "id": nodes.instance_ids[node.name],
+                "ip": str(node.ip),
+                "head": topology.is_head(node.name),
+            }
+            for node in cluster.nodes
+        },
+        "nodeIds": [nodes.instance_ids[node.name] for node in cluster.nodes],
+        "nodeIps": [str(node.ip) for node in cluster.nodes],
+        "securityGroupIds": {str(group): sg_id for group, sg_id in security.group_ids.items()},
+        "placementGroup": nodes.placement_group_name,
+        "vpcId": network.vpc_id,
+        "portTable": data["ports"],
+        "topology": data["topology"],
+    }
+    if aws_target.bastion:
+        bastion = Bastion(
+            "bastion",
+            BastionArgs(
+                subnet_id=network.public_subnet_ids[0],
+                security_group_id=security.group_ids[Group.BASTION],
+                tags=tags,
+            ),
+        )
+        outputs["bastionPublicIp"] = bastion.public_ip
+    return outputs
