@@ -29,7 +29,7 @@ NETWORK_INTERFACE_TYPES = (
 
 
 def scaled_stack(stack: str, count: int) -> dict[str, Any]:
-    """The stack file with `count` nodes in a /16 (AWS: the first four addresses skipped)."""
+    """The stack file with `count` nodes in a /17 (AWS: the first four addresses skipped)."""
     from components import stackfile
 
     stack_config = stackfile.read(stack)
@@ -47,7 +47,7 @@ def scaled_stack(stack: str, count: int) -> dict[str, Any]:
     stack_config["qwen-cluster:nodes"] = nodes
     stack_config["qwen-cluster:network"] = {
         **stack_config["qwen-cluster:network"],
-        "cidr": f"{first}.{second}.0.0/16",
+        "cidr": f"{first}.{second}.0.0/17",
     }
     return stack_config
 

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from aws_stacks import variant
+from tests.aws_stacks import variant
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from aws_stacks import INSTANCE, LAUNCH_TEMPLATE, render, render_stack, rule_set, sg_rule_resources, variant
+from tests.aws_stacks import INSTANCE, LAUNCH_TEMPLATE, render, render_stack, rule_set, sg_rule_resources, variant
 
 from components import catalog, stackfile
 

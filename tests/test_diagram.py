@@ -32,7 +32,7 @@ def test_aws_diagram_names_the_nlb_and_the_instance_type():
 
 def test_large_clusters_collapse_into_one_box(aws_raw):
     aws_raw["nodes"] = nodes(MAX_DRAWN_NODES + 1, prefix="192.168.")
-    aws_raw["network"]["cidr"] = "192.168.0.0/16"
+    aws_raw["network"]["cidr"] = "192.168.0.0/17"
     source = diagram(validate(aws_raw)).source
     assert f"{MAX_DRAWN_NODES + 1} nodes" in source and "n-worker-1" not in source
 

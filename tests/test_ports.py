@@ -66,7 +66,7 @@ def test_rules_do_not_grow_with_the_node_count(aws_raw):
 
     small = validate(aws_raw).exposures()
     aws_raw["nodes"] = nodes(64, prefix="192.168.")
-    aws_raw["network"]["cidr"] = "192.168.0.0/16"
+    aws_raw["network"]["cidr"] = "192.168.0.0/17"
     assert len(validate(aws_raw).exposures()) == len(small)
 
 
