@@ -1,0 +1,1 @@
+"""The CrossGuard policy pack `qwen-cluster-guard` (policies in `guard`, offline runner in `harness`)."""

@@ -1,0 +1,230 @@
+"""Run the policy pack offline: over a stack rendered under Pulumi's mocks, or over fixtures.
+
+Resource policies see each resource's inputs, stack policies every resource's outputs, as the
+engine hands them over (wrapped in pulumi_policy's unknown-checking proxies). The engine's
+property dependencies are rebuilt from the mock ids: a property holding `<name>-id` or another
+resource's ARN depends on that resource. Schema defaults are applied by the policies themselves
+(`guard.settings`), so a missing config here means the defaults, as with the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
+
+from components import config, stackfile
+from components.offline import RecordedResource, Render, render, render_stack
+from policies import guard
+
+PROJECT = "qwen-cluster"
+
+
+@dataclass(frozen=True)
+class Violation:
+    policy: str
+    enforcement: str  # "mandatory" | "advisory"
+    resource: str | None  # the resource's name; None for the stack as a whole
+    resource_type: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.resource} ({self.resource_type})" if self.resource else "stack"
+        return f"[{self.enforcement}] {self.policy}: {where}: {self.message}"
+
+
+def urn_of(stack: str, resource: RecordedResource) -> str:
+    return f"urn:pulumi:{stack}::{PROJECT}::{resource.type}::{resource.name}"
+
+
+def _options(parent_urn: str | None) -> PolicyResourceOptions:
+    return PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [], parent_urn)
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for inner in value.values():
+            yield from _strings(inner)
+    elif isinstance(value, list | tuple):
+        for inner in value:
+            yield from _strings(inner)
+
+
+def _references(resources: list[RecordedResource]) -> dict[str, RecordedResource]:
+    """Values that name a resource: its mock id and its ARN."""
+    refs: dict[str, RecordedResource] = {}
+    for resource in resources:
+        refs[f"{resource.name}-id"] = resource
+        arn = resource.outputs.get("arn")
+        if isinstance(arn, str):
+            refs[arn] = resource
+    return refs
+
+
+def policy_resources(stack: str, resources: list[RecordedResource], *, outputs: bool) -> list[PolicyResource]:
+    """PolicyResources as the engine builds them: parent, dependencies, property dependencies."""
+    refs = _references(resources)
+    by_name: dict[str, RecordedResource] = {}
+    for resource in resources:
+        by_name.setdefault(resource.name, resource)
+    built: dict[int, PolicyResource] = {}
+    for resource in resources:
+        parent = by_name.get(resource.parent) if resource.parent else None
+        built[id(resource)] = PolicyResource(
+            resource_type=resource.type,
+            props=unknown_checking_proxy(dict(resource.outputs if outputs else resource.inputs)),
+            urn=urn_of(stack, resource),
+            name=resource.name,
+            opts=_options(urn_of(stack, parent) if parent else None),
+            provider=None,
+            parent=None,
+            dependencies=[],
+            property_dependencies={},
+        )
+    for resource in resources:
+        policy_resource = built[id(resource)]
+        parent = by_name.get(resource.parent) if resource.parent else None
+        policy_resource.parent = built[id(parent)] if parent else None
+        seen: list[PolicyResource] = []
+        for key, value in resource.inputs.items():
+            deps = []
+            for text in _strings(value):
+                target = refs.get(text)
+                if target is not None and target is not resource and built[id(target)] not in deps:
+                    deps.append(built[id(target)])
+            if deps:
+                policy_resource.property_dependencies[key] = deps
+                seen += [d for d in deps if d not in seen]
+        for name in resource.depends_on:
+            target = by_name.get(name)
+            if target is not None and built[id(target)] not in seen:
+                seen.append(built[id(target)])
+        policy_resource.dependencies = seen
+    return [built[id(resource)] for resource in resources]
+
+
+def _level(policy: Any, policy_config: Mapping[str, Any]) -> EnforcementLevel:
+    given = policy_config.get(policy.name)
+    if isinstance(given, Mapping) and "enforcementLevel" in given:
+        return EnforcementLevel(given["enforcementLevel"])
+    if isinstance(given, str):
+        return EnforcementLevel(given)
+    return policy.enforcement_level or EnforcementLevel.MANDATORY
+
+
+def _run(result: Any) -> None:
+    if inspect.isawaitable(result):
+        asyncio.run(result)
+
+
+def analyze(
+    resources: list[RecordedResource],
+    *,
+    stack: str = "offline",
+    cluster: config.ClusterConfig | None = None,
+    policy_config: Mapping[str, Any] | None = None,
+    policies: list[Any] | None = None,
+) -> list[Violation]:
+    """Every violation of the pack over `resources`; `cluster` is the stack config the policies
+    judge against (None: the project defaults, as when the CLI cannot read the stack config)."""
+    policy_config = dict(policy_config or {})
+    policies = guard.POLICIES if policies is None else policies
+    violations: list[Violation] = []
+    token = guard.STACK.set(cluster)
+    try:
+        inputs_view = policy_resources(stack, resources, outputs=False)
+        outputs_view = policy_resources(stack, resources, outputs=True)
+        by_urn = {r.urn: r for r in outputs_view}
+        for policy in policies:
+            level = _level(policy, policy_config)
+            if level is EnforcementLevel.DISABLED:
+                continue
+            if level is EnforcementLevel.REMEDIATE:
+                level = EnforcementLevel.MANDATORY
+            given = policy_config.get(policy.name)
+            settings = dict(given) if isinstance(given, Mapping) else {}
+            if isinstance(policy, ResourceValidationPolicy):
+                for resource in inputs_view:
+                    args = ResourceValidationArgs(
+                        resource.resource_type,
+                        resource.props,
+                        resource.urn,
+                        resource.name,
+                        resource.opts,
+                        resource.provider,
+                        settings,
+                    )
+
+                    def report(
+                        message: str, urn: str | None = None, resource=resource, level=level, policy=policy
+                    ) -> None:
+                        violations.append(
+                            Violation(
+                                policy.name, level.value, resource.name, resource.resource_type, message
+                            )
+                        )
+
+                    try:
+                        _run(policy.validate(args, report))
+                    except UnknownValueError:
+                        continue
+            elif isinstance(policy, StackValidationPolicy):
+                args = StackValidationArgs(outputs_view, settings)
+
+                def report_stack(message: str, urn: str | None = None, level=level, policy=policy) -> None:
+                    target = by_urn.get(urn) if urn else None
+                    violations.append(
+                        Violation(
+                            policy.name,
+                            level.value,
+                            target.name if target else None,
+                            target.resource_type if target else None,
+                            message,
+                        )
+                    )
+
+                _run(policy.validate(args, report_stack))
+    finally:
+        guard.STACK.reset(token)
+    return violations
+
+
+def analyze_render(
+    rendered: Render, *, cluster: config.ClusterConfig | None = None, **kwargs: Any
+) -> list[Violation]:
+    if rendered.error:
+        raise ValueError(f"stack {rendered.stack} did not render: {rendered.error}")
+    return analyze(rendered.resources, stack=rendered.stack, cluster=cluster, **kwargs)
+
+
+def check_stack(stack: str, **kwargs: Any) -> tuple[Render, list[Violation]]:
+    """Render a stack file of this project under mocks and run the pack over it."""
+    rendered = render_stack(stack)
+    return rendered, analyze_render(rendered, cluster=stackfile.load(stack), **kwargs)
+
+
+def check_config(stack_config: dict[str, Any], stack: str = "offline", **kwargs: Any) -> list[Violation]:
+    """Render a stack config (a stack file's `config:` map) and run the pack over it."""
+    rendered = render(stack_config, stack)
+    cluster = config.validate(stackfile.cluster_keys(stack_config))
+    return analyze_render(rendered, cluster=cluster, **kwargs)
+
+
+def mandatory(violations: list[Violation]) -> list[Violation]:
+    return [v for v in violations if v.enforcement == EnforcementLevel.MANDATORY.value]

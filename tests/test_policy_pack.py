@@ -1,0 +1,551 @@
+"""Each policy over pass_* / fail_* fixtures: the exact set of resources it refuses.
+
+Stack-level fixtures are added to a good stack (shaped like dev or onprem) so that security
+groups, the load balancer and the hosts they refer to exist; resource-level fixtures stand alone.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from policy_fixtures import (
+    aws_stack,
+    bare_metal_stack,
+    egress,
+    firewall_command,
+    ingress,
+    instance,
+    one_node,
+    placement_strategy,
+    res,
+    without_egress_self_rule,
+)
+
+from components import stackfile
+from policies import guard, harness
+from policies import network as net
+
+DEV = stackfile.load("dev")
+PROD = stackfile.load("prod")
+ONPREM = stackfile.load("onprem")
+POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
+
+
+def refused(resources, policy, cluster=DEV, **kwargs):
+    """Names of the resources `policy` refuses (None: the stack as a whole)."""
+    violations = harness.analyze(resources, cluster=cluster, **kwargs)
+    return {v.resource for v in violations if v.policy == policy}
+
+
+def fail_names(resources):
+    return {r.name for r in resources if r.name.startswith("fail_")}
+
+
+def test_the_good_fixture_stacks_pass_every_policy():
+    assert harness.analyze(aws_stack(), cluster=DEV) == []
+    assert harness.analyze(bare_metal_stack(), cluster=ONPREM) == []
+
+
+# --- port-exposure ------------------------------------------------------------------------------
+
+
+def _sg(name, role, ingress_entries):
+    return res(net.SECURITY_GROUP, name, tags={net.ROLE_TAG: role}, ingress=ingress_entries, egress=[])
+
+
+PORT_EXPOSURE_FIXTURES = [
+    ingress(
+        "pass_listener_clients", "dev-lb-sg", cidrIpv4="10.0.0.0/8", ipProtocol="tcp", fromPort=80, toPort=80
+    ),
+    ingress(
+        "pass_listener_world", "dev-lb-sg", cidrIpv4="0.0.0.0/0", ipProtocol="tcp", fromPort=80, toPort=80
+    ),
+    ingress(
+        "pass_monitoring_subnet",
+        "dev-node-sg",
+        cidrIpv4="10.20.5.0/24",
+        ipProtocol="TCP",
+        fromPort=8000,
+        toPort=8000,
+    ),
+    ingress(
+        "pass_cluster_node_cidr",
+        "dev-node-sg",
+        cidrIpv4="10.42.1.0/24",
+        ipProtocol="6",
+        fromPort=6000,
+        toPort=6100,
+    ),
+    ingress(
+        "pass_ssh_admin", "dev-node-sg", cidrIpv4="203.0.113.10/32", ipProtocol="tcp", fromPort=22, toPort=22
+    ),
+    egress("pass_egress_world", "dev-node-sg", cidrIpv4="0.0.0.0/0", ipProtocol="-1"),
+    _sg(
+        "pass_inline_node_sg",
+        "node-sg",
+        [
+            {"protocol": "-1", "fromPort": 0, "toPort": 0, "self": True, "description": "members"},
+            {
+                "protocol": "tcp",
+                "fromPort": 5000,
+                "toPort": 5000,
+                "securityGroups": ["dev-lb-sg-id"],
+                "description": "model from the NLB",
+            },
+        ],
+    ),
+    _sg(
+        "fail_inline_mixed_cidrs",
+        "node-sg",
+        [
+            {
+                "protocol": "6",
+                "fromPort": 6000,
+                "toPort": 6100,
+                "cidrBlocks": ["10.42.1.0/24", "0.0.0.0/0"],
+                "description": "one good, one bad",
+            }
+        ],
+    ),
+    ingress(
+        "fail_cluster_world",
+        "dev-node-sg",
+        cidrIpv4="0.0.0.0/0",
+        ipProtocol="tcp",
+        fromPort=6000,
+        toPort=6100,
+    ),
+    ingress(
+        "fail_model_world_ipv6", "dev-node-sg", cidrIpv6="::/0", ipProtocol="tcp", fromPort=5000, toPort=5000
+    ),
+    ingress("fail_all_traffic_from_clients", "dev-node-sg", cidrIpv4="10.0.0.0/8", ipProtocol="-1"),
+    res(
+        net.SECURITY_GROUP_RULE,
+        "fail_tcp_0_65535_monitoring",
+        type="ingress",
+        protocol="TCP",
+        fromPort=0,
+        toPort=65535,
+        cidrBlocks=["10.20.0.0/16"],
+        securityGroupId="dev-node-sg-id",
+        description="d",
+    ),
+    res(
+        net.SECURITY_GROUP_RULE,
+        "fail_protocol_all_spelling",
+        type="ingress",
+        protocol="all",
+        fromPort=0,
+        toPort=0,
+        cidrBlocks=["10.0.0.0/8"],
+        securityGroupId="dev-node-sg-id",
+        description="d",
+    ),
+    ingress(
+        "fail_ssh_world_on_lb", "dev-lb-sg", cidrIpv4="0.0.0.0/0", ipProtocol="tcp", fromPort=22, toPort=22
+    ),
+    ingress(
+        "fail_rdp_world_range",
+        "dev-lb-sg",
+        cidrIpv4="0.0.0.0/0",
+        ipProtocol="tcp",
+        fromPort=3000,
+        toPort=4000,
+    ),
+    ingress(
+        "fail_model_from_monitoring",
+        "dev-node-sg",
+        cidrIpv4="10.20.0.0/16",
+        ipProtocol="tcp",
+        fromPort=5000,
+        toPort=5000,
+    ),
+    ingress(
+        "fail_monitoring_from_clients",
+        "dev-node-sg",
+        cidrIpv4="10.0.0.0/8",
+        ipProtocol="tcp",
+        fromPort=8000,
+        toPort=8000,
+    ),
+    ingress(
+        "fail_cluster_from_lb_sg",
+        "dev-node-sg",
+        referencedSecurityGroupId="dev-lb-sg-id",
+        ipProtocol="tcp",
+        fromPort=6000,
+        toPort=6100,
+    ),
+    ingress(
+        "fail_unlisted_port",
+        "dev-node-sg",
+        cidrIpv4="10.0.0.0/8",
+        ipProtocol="tcp",
+        fromPort=9999,
+        toPort=9999,
+    ),
+    ingress(
+        "fail_listener_port_on_nodes_world",
+        "dev-node-sg",
+        cidrIpv4="0.0.0.0/0",
+        ipProtocol="tcp",
+        fromPort=80,
+        toPort=80,
+    ),
+    ingress(
+        "fail_ssh_from_clients",
+        "dev-node-sg",
+        cidrIpv4="10.0.0.0/8",
+        ipProtocol="tcp",
+        fromPort=22,
+        toPort=22,
+    ),
+]
+
+
+def test_port_exposure_refuses_exactly_the_fail_fixtures():
+    fixtures = PORT_EXPOSURE_FIXTURES
+    assert refused(aws_stack() + fixtures, "port-exposure") == fail_names(fixtures)
+
+
+def test_port_exposure_messages_name_the_rule_and_the_reason():
+    violations = harness.analyze(aws_stack() + PORT_EXPOSURE_FIXTURES, cluster=DEV)
+    messages = {v.resource: v.message for v in violations if v.policy == "port-exposure"}
+    assert "SSH/RDP" in messages["fail_ssh_world_on_lb"]
+    assert "only the load balancer listener" in messages["fail_model_world_ipv6"]
+    assert "members only" in messages["fail_all_traffic_from_clients"]
+    assert "model port 5000/tcp" in messages["fail_model_from_monitoring"]
+    assert "monitoringCidrs (10.20.0.0/16)" in messages["fail_monitoring_from_clients"]
+
+
+def _host(name, *rules, load_balancer=False):
+    command = firewall_command(name, "192.168.1.150", load_balancer=load_balancer)
+    document = json.loads(command.inputs["triggers"][0])
+    document["rules"] = [{"action": "allow", "description": "d", **rule} for rule in rules]
+    command.inputs["triggers"] = command.outputs["triggers"] = [json.dumps(document)]
+    command.name = name
+    return command
+
+
+def test_port_exposure_applies_the_same_rules_to_host_firewalls():
+    fixtures = [
+        _host("pass_bm_members", {"protocol": "all", "sources": ["192.168.1.0/24"]}),
+        _host(
+            "pass_bm_listener",
+            {"protocol": "tcp", "ports": "80", "sources": ["0.0.0.0/0"]},
+            load_balancer=True,
+        ),
+        _host(
+            "fail_bm_cluster_mixed",
+            {"protocol": "tcp", "ports": "6000-6100", "sources": ["192.168.1.0/24", "::/0"]},
+        ),
+        _host("fail_bm_model_anywhere", {"protocol": "tcp", "ports": 5000}),
+        _host("fail_bm_listener_not_lb", {"protocol": "tcp", "ports": "80", "sources": ["0.0.0.0/0"]}),
+        _host("fail_bm_ssh_world", {"protocol": "tcp", "ports": "22", "sources": ["0.0.0.0/0"]}),
+    ]
+    assert refused(bare_metal_stack() + fixtures, "port-exposure", ONPREM) == fail_names(fixtures)
+
+
+def test_without_a_stack_config_only_members_reach_monitoring():
+    assert refused(aws_stack(), "port-exposure", cluster=None) == {"dev-monitoring-in"}
+
+
+# --- bandwidth-class ----------------------------------------------------------------------------
+
+BANDWIDTH_FIXTURES = [
+    instance("pass_g6e_node"),
+    res(net.INSTANCE, "pass_untagged_bastion", instanceType="t3.large"),
+    res(net.LAUNCH_TEMPLATE, "pass_p5_template", instanceType="p5.48xlarge"),
+    res(
+        net.AUTOSCALING_GROUP,
+        "pass_asg_p5",
+        mixedInstancesPolicy={"launchTemplate": {"overrides": [{"instanceType": "p5.48xlarge"}]}},
+    ),
+    res(net.INSTANCE, "fail_tagged_t3", instanceType="t3.large", tags={net.ROLE_TAG: "gpu-node"}),
+    res(net.INSTANCE, "fail_unknown_gpu_type", instanceType="g7.99xlarge"),
+    res(net.LAUNCH_TEMPLATE, "fail_g5_xlarge_template", instanceType="g5.xlarge"),
+    res(
+        net.AUTOSCALING_GROUP,
+        "fail_asg_override",
+        mixedInstancesPolicy={
+            "launchTemplate": {
+                "overrides": [{"instanceType": "p5.48xlarge"}, {"instanceType": "g4dn.xlarge"}]
+            }
+        },
+    ),
+    firewall_command("pass-host", "192.168.1.100"),
+]
+
+
+def test_bandwidth_class_refuses_exactly_the_fail_fixtures():
+    slow = firewall_command("slow", "192.168.1.101")
+    document = json.loads(slow.inputs["triggers"][0])
+    document["nicSpeedGbps"] = 1
+    slow.inputs["triggers"] = [json.dumps(document)]
+    slow.name = "fail_bm_slow_nic"
+    fixtures = [*BANDWIDTH_FIXTURES, slow]
+    assert refused(fixtures, "bandwidth-class", cluster=None) == fail_names(fixtures)
+
+
+def test_an_unknown_gpu_type_is_sent_to_the_catalog():
+    violations = harness.analyze([res(net.INSTANCE, "n", instanceType="g7.99xlarge")])
+    assert "not in the catalog (components/catalog.py)" in violations[0].message
+
+
+def test_the_stack_floor_and_the_policy_config_both_raise_the_bar():
+    node = [instance("g5_node", kind="g5.12xlarge")]  # 40 Gbit/s
+    assert refused(node, "bandwidth-class", cluster=DEV) == set()  # dev floor 25
+    assert refused(node, "bandwidth-class", cluster=PROD) == {"g5_node"}  # prod floor 400
+    config = {"bandwidth-class": {"minBandwidthGbps": 50}}
+    assert refused(node, "bandwidth-class", cluster=DEV, policy_config=config) == {"g5_node"}
+
+
+# --- required-paths -----------------------------------------------------------------------------
+
+
+def test_required_paths_refuses_a_node_group_without_its_egress_self_rule():
+    assert refused(without_egress_self_rule(aws_stack()), "required-paths") == {"dev-node-sg"}
+
+
+def test_required_paths_follows_inline_self_rules_too():
+    resources = [r for r in aws_stack() if r.name not in ("dev-cluster-in", "dev-cluster-out")]
+    group = next(r for r in resources if r.name == "dev-node-sg")
+    entry = {"protocol": "-1", "fromPort": 0, "toPort": 0, "self": True, "description": "members"}
+    group.inputs["ingress"] = group.outputs["ingress"] = [entry]
+    assert refused(resources, "required-paths") == {"dev-node-sg"}  # egress still missing
+    group.inputs["egress"] = group.outputs["egress"] = [entry]
+    assert refused(resources, "required-paths") == set()
+
+
+def test_required_paths_refuses_targets_the_load_balancer_cannot_reach():
+    resources = [r for r in aws_stack() if r.name != "dev-model-in"]
+    assert refused(resources, "required-paths") == {"dev-master", "dev-worker-1"}
+
+
+def test_required_paths_refuses_a_target_group_on_the_wrong_port():
+    resources = aws_stack()
+    group = next(r for r in resources if r.name == "dev-model")
+    group.inputs["port"] = group.outputs["port"] = 8000
+    assert refused(resources, "required-paths") == {"dev-model"}
+
+
+def test_required_paths_needs_no_self_rules_without_efa_when_configured_so():
+    resources = without_egress_self_rule(aws_stack())
+    config = {"required-paths": {"efaSelfRules": False}}
+    assert refused(resources, "required-paths", policy_config=config) == set()
+
+
+def test_required_paths_refuses_a_host_the_load_balancer_cannot_reach():
+    resources = bare_metal_stack()
+    worker = next(r for r in resources if r.name == "onprem-worker-2-firewall")
+    document = json.loads(worker.inputs["triggers"][0])
+    document["rules"] = [rule for rule in document["rules"] if rule["ports"] != "5000"]
+    # The members' all-traffic rule would still admit the master (the load balancer): narrow it.
+    document["rules"][0]["sources"] = ["192.168.1.101/32", "192.168.1.103/32"]
+    worker.inputs["triggers"] = worker.outputs["triggers"] = [json.dumps(document)]
+    assert refused(resources, "required-paths", ONPREM) == {"onprem-worker-2-firewall"}
+
+
+# --- efa-placement ------------------------------------------------------------------------------
+
+
+def test_efa_placement_refuses_a_spread_placement_group():
+    assert refused(placement_strategy(aws_stack(), "spread"), "efa-placement") == {
+        "dev-master",
+        "dev-worker-1",
+    }
+
+
+def test_efa_placement_refuses_a_node_outside_any_placement_group():
+    resources = aws_stack()
+    template = next(r for r in resources if r.name == "dev-node-template")
+    del template.outputs["placement"]
+    resources.append(instance("fail_loose", placementGroup=None, launchTemplate=None))
+    for r in resources:
+        r.outputs = {k: v for k, v in r.outputs.items() if v is not None}
+    assert refused(resources, "efa-placement") == {"fail_loose"}
+
+
+def test_efa_placement_refuses_nodes_in_two_subnets():
+    resources = aws_stack() + [
+        instance("dev-worker-2", subnetId="other-subnet", availabilityZone="us-west-2b")
+    ]
+    violations = harness.analyze(resources, cluster=DEV)
+    messages = [v.message for v in violations if v.policy == "efa-placement"]
+    assert any("2 subnets" in m for m in messages) and any("2 availability zones" in m for m in messages)
+
+
+def test_efa_placement_refuses_missing_efa_interfaces_when_efa_is_configured():
+    resources = aws_stack()
+    template = next(r for r in resources if r.name == "dev-node-template")
+    template.outputs["networkInterfaces"][0]["interfaceType"] = "interface"
+    assert refused(resources, "efa-placement") == {"dev-master", "dev-worker-1"}
+    assert refused(resources, "efa-placement", policy_config={"efa-placement": {"efa": "off"}}) == set()
+
+
+def test_efa_placement_counts_one_efa_device_per_network_card():
+    resources = aws_stack()
+    for r in resources:
+        if r.type in (net.INSTANCE, net.LAUNCH_TEMPLATE):
+            r.outputs["instanceType"] = "p5.48xlarge"
+    violations = harness.analyze(resources, cluster=PROD)
+    messages = {v.message for v in violations if v.policy == "efa-placement"}
+    assert any("needs 32" in m for m in messages)
+
+
+# --- node-count ---------------------------------------------------------------------------------
+
+
+def test_node_count_refuses_a_one_node_cluster_on_aws_and_bare_metal():
+    assert refused(one_node(aws_stack()), "node-count") == {None}
+    assert refused(one_node(bare_metal_stack()), "node-count", ONPREM) == {None}
+
+
+def test_node_count_counts_autoscaling_groups_and_takes_its_floor_from_config():
+    asg = res(
+        net.AUTOSCALING_GROUP, "pool", desiredCapacity=3, tags=[{"key": net.ROLE_TAG, "value": "gpu-node"}]
+    )
+    assert refused([asg], "node-count", cluster=None) == set()
+    assert refused([asg], "node-count", cluster=None, policy_config={"node-count": {"minNodes": 4}}) == {None}
+
+
+# --- baseline -----------------------------------------------------------------------------------
+
+
+def test_imdsv2_refuses_exactly_the_fail_fixtures():
+    fixtures = [
+        instance("pass_required"),
+        res(net.INSTANCE, "pass_from_template", instanceType="t3.large", launchTemplate={"id": "x"}),
+        res(net.LAUNCH_TEMPLATE, "pass_template", metadataOptions={"httpTokens": "required"}),
+        instance("fail_optional", metadataOptions={"httpTokens": "optional"}),
+        res(net.INSTANCE, "fail_unset_bastion", instanceType="t3.large"),
+        res(net.LAUNCH_TEMPLATE, "fail_template_unset", instanceType="g6e.12xlarge"),
+    ]
+    assert refused(fixtures, "baseline-imdsv2", cluster=None) == fail_names(fixtures)
+
+
+def test_ebs_encryption_refuses_exactly_the_fail_fixtures():
+    fixtures = [
+        instance("pass_encrypted"),
+        res(net.LAUNCH_TEMPLATE, "pass_template", blockDeviceMappings=[{"ebs": {"encrypted": "true"}}]),
+        res("aws:ebs/volume:Volume", "pass_volume", encrypted=True),
+        instance("fail_root_plain", rootBlockDevice={"encrypted": False}),
+        instance("fail_data_plain", ebsBlockDevices=[{"deviceName": "/dev/sdf", "encrypted": False}]),
+        res(net.INSTANCE, "fail_no_root", instanceType="t3.large"),
+        res(
+            net.LAUNCH_TEMPLATE, "fail_template_plain", blockDeviceMappings=[{"ebs": {"encrypted": "false"}}]
+        ),
+        res(net.LAUNCH_TEMPLATE, "fail_template_none"),
+    ]
+    assert refused(fixtures, "baseline-ebs-encryption", cluster=None) == fail_names(fixtures)
+
+
+def test_no_public_ip_refuses_exactly_the_fail_fixtures():
+    fixtures = [
+        instance("pass_private"),
+        res(net.INSTANCE, "pass_public_bastion", instanceType="t3.large", associatePublicIpAddress=True),
+        instance("fail_public", associatePublicIpAddress=True),
+        res(
+            net.LAUNCH_TEMPLATE,
+            "fail_template_public",
+            instanceType="p5.48xlarge",
+            networkInterfaces=[{"deviceIndex": 0, "associatePublicIpAddress": "true"}],
+        ),
+    ]
+    assert refused(fixtures, "baseline-no-public-ip", cluster=None) == fail_names(fixtures)
+
+
+def test_rule_descriptions_refuses_exactly_the_fail_fixtures():
+    fixtures = [
+        ingress("pass_described", "g", ipProtocol="-1"),
+        ingress("fail_blank", "g", description=" ", ipProtocol="-1"),
+        res(net.SECURITY_GROUP_RULE, "fail_rule_none", type="ingress", protocol="tcp", fromPort=1, toPort=1),
+        res(
+            net.SECURITY_GROUP, "fail_inline_egress", egress=[{"protocol": "-1", "cidrBlocks": ["0.0.0.0/0"]}]
+        ),
+        _host(
+            "fail_host_rule",
+            {"protocol": "tcp", "ports": "5000", "sources": ["192.168.1.100/32"], "description": ""},
+        ),
+        firewall_command("pass-host", "192.168.1.100"),
+    ]
+    assert refused(fixtures, "baseline-rule-descriptions", cluster=None) == fail_names(fixtures)
+
+
+def test_health_check_refuses_exactly_the_fail_fixtures():
+    fixtures = [
+        res(net.TARGET_GROUP, "pass_checked", healthCheck={"enabled": True, "path": "/health"}),
+        res(net.TARGET_GROUP, "fail_unchecked"),
+        res(net.TARGET_GROUP, "fail_disabled", healthCheck={"enabled": False}),
+    ]
+    assert refused(fixtures, "baseline-health-check", cluster=None) == fail_names(fixtures)
+
+
+def test_idle_timeout_is_advisory_and_refuses_exactly_the_fail_fixtures():
+    fixtures = [
+        res(net.LISTENER, "pass_nlb_hour", protocol="TCP", tcpIdleTimeoutSeconds=3600),
+        res(net.LISTENER, "fail_nlb_default", protocol="TCP"),
+        res(net.LOAD_BALANCER, "fail_alb_default", loadBalancerType="application"),
+        res(net.LOAD_BALANCER, "pass_nlb", loadBalancerType="network"),
+        res(net.REMOTE_COMMAND, "fail_nginx_60s", create="proxy_read_timeout 60s;"),
+        res(net.REMOTE_COMMAND, "pass_nginx_hour", create="proxy_read_timeout 1h; proxy_send_timeout 3600;"),
+    ]
+    violations = harness.analyze(fixtures, cluster=None)
+    assert {v.resource for v in violations if v.policy == "baseline-idle-timeout"} == fail_names(fixtures)
+    assert {v.enforcement for v in violations if v.policy == "baseline-idle-timeout"} == {"advisory"}
+
+
+def test_selinux_refuses_exactly_the_fail_fixtures():
+    fixtures = [
+        res(net.REMOTE_COMMAND, "pass_rdma", create="apt-get install -y libibverbs1 ibverbs-utils rdma-core"),
+        res(net.REMOTE_COMMAND, "fail_setenforce", create="sudo setenforce 0 || true"),
+        res(
+            net.LOCAL_COMMAND,
+            "fail_config",
+            create="sed -i 's/^SELINUX=.*/SELINUX=permissive/' /etc/selinux/config",
+        ),
+        res(net.LAUNCH_TEMPLATE, "fail_user_data", userData="IyEvYmluL3NoCnNldGVuZm9yY2UgMAo="),
+    ]
+    assert refused(fixtures, "baseline-selinux", cluster=None) == fail_names(fixtures)
+
+
+# --- the pack itself ----------------------------------------------------------------------------
+
+
+def test_every_policy_has_description_severity_remediation_and_schema():
+    for policy in guard.POLICIES:
+        assert policy.description and policy.severity and policy.remediation_steps, policy.name
+        assert (
+            policy.config_schema is not None and policy.config_schema.properties == guard.SCHEMAS[policy.name]
+        )
+    assert len({p.name for p in guard.POLICIES}) == len(guard.POLICIES)
+
+
+def test_defaults_mirror_the_schema_defaults():
+    for name, schema in guard.SCHEMAS.items():
+        for key, spec in schema.items():
+            assert guard.settings(name, {})[key] == spec["default"]
+
+
+def test_the_example_config_names_real_policies_and_properties():
+    example = json.loads((POLICIES_DIR / "config.example.json").read_text())
+    for name, values in example.items():
+        assert name in guard.SCHEMAS, name
+        for key in values:
+            assert key == "enforcementLevel" or key in guard.SCHEMAS[name], (name, key)
+
+
+def test_a_disabled_policy_does_not_run():
+    config = {"node-count": {"enforcementLevel": "disabled"}}
+    assert refused(one_node(aws_stack()), "node-count", policy_config=config) == set()
+
+
+@pytest.mark.parametrize("name", ["PulumiPolicy.yaml", "requirements.txt", "__main__.py"])
+def test_the_pack_directory_is_complete(name):
+    assert (POLICIES_DIR / name).is_file()
+
+
+def test_the_pack_entry_point_builds_the_named_pack_with_every_policy():
+    text = (POLICIES_DIR / "__main__.py").read_text()
+    assert "PolicyPack(PACK_NAME" in text and "policies=POLICIES" in text
+    assert guard.PACK_NAME == "qwen-cluster-guard"

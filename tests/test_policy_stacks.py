@@ -1,0 +1,88 @@
+"""The pack over the real stacks, rendered under mocks: they pass, and each mutation is refused.
+
+The same mutations run over the fixture stacks now (shaped like what the targets build) and
+over the real renders. A real stack renders its GPU nodes only once its target (components/aws,
+components/baremetal) is merged; until then its tests are expected to fail, strictly, so they
+start counting the moment the target arrives.
+"""
+
+import importlib.util
+
+import pytest
+from policy_fixtures import AWS_MUTATIONS, MUTATIONS, aws_stack, bare_metal_stack
+
+from components import stackfile
+from policies import guard, harness
+
+TARGET_PACKAGE = {"dev": "components.aws", "prod": "components.aws", "onprem": "components.baremetal"}
+
+
+def _target_missing(stack: str) -> bool:
+    return importlib.util.find_spec(TARGET_PACKAGE[stack]) is None
+
+
+def real_stack(stack: str):
+    return pytest.param(
+        stack,
+        marks=pytest.mark.xfail(
+            _target_missing(stack), reason=f"{TARGET_PACKAGE[stack]} is not merged yet", strict=True
+        ),
+    )
+
+
+_RENDERS: dict[str, object] = {}
+
+
+def rendered(stack: str):
+    if stack not in _RENDERS:
+        _RENDERS[stack] = harness.check_stack(stack)
+    return _RENDERS[stack]
+
+
+def mandatory_policies(resources, stack: str) -> set[str]:
+    violations = harness.analyze(resources, stack=stack, cluster=stackfile.load(stack))
+    return {v.policy for v in harness.mandatory(violations)}
+
+
+@pytest.mark.parametrize("stack", [real_stack(s) for s in stackfile.STACKS])
+def test_the_real_stacks_produce_no_mandatory_violation(stack):
+    render, violations = rendered(stack)
+    assert render.error is None
+    assert harness.mandatory(violations) == []
+
+
+def _cases(stacks):
+    for stack in stacks:
+        mutations = dict(MUTATIONS)
+        if stack != "onprem":
+            mutations.update(AWS_MUTATIONS)
+        for label, (mutate, policy) in mutations.items():
+            yield stack, label, mutate, policy
+
+
+@pytest.mark.parametrize(
+    ("stack", "label", "mutate", "policy"),
+    [
+        pytest.param(*case, id=f"{case[0]}: {case[1]}", marks=real_stack(case[0]).marks)
+        for case in _cases(stackfile.STACKS)
+    ],
+)
+def test_a_mutated_real_stack_is_refused_by_the_named_policy(stack, label, mutate, policy):
+    render, _ = rendered(stack)
+    assert policy not in mandatory_policies(render.resources, stack)
+    assert policy in mandatory_policies(mutate(render.resources), stack)
+
+
+@pytest.mark.parametrize(
+    ("stack", "label", "mutate", "policy"),
+    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in _cases(("dev", "onprem"))],
+)
+def test_a_mutated_fixture_stack_is_refused_by_the_named_policy(stack, label, mutate, policy):
+    resources = aws_stack() if stack == "dev" else bare_metal_stack()
+    assert mandatory_policies(resources, stack) == set()
+    assert policy in mandatory_policies(mutate(resources), stack)
+
+
+def test_check_config_renders_and_analyzes_a_stack_config():
+    violations = harness.check_config(stackfile.read("dev"), "dev")
+    assert {v.policy for v in violations} <= {policy.name for policy in guard.POLICIES}
