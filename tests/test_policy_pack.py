@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from policy_fixtures import (
+from tests.policy_fixtures import (
     aws_stack,
     bare_metal_stack,
     egress,

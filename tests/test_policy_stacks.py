@@ -9,7 +9,7 @@ start counting the moment the target arrives.
 import importlib.util
 
 import pytest
-from policy_fixtures import AWS_MUTATIONS, MUTATIONS, aws_stack, bare_metal_stack
+from tests.policy_fixtures import AWS_MUTATIONS, MUTATIONS, aws_stack, bare_metal_stack
 
 from components import stackfile
 from policies import guard, harness
