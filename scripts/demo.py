@@ -46,6 +46,25 @@ def print_summary(console: Console, stack: str, data: dict) -> None:
     console.print(pinned)
 
 
+def print_bare_metal_resources(console: Console, stack: str) -> None:
+    """What the bare-metal target registers, from the offline render (no SSH, no Docker)."""
+    from collections import Counter
+
+    from components import offline
+
+    render = offline.render_stack(stack)
+    if render.error:
+        console.print(f"[red]{stack}: offline render failed: {render.error}[/]")
+        return
+    counts = Table("resource type", "count", title=f"{stack}: resources under mocks")
+    for kind, count in sorted(Counter(r.type for r in render.resources).items()):
+        counts.add_row(kind, str(count))
+    console.print(counts)
+    console.print(
+        f"endpoint {render.outputs.get('endpoint')}; model servers {render.outputs.get('modelServers')}"
+    )
+
+
 def main() -> int:
     console = Console()
     failed = 0
@@ -57,6 +76,8 @@ def main() -> int:
             failed += 1
             continue
         print_summary(console, stack, summary.summary(cluster))
+        if cluster.target is config.Target.BARE_METAL:
+            print_bare_metal_resources(console, stack)
     console.print(f"{len(stackfile.STACKS) - failed} of {len(stackfile.STACKS)} stacks valid")
     return 1 if failed else 0
 
