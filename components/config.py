@@ -378,6 +378,13 @@ def cross_errors(sections: Mapping[str, Any], given: set[str] | None = None) -> 
         errors += _aws_errors(aws, network, access)
     if target is Target.BARE_METAL and bare_metal is not None:
         errors += _bare_metal_errors(bare_metal, network, nodes)
+    if target is Target.BARE_METAL and bare_metal is not None and nodes is not None:
+        names = {node.name for node in nodes}
+        errors += [
+            f"bareMetal.hostKeys.{name} is not one of the nodes"
+            for name in bare_metal.host_keys
+            if name not in names
+        ]
     if target is Target.BARE_METAL and access is not None and not access.admin_cidrs:
         errors.append(
             "access.adminCidrs is empty: the host firewall denies by default and would lock out "
@@ -475,10 +482,6 @@ def _bare_metal_errors(
             f"bareMetal.nicSpeedGbps {bare_metal.nic_speed_gbps:g} is below "
             f"network.minBandwidthGbps {network.min_bandwidth_gbps:g}"
         )
-    if nodes is not None:
-        for name in bare_metal.host_keys:
-            if name not in {node.name for node in nodes}:
-                errors.append(f"bareMetal.hostKeys.{name} is not one of the nodes")
     if nodes is not None and bare_metal.load_balancer_node is not None:
         if bare_metal.load_balancer_node not in {node.name for node in nodes}:
             errors.append(

@@ -2,11 +2,11 @@ import ipaddress
 import subprocess
 
 import pytest
-from bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 from components import config, stackfile
 from components.render import firewall
 from components.render.firewall import Rule
+from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 
 def rules_of(node: str) -> list[Rule]:
