@@ -15,5 +15,11 @@ pulumi.export("summary", summary.summary(cluster))
 if cluster.target is config.Target.AWS:
     from components import aws
 
-    for output_name, value in aws.build(cluster).items():
-        pulumi.export(output_name, value)
+    outputs = aws.build(cluster)
+else:
+    from components import baremetal
+
+    outputs = baremetal.build(cluster, ssh_private_key)
+
+for output_name, value in outputs.items():
+    pulumi.export(output_name, value)

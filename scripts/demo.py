@@ -74,7 +74,7 @@ def main() -> int:
             failed += 1
             continue
         print_summary(console, stack, summary.summary(cluster))
-        if cluster.target is config.Target.AWS and not print_resources(console, stack):
+        if not print_resources(console, stack):
             failed += 1
     console.print(f"{len(stackfile.STACKS) - failed} of {len(stackfile.STACKS)} stacks valid")
     return 1 if failed else 0

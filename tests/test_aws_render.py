@@ -7,7 +7,6 @@ import shutil
 import subprocess
 
 import pytest
-from tests.aws_stacks import variant
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,6 +14,7 @@ from components import catalog, config, stackfile
 from components.ports import Peer, Target
 from components.render import cloudinit, ec2, sg_rules, vpc_plan
 from components.render.sysctl import DROPIN_PATH
+from tests.aws_stacks import variant
 
 
 def cluster_of(stack_config) -> config.ClusterConfig:

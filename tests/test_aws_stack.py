@@ -5,9 +5,17 @@ from __future__ import annotations
 import base64
 
 import pytest
-from tests.aws_stacks import INSTANCE, LAUNCH_TEMPLATE, render, render_stack, rule_set, sg_rule_resources, variant
 
 from components import catalog, stackfile
+from tests.aws_stacks import (
+    INSTANCE,
+    LAUNCH_TEMPLATE,
+    render,
+    render_stack,
+    rule_set,
+    sg_rule_resources,
+    variant,
+)
 
 WORLD = {"0.0.0.0/0", "::/0"}
 

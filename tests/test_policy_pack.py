@@ -8,6 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+
+from components import stackfile
+from policies import guard, harness
+from policies import network as net
 from tests.policy_fixtures import (
     aws_stack,
     bare_metal_stack,
@@ -20,10 +24,6 @@ from tests.policy_fixtures import (
     res,
     without_egress_self_rule,
 )
-
-from components import stackfile
-from policies import guard, harness
-from policies import network as net
 
 DEV = stackfile.load("dev")
 PROD = stackfile.load("prod")

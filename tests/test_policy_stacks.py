@@ -9,10 +9,10 @@ start counting the moment the target arrives.
 import importlib.util
 
 import pytest
-from tests.policy_fixtures import AWS_MUTATIONS, MUTATIONS, aws_stack, bare_metal_stack
 
 from components import stackfile
 from policies import guard, harness
+from tests.policy_fixtures import AWS_MUTATIONS, MUTATIONS, aws_stack, bare_metal_stack
 
 TARGET_PACKAGE = {"dev": "components.aws", "prod": "components.aws", "onprem": "components.baremetal"}
 
