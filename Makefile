@@ -3,9 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STACK ?= onprem
+STACK ?=
+DIAGRAM ?=
 
-.PHONY: demo test lint venv system bench clean
+.PHONY: demo test plan lint venv system bench clean
 
 # The virtualenv is refreshed whenever requirements.txt changes.
 $(VENV)/.installed: requirements.txt
@@ -26,6 +27,10 @@ test: venv system
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
+# make plan STACK=prod DIAGRAM=out/prod.svg  (no STACK: every stack)
+plan: venv system
+	$(PY) scripts/plan.py $(STACK) $(if $(DIAGRAM),--diagram $(DIAGRAM))
+
 bench: venv system
 	$(PY) scripts/bench.py
 
@@ -33,4 +38,4 @@ lint: venv
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache out

@@ -1,9 +1,10 @@
-"""The main job: validate every stack and print what it would build."""
+"""The main job: the offline preview of every stack (validated config, topology, resources, policy
+report, diagram in out/), then the lab rehearsal of onprem where this machine allows it."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -11,7 +12,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from components import config, offline, stackfile, summary  # noqa: E402
+from components import config, stackfile, summary  # noqa: E402
+from components.render.diagram import diagram  # noqa: E402
+from scripts import plan  # noqa: E402
+
+OUT = Path(__file__).resolve().parent.parent / "out"
 
 
 def print_summary(console: Console, stack: str, data: dict) -> None:
@@ -31,11 +36,6 @@ def print_summary(console: Console, stack: str, data: dict) -> None:
     for entry in data["ports"]:
         table.add_row(entry["name"], str(entry["port"]), entry["scope"], str(entry["required"]))
     console.print(table)
-    exposure = Table("rule", "on", "from", "ports", title="exposure (everything else denied)")
-    for rule in data["exposure"]:
-        source = rule["from"] if isinstance(rule["from"], str) else ", ".join(rule["from"])
-        exposure.add_row(rule["name"], rule["target"], source, f"{rule['ports']}/{rule['protocol']}")
-    console.print(exposure)
     console.print(
         f"topology: {topo['replicas']} replicas x (TP {topo['tensorParallel']}, PP "
         f"{topo['pipelineParallel']}) = {topo['gpusPerReplica']} GPUs each; load balancer "
@@ -47,37 +47,26 @@ def print_summary(console: Console, stack: str, data: dict) -> None:
     console.print(pinned)
 
 
-def print_resources(console: Console, stack: str) -> bool:
-    """What the stack registers, rendered offline under Pulumi's mocks: counts by type."""
-    result = offline.render_stack(stack)
-    if result.error:
-        console.print(f"[red]{stack}: {result.error}[/]")
-        return False
-    counts = Counter(resource.type for resource in result.custom_resources)
-    table = Table("resource type", "count", title=f"{stack}: resources (offline render)")
-    for type_, count in sorted(counts.items()):
-        table.add_row(type_, str(count))
-    console.print(table)
-    components = len(result.resources) - len(result.custom_resources)
-    console.print(f"{stack}: {sum(counts.values())} resources in {components} components")
-    return True
-
-
 def main() -> int:
-    console = Console()
-    failed = 0
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    OUT.mkdir(exist_ok=True)
+    reports = []
     for stack in stackfile.STACKS:
-        try:
-            cluster = stackfile.load(stack)
-        except config.ConfigError as error:
-            console.print(f"[red]{stack}: {error}[/]")
-            failed += 1
-            continue
-        print_summary(console, stack, summary.summary(cluster))
-        if not print_resources(console, stack):
-            failed += 1
-    console.print(f"{len(stackfile.STACKS) - failed} of {len(stackfile.STACKS)} stacks valid")
-    return 1 if failed else 0
+        # An invalid stack gets no summary; the plan report below lists every problem.
+        with contextlib.suppress(config.ConfigError):
+            print_summary(console, stack, summary.summary(stackfile.load(stack)))
+        report = plan.plan(stack)
+        if report["valid"]:
+            drawn = diagram(stackfile.load(stack), title=f"qwen-cluster {stack}")
+            report["diagram"] = drawn.render(OUT / stack, format="svg", cleanup=True)
+        plan.print_report(console, report)
+        if report.get("diagram"):
+            console.print(f"diagram: {report['diagram']}")
+        reports.append(report)
+    passed = sum(1 for r in reports if r["valid"] and not r["mandatory"])
+    console.rule("offline preview")
+    console.print(f"{passed} of {len(reports)} stacks valid and free of mandatory policy violations")
+    return plan.exit_code(reports)
 
 
 if __name__ == "__main__":
