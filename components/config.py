@@ -7,6 +7,7 @@ config raises ConfigError before the program registers any resource.
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import json
 import re
@@ -254,8 +255,9 @@ class ClusterConfig(_Section):
     def master(self) -> Node:
         return next(node for node in self.nodes if node.role == "master")
 
-    @property
+    @functools.cached_property
     def topology(self):
+        """Computed once: the config is frozen, and renderers ask for it per node."""
         from components import topology
 
         return topology.for_config(self)

@@ -390,16 +390,3 @@ def test_efa_on_a_type_without_efa_is_a_config_error_naming_the_type():
     result = offline.render(config, "dev")
     assert result.error and "g5.xlarge has no EFA support" in result.error
     assert not result.resources
-
-
-def test_demo_prints_the_resource_summary():
-    import io
-
-    from rich.console import Console
-
-    from scripts import demo
-
-    buffer = io.StringIO()
-    assert demo.print_resources(Console(file=buffer, width=120), "dev")
-    text = buffer.getvalue()
-    assert "aws:ec2/launchTemplate:LaunchTemplate" in text and "dev: 31 resources in 4 components" in text

@@ -64,3 +64,17 @@ def test_cli_draws_the_diagram(tmp_path, capsys):
     assert plan.main(["prod", "--diagram", str(target)]) == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"diagram: {target}" in capsys.readouterr().out
+
+
+def test_printed_report_shows_counts_and_the_verdict():
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    report = plan.plan("dev")
+    plan.print_report(Console(file=buffer, width=160), report)
+    text = buffer.getvalue()
+    assert "aws:ec2/launchTemplate:LaunchTemplate" in text
+    assert f"dev (aws): {report['total']} resources in {report['components']} components" in text
+    assert f"PASS dev: {report['total']} resources, 0 mandatory" in text
