@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components import catalog
+from components import tags as contract
 from components.ports import PortRange, parse_port_range
 
 # Resource type tokens the pack inspects.
@@ -37,11 +38,12 @@ LOCAL_COMMAND = "command:local:Command"
 COMPUTE_TYPES = (INSTANCE, LAUNCH_TEMPLATE, AUTOSCALING_GROUP)
 RULE_TYPES = (SECURITY_GROUP, SECURITY_GROUP_RULE, INGRESS_RULE, EGRESS_RULE)
 
-# The tag contract with the components (issues 3 and 4).
-ROLE_TAG = "qwen-cluster:role"
-GPU_NODE = "gpu-node"
-NODE_SG = "node-sg"
-LB_SG = "lb-sg"
+# The tag contract with the components (issues 3 and 4), defined once in components/tags.py.
+ROLE_TAG = contract.ROLE_TAG
+GPU_NODE = contract.GPU_NODE
+NODE_SG = contract.NODE_SG
+LB_SG = contract.LB_SG
+BASTION_SG = contract.BASTION_SG
 
 WORLD = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 ALL_PORTS = PortRange(0, 65535)
