@@ -18,6 +18,7 @@ from typing import Any
 from components import catalog
 from components import tags as contract
 from components.ports import PortRange, parse_port_range
+from components.render import firewall
 
 # Resource type tokens the pack inspects.
 INSTANCE = "aws:ec2/instance:Instance"
@@ -389,8 +390,9 @@ def rules_of(
 
 # --- bare-metal host firewalls ----------------------------------------------------------------
 
-FIREWALL_SCHEMA = "qwen-cluster/host-firewall@1"
-"""The document a bare-metal firewall `command:remote:Command` carries in its `triggers`.
+FIREWALL_SCHEMA = firewall.DOCUMENT_SCHEMA
+"""The document a bare-metal firewall `command:remote:Command` carries in its `triggers`
+(`components.render.firewall.policy_document` writes it from the rules the script installs).
 
 One element of `triggers` is this document, as an object or as its JSON text:
 
