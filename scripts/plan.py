@@ -26,13 +26,31 @@ KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
     "aws:ec2/vpc:Vpc": ("cidrBlock",),
     "aws:ec2/subnet:Subnet": ("cidrBlock", "availabilityZone", "mapPublicIpOnLaunch"),
     "aws:ec2/instance:Instance": ("instanceType", "privateIp", "availabilityZone", "placementGroup"),
-    "aws:ec2/launchTemplate:LaunchTemplate": ("instanceType", "networkInterfaces", "metadataOptions.httpTokens"),
+    "aws:ec2/launchTemplate:LaunchTemplate": (
+        "instanceType",
+        "networkInterfaces",
+        "metadataOptions.httpTokens",
+    ),
     "aws:ec2/placementGroup:PlacementGroup": ("strategy",),
     "aws:ec2/networkInterface:NetworkInterface": ("privateIps", "interfaceType"),
     "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": (
-        "ipProtocol", "fromPort", "toPort", "cidrIpv4", "cidrIpv6", "referencedSecurityGroupId", "description"),
+        "ipProtocol",
+        "fromPort",
+        "toPort",
+        "cidrIpv4",
+        "cidrIpv6",
+        "referencedSecurityGroupId",
+        "description",
+    ),
     "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": (
-        "ipProtocol", "fromPort", "toPort", "cidrIpv4", "referencedSecurityGroupId", "prefixListId", "description"),
+        "ipProtocol",
+        "fromPort",
+        "toPort",
+        "cidrIpv4",
+        "referencedSecurityGroupId",
+        "prefixListId",
+        "description",
+    ),
     "aws:lb/loadBalancer:LoadBalancer": ("loadBalancerType", "internal"),
     "aws:lb/listener:Listener": ("port", "protocol", "tcpIdleTimeoutSeconds"),
     "aws:lb/targetGroup:TargetGroup": ("port", "protocol", "healthCheck.path", "deregistrationDelay"),
@@ -71,12 +89,14 @@ def resource_rows(render: offline.Render) -> list[dict[str, Any]]:
             value = _lookup(resource.inputs, path)
             if value is not None and path != "connection.host" or (path == "connection.host" and value):
                 shown[path] = _brief(value)
-        rows.append({
-            "component": f"{components[owner]} {owner}" if owner else "(stack)",
-            "type": resource.type,
-            "name": resource.name,
-            "properties": shown,
-        })
+        rows.append(
+            {
+                "component": f"{components[owner]} {owner}" if owner else "(stack)",
+                "type": resource.type,
+                "name": resource.name,
+                "properties": shown,
+            }
+        )
     return rows
 
 
@@ -104,9 +124,13 @@ def plan(stack: str, stack_config: dict[str, Any] | None = None) -> dict[str, An
         "total": len(custom),
         "components": sum(1 for r in render.resources if not r.custom),
         "exposure": [
-            {"name": rule.name, "on": rule.target.value,
-             "from": list(rule.cidrs) if rule.cidrs else rule.peer.value,
-             "ports": "all" if rule.ports is None else str(rule.ports), "protocol": rule.protocol}
+            {
+                "name": rule.name,
+                "on": rule.target.value,
+                "from": list(rule.cidrs) if rule.cidrs else rule.peer.value,
+                "ports": "all" if rule.ports is None else str(rule.ports),
+                "protocol": rule.protocol,
+            }
             for rule in cluster.exposures()
         ],
         "violations": [
@@ -130,8 +154,10 @@ def print_report(console, report: dict[str, Any]) -> None:
         for error in report["errors"]:
             console.print(f"  - {error}")
         return
-    tree = Tree(f"[bold]{stack}[/] ({report['target']}): {report['total']} resources in "
-                f"{report['components']} components")
+    tree = Tree(
+        f"[bold]{stack}[/] ({report['target']}): {report['total']} resources in "
+        f"{report['components']} components"
+    )
     grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in report["resources"]:
         grouped[row["component"]].append(row)
@@ -154,11 +180,15 @@ def print_report(console, report: dict[str, Any]) -> None:
         policy = Table("level", "policy", "resource", "message", title="policy report (qwen-cluster-guard)")
         for v in report["violations"]:
             style = "red" if v["enforcement"] == "mandatory" else "yellow"
-            policy.add_row(f"[{style}]{v['enforcement']}[/]", v["policy"], v["resource"] or "(stack)", v["message"])
+            policy.add_row(
+                f"[{style}]{v['enforcement']}[/]", v["policy"], v["resource"] or "(stack)", v["message"]
+            )
         console.print(policy)
     verdict = "[red]FAIL[/]" if report["mandatory"] else "[green]PASS[/]"
-    console.print(f"{verdict} {stack}: {report['total']} resources, {report['mandatory']} mandatory and "
-                  f"{report['advisory']} advisory violations, rendered and checked in {report['seconds']:.2f} s")
+    console.print(
+        f"{verdict} {stack}: {report['total']} resources, {report['mandatory']} mandatory and "
+        f"{report['advisory']} advisory violations, rendered and checked in {report['seconds']:.2f} s"
+    )
 
 
 def exit_code(reports: list[dict[str, Any]]) -> int:
@@ -170,12 +200,22 @@ def exit_code(reports: list[dict[str, Any]]) -> int:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stacks", nargs="*", default=list(stackfile.STACKS),
-                        help=f"stacks to preview (default: {' '.join(stackfile.STACKS)})")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "stacks",
+        nargs="*",
+        default=list(stackfile.STACKS),
+        help=f"stacks to preview (default: {' '.join(stackfile.STACKS)})",
+    )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
-    parser.add_argument("--diagram", metavar="FILE", help="draw the cluster to FILE (.svg or .png); "
-                        "with several stacks, FILE gets the stack name inserted")
+    parser.add_argument(
+        "--diagram",
+        metavar="FILE",
+        help="draw the cluster to FILE (.svg or .png); "
+        "with several stacks, FILE gets the stack name inserted",
+    )
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)
     reports = []
