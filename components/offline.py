@@ -12,6 +12,7 @@ import io
 import json
 import runpy
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,15 +75,10 @@ class Render:
         DNS name (how an Output flows from one resource into another; the mocks make those
         values unique per resource)."""
         custom = self.custom_resources
-        marks: dict[str, str] = {}
-        for resource in custom:
-            marks[f"{resource.name}-id"] = resource.name
-            for key in ("arn", "dnsName"):
-                if isinstance(resource.outputs.get(key), str):
-                    marks[resource.outputs[key]] = resource.name
+        marks = references(custom)
         graph: dict[str, set[str]] = {}
         for resource in custom:
-            found = {marks[value] for value in _strings(resource.inputs) if value in marks}
+            found = {marks[value].name for value in strings(resource.inputs) if value in marks}
             found |= {name for name in resource.depends_on if any(r.name == name for r in custom)}
             found.discard(resource.name)
             graph[resource.name] = found
@@ -159,16 +155,29 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
-def _strings(value: Any):
+def strings(value: Any) -> Iterator[str]:
     """Every string inside a nested input value."""
     if isinstance(value, str):
         yield value
-    elif isinstance(value, dict):
+    elif isinstance(value, Mapping):
         for item in value.values():
-            yield from _strings(item)
+            yield from strings(item)
     elif isinstance(value, list | tuple):
         for item in value:
-            yield from _strings(item)
+            yield from strings(item)
+
+
+def references(resources: list[RecordedResource]) -> dict[str, RecordedResource]:
+    """Values that name one of `resources` under these mocks: its id (`<name>-id`), its ARN and
+    its DNS name. An input holding one of them came from that resource's output, which is how
+    the engine's dependencies (and the policy pack's property dependencies) are rebuilt."""
+    marks: dict[str, RecordedResource] = {}
+    for resource in resources:
+        marks[f"{resource.name}-id"] = resource
+        for key in ("arn", "dnsName"):
+            if isinstance(resource.outputs.get(key), str):
+                marks[resource.outputs[key]] = resource
+    return marks
 
 
 def _str_keys(inputs: dict[str, Any]) -> dict[str, str]:

@@ -266,11 +266,11 @@ class Stack:
         return groups
 
     def group_roles(self) -> dict[str, str]:
-        """Security group name -> node / lb / other."""
+        """Security group name -> node / lb / bastion / other."""
         roles: dict[str, str] = {}
+        by_tag = {net.NODE_SG: "node", net.LB_SG: "lb", net.BASTION_SG: "bastion"}
         for group in self.of_type(net.SECURITY_GROUP):
-            tag = self.role(group)
-            roles[group.name] = "node" if tag == net.NODE_SG else "lb" if tag == net.LB_SG else "other"
+            roles[group.name] = by_tag.get(self.role(group) or "", "other")
         for node in self.gpu_nodes():
             for group in self.groups_of(node):
                 if roles.get(group, "other") == "other":
@@ -328,10 +328,11 @@ def exposure_problems(
     listener_ports: tuple[int, ...],
     listener_here: bool,
 ) -> list[str]:
-    """Why an ingress rule on `target` (node / lb / other) breaks the port table, if it does.
+    """Why an ingress rule on `target` (node / lb / bastion / other) breaks the port table, if it does.
 
-    `peer_role(peer)` says what a security-group peer is (node / lb / other); CIDR peers are
-    judged here against the node CIDR (members), monitoring, admin CIDRs and the world.
+    `peer_role(peer)` says what a security-group peer is (node / lb / bastion / other); CIDR peers
+    are judged here against the node CIDR (members), monitoring, admin CIDRs and the world. The
+    nodes take SSH from the bastion's group, so the bastion itself takes SSH from adminCidrs only.
     """
     problems: list[str] = []
     cluster_spans = facts.spans(Scope.CLUSTER)
@@ -346,7 +347,7 @@ def exposure_problems(
             member = not world and _within(peer.cidr, members)
             role = "world" if world else "node" if member else "cidr"
         elif peer.kind == "self":
-            role = "node" if target != "lb" else "lb"
+            role = target if target in ("lb", "bastion") else "node"
         elif peer.kind == "sg":
             role = peer_role(peer)
         else:
@@ -370,6 +371,14 @@ def exposure_problems(
                 problems.append(
                     f"{rule.where} admits {peer}: only the load balancer listener "
                     f"({', '.join(map(str, listener_ports))}/tcp) may be reached from the world"
+                )
+            continue
+        if target == "bastion":
+            ssh_only = rule.protocol == "tcp" and rule.ports == PortRange(SSH_PORT, SSH_PORT)
+            if not (ssh_only and peer.kind == "cidr" and _within(peer.cidr, facts.admin_cidrs)):
+                problems.append(
+                    f"{rule.where} admits {peer} to {_ports(rule)}: the bastion takes SSH "
+                    f"{SSH_PORT}/tcp from access.adminCidrs only (the nodes trust whoever reaches it)"
                 )
             continue
         if role == "node":
@@ -408,12 +417,13 @@ def exposure_problems(
             allowed = list(table_spans)
             if listener_here:
                 allowed += [PortRange(port, port) for port in listener_ports]
-            if peer.kind == "cidr" and _within(peer.cidr, facts.admin_cidrs):
+            # SSH: from adminCidrs directly, or (aws.bastion) from the bastion's security group.
+            if (peer.kind == "cidr" and _within(peer.cidr, facts.admin_cidrs)) or role == "bastion":
                 allowed.append(PortRange(SSH_PORT, SSH_PORT))
             if not _covered(rule.ports, allowed):
                 problems.append(
                     f"{rule.where} admits {peer} to {rule.ports}/{rule.protocol}, which the port table "
-                    "does not list (SSH only from access.adminCidrs)"
+                    "does not list (SSH only from access.adminCidrs or the bastion's security group)"
                 )
         elif target == "node" and rule.ports is None:
             problems.append(f"{rule.where} admits {peer} to {_ports(rule)}: the port table lists the ports")
@@ -640,15 +650,17 @@ def _validate_efa_placement(args: StackValidationArgs, report: ReportViolation) 
         template = stack.launch_template_of(node)
         if node.resource_type == net.LAUNCH_TEMPLATE:
             template = node
-        # The placement group: the node's own, else its launch template's.
+        # The placement group: the node's own, else its launch template's (by name or by id;
+        # the AWS target names it by id, which is what it knows before the group is named).
         candidates = [
             (node, "placementGroup", get(node.props, "placementGroup")),
             (node, "placementGroupId", get(node.props, "placementGroupId")),
         ]
-        if node.resource_type == net.LAUNCH_TEMPLATE:
-            candidates.append((node, "placement", get(node.props, "placement", "groupName")))
-        elif template is not None:
-            candidates.append((template, "placement", get(template.props, "placement", "groupName")))
+        if template is not None:
+            candidates += [
+                (template, "placement", get(template.props, "placement", key))
+                for key in ("groupName", "groupId")
+            ]
         present = [(owner, prop, value) for owner, prop, value in candidates if value is not None]
         if not present:
             report(

@@ -2,8 +2,9 @@
 
 Resource policies see each resource's inputs, stack policies every resource's outputs, as the
 engine hands them over (wrapped in pulumi_policy's unknown-checking proxies). The engine's
-property dependencies are rebuilt from the mock ids: a property holding `<name>-id` or another
-resource's ARN depends on that resource. Schema defaults are applied by the policies themselves
+property dependencies are rebuilt from the mock ids as the offline render does
+(`offline.references`): a property holding `<name>-id`, another resource's ARN or DNS name
+depends on that resource. Schema defaults are applied by the policies themselves
 (`guard.settings`), so a missing config here means the defaults, as with the CLI.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
 
-from components import config, stackfile
+from components import config, offline, stackfile
 from components.offline import RecordedResource, Render, render, render_stack
 from policies import guard
 
@@ -55,31 +56,9 @@ def _options(parent_urn: str | None) -> PolicyResourceOptions:
     return PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [], parent_urn)
 
 
-def _strings(value: Any) -> Iterable[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for inner in value.values():
-            yield from _strings(inner)
-    elif isinstance(value, list | tuple):
-        for inner in value:
-            yield from _strings(inner)
-
-
-def _references(resources: list[RecordedResource]) -> dict[str, RecordedResource]:
-    """Values that name a resource: its mock id and its ARN."""
-    refs: dict[str, RecordedResource] = {}
-    for resource in resources:
-        refs[f"{resource.name}-id"] = resource
-        arn = resource.outputs.get("arn")
-        if isinstance(arn, str):
-            refs[arn] = resource
-    return refs
-
-
 def policy_resources(stack: str, resources: list[RecordedResource], *, outputs: bool) -> list[PolicyResource]:
     """PolicyResources as the engine builds them: parent, dependencies, property dependencies."""
-    refs = _references(resources)
+    refs = offline.references(resources)
     by_name: dict[str, RecordedResource] = {}
     for resource in resources:
         by_name.setdefault(resource.name, resource)
@@ -104,7 +83,7 @@ def policy_resources(stack: str, resources: list[RecordedResource], *, outputs: 
         seen: list[PolicyResource] = []
         for key, value in resource.inputs.items():
             deps = []
-            for text in _strings(value):
+            for text in offline.strings(value):
                 target = refs.get(text)
                 if target is not None and target is not resource and built[id(target)] not in deps:
                     deps.append(built[id(target)])

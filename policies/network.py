@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components import catalog
+from components import tags as contract
 from components.ports import PortRange, parse_port_range
+from components.render import firewall
 
 # Resource type tokens the pack inspects.
 INSTANCE = "aws:ec2/instance:Instance"
@@ -37,11 +39,12 @@ LOCAL_COMMAND = "command:local:Command"
 COMPUTE_TYPES = (INSTANCE, LAUNCH_TEMPLATE, AUTOSCALING_GROUP)
 RULE_TYPES = (SECURITY_GROUP, SECURITY_GROUP_RULE, INGRESS_RULE, EGRESS_RULE)
 
-# The tag contract with the components (issues 3 and 4).
-ROLE_TAG = "qwen-cluster:role"
-GPU_NODE = "gpu-node"
-NODE_SG = "node-sg"
-LB_SG = "lb-sg"
+# The tag contract with the components (issues 3 and 4), defined once in components/tags.py.
+ROLE_TAG = contract.ROLE_TAG
+GPU_NODE = contract.GPU_NODE
+NODE_SG = contract.NODE_SG
+LB_SG = contract.LB_SG
+BASTION_SG = contract.BASTION_SG
 
 WORLD = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 ALL_PORTS = PortRange(0, 65535)
@@ -387,8 +390,9 @@ def rules_of(
 
 # --- bare-metal host firewalls ----------------------------------------------------------------
 
-FIREWALL_SCHEMA = "qwen-cluster/host-firewall@1"
-"""The document a bare-metal firewall `command:remote:Command` carries in its `triggers`.
+FIREWALL_SCHEMA = firewall.DOCUMENT_SCHEMA
+"""The document a bare-metal firewall `command:remote:Command` carries in its `triggers`
+(`components.render.firewall.policy_document` writes it from the rules the script installs).
 
 One element of `triggers` is this document, as an object or as its JSON text:
 

@@ -269,7 +269,10 @@ def _documents(resource: RecordedResource) -> list[tuple[int, dict[str, Any], bo
     found = []
     for index, trigger in enumerate(resource.inputs.get("triggers") or []):
         text = isinstance(trigger, str)
-        document = json.loads(trigger) if text else trigger
+        try:
+            document = json.loads(trigger) if text else trigger
+        except json.JSONDecodeError:
+            continue  # another trigger (a script's hash), as the policy pack skips it too
         if isinstance(document, dict) and document.get("schema") == net.FIREWALL_SCHEMA:
             found.append((index, document, text))
     return found

@@ -279,6 +279,18 @@ def test_gpu_node_role_tag_on_templates_and_instances(prod):
         assert resource.inputs["tags"]["qwen-cluster:role"] == "gpu-node"
 
 
+def test_security_groups_carry_the_role_tag_the_policy_pack_reads(prod):
+    roles = {
+        sg.name: sg.inputs["tags"]["qwen-cluster:role"]
+        for sg in prod.of_type("aws:ec2/securityGroup:SecurityGroup")
+    }
+    assert roles == {
+        "security-nodes": "node-sg",
+        "security-load-balancer": "lb-sg",
+        "security-bastion": "bastion-sg",
+    }
+
+
 def test_ami_is_looked_up_by_owner_and_name(dev):
     lookups = [args for token, args in dev.invokes if token == "aws:ec2/getAmi:getAmi"]
     assert len(lookups) == 1

@@ -61,23 +61,41 @@ def test_nothing_disables_selinux(render):
     assert "SELINUX=disabled" not in everything
 
 
-def test_triggers_hold_the_script_hash_and_the_firewall_rules(render):
+def test_triggers_hold_the_script_hash_and_the_firewall_document(render):
     import hashlib
 
     firewall = render.named("worker-2-firewall")
-    digest, rules = firewall.inputs["triggers"]
+    digest, document = firewall.inputs["triggers"]
     assert digest == hashlib.sha256(firewall.inputs["create"].encode()).hexdigest()
+    assert document["schema"] == "qwen-cluster/host-firewall@1"
+    assert (document["host"], document["address"], document["role"]) == (
+        "worker-2",
+        "192.168.1.102",
+        "gpu-node",
+    )
+    # Pulumi drops null values from maps; the policy reads an absent key as null
+    assert (document["loadBalancer"], document.get("listenerPort"), document["nicSpeedGbps"]) == (
+        False,
+        None,
+        25,
+    )
     assert {
-        "flavour": "ufw",
-        "node": "worker-2",
-        "nodeIp": "192.168.1.102",
-        "name": "model-service",
-        "source": "192.168.1.100/32",
-        "ports": "5000",
+        "action": "allow",
+        "direction": "in",
         "protocol": "tcp",
-    } in rules
-    cluster_sources = {r["source"] for r in rules if r["name"] == "cluster-all"}
+        "ports": "5000",
+        "sources": ["192.168.1.100/32"],
+        "description": "model-service 5000/tcp from the load balancer only",
+    } in document["rules"]
+    cluster_sources = {
+        source
+        for r in document["rules"]
+        if r["protocol"] == "all" and r.get("ports") is None
+        for source in r["sources"]
+    }
     assert cluster_sources == {"192.168.1.100/32", "192.168.1.101/32", "192.168.1.103/32"}
+    master = render.named("master-firewall").inputs["triggers"][1]
+    assert (master["loadBalancer"], master["listenerPort"]) == (True, 80)
     assert (
         render.named("master-sysctl").inputs["triggers"][0]
         == hashlib.sha256(render.named("master-sysctl").inputs["create"].encode()).hexdigest()

@@ -218,6 +218,84 @@ def test_port_exposure_messages_name_the_rule_and_the_reason():
     assert "monitoringCidrs (10.20.0.0/16)" in messages["fail_monitoring_from_clients"]
 
 
+def _bastion_sg():
+    return res(
+        net.SECURITY_GROUP, "dev-bastion-sg", description="SSH jump host", tags={net.ROLE_TAG: "bastion-sg"}
+    )
+
+
+BASTION_FIXTURES = [
+    ingress(
+        "pass_ssh_from_bastion_sg",
+        "dev-node-sg",
+        referencedSecurityGroupId="dev-bastion-sg-id",
+        ipProtocol="tcp",
+        fromPort=22,
+        toPort=22,
+    ),
+    ingress(
+        "pass_bastion_ssh_admin",
+        "dev-bastion-sg",
+        cidrIpv4="203.0.113.10/32",
+        ipProtocol="tcp",
+        fromPort=22,
+        toPort=22,
+    ),
+    ingress(
+        "fail_model_from_bastion_sg",
+        "dev-node-sg",
+        referencedSecurityGroupId="dev-bastion-sg-id",
+        ipProtocol="tcp",
+        fromPort=5000,
+        toPort=5000,
+    ),
+    ingress(
+        "fail_all_from_bastion_sg",
+        "dev-node-sg",
+        referencedSecurityGroupId="dev-bastion-sg-id",
+        ipProtocol="-1",
+    ),
+    ingress(
+        "fail_ssh_from_untagged_sg",
+        "dev-node-sg",
+        referencedSecurityGroupId="dev-other-sg-id",
+        ipProtocol="tcp",
+        fromPort=22,
+        toPort=22,
+    ),
+    ingress(
+        "fail_bastion_ssh_world",
+        "dev-bastion-sg",
+        cidrIpv4="0.0.0.0/0",
+        ipProtocol="tcp",
+        fromPort=22,
+        toPort=22,
+    ),
+    ingress(
+        "fail_bastion_ssh_clients",
+        "dev-bastion-sg",
+        cidrIpv4="10.0.0.0/8",
+        ipProtocol="tcp",
+        fromPort=22,
+        toPort=22,
+    ),
+    ingress(
+        "fail_bastion_other_port_admin",
+        "dev-bastion-sg",
+        cidrIpv4="203.0.113.10/32",
+        ipProtocol="tcp",
+        fromPort=8080,
+        toPort=8080,
+    ),
+]
+
+
+def test_port_exposure_lets_nodes_take_ssh_from_the_bastion_sg_and_the_bastion_from_admins_only():
+    others = [res(net.SECURITY_GROUP, "dev-other-sg", description="someone else's")]
+    resources = aws_stack() + [_bastion_sg(), *others] + BASTION_FIXTURES
+    assert refused(resources, "port-exposure") == fail_names(BASTION_FIXTURES)
+
+
 def _host(name, *rules, load_balancer=False):
     command = firewall_command(name, "192.168.1.150", load_balancer=load_balancer)
     document = json.loads(command.inputs["triggers"][0])
@@ -364,6 +442,18 @@ def test_efa_placement_refuses_a_node_outside_any_placement_group():
     for r in resources:
         r.outputs = {k: v for k, v in r.outputs.items() if v is not None}
     assert refused(resources, "efa-placement") == {"fail_loose"}
+
+
+def test_efa_placement_follows_an_instance_to_its_launch_templates_placement_group_by_id():
+    resources = aws_stack()
+    for r in resources:
+        for props in (r.inputs, r.outputs):
+            if r.type == net.INSTANCE:
+                props.pop("placementGroup", None)
+            if r.name == "dev-node-template":
+                props["placement"] = {"groupId": "dev-placement-id", "availabilityZone": "us-west-2a"}
+    assert refused(resources, "efa-placement") == set()
+    assert refused(placement_strategy(resources, "spread"), "efa-placement") == {"dev-master", "dev-worker-1"}
 
 
 def test_efa_placement_refuses_nodes_in_two_subnets():

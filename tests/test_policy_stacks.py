@@ -1,34 +1,14 @@
 """The pack over the real stacks, rendered under mocks: they pass, and each mutation is refused.
 
-The same mutations run over the fixture stacks now (shaped like what the targets build) and
-over the real renders. A real stack renders its GPU nodes only once its target (components/aws,
-components/baremetal) is merged; until then its tests are expected to fail, strictly, so they
-start counting the moment the target arrives.
+The same mutations run over the fixture stacks (shaped like what the targets build) and over
+the real renders of dev, prod (components/aws) and onprem (components/baremetal).
 """
-
-import importlib.util
 
 import pytest
 
 from components import stackfile
 from policies import guard, harness
 from tests.policy_fixtures import AWS_MUTATIONS, MUTATIONS, aws_stack, bare_metal_stack
-
-TARGET_PACKAGE = {"dev": "components.aws", "prod": "components.aws", "onprem": "components.baremetal"}
-
-
-def _target_missing(stack: str) -> bool:
-    return importlib.util.find_spec(TARGET_PACKAGE[stack]) is None
-
-
-def real_stack(stack: str):
-    return pytest.param(
-        stack,
-        marks=pytest.mark.xfail(
-            _target_missing(stack), reason=f"{TARGET_PACKAGE[stack]} is not merged yet", strict=True
-        ),
-    )
-
 
 _RENDERS: dict[str, object] = {}
 
@@ -44,7 +24,7 @@ def mandatory_policies(resources, stack: str) -> set[str]:
     return {v.policy for v in harness.mandatory(violations)}
 
 
-@pytest.mark.parametrize("stack", [real_stack(s) for s in stackfile.STACKS])
+@pytest.mark.parametrize("stack", stackfile.STACKS)
 def test_the_real_stacks_produce_no_mandatory_violation(stack):
     render, violations = rendered(stack)
     assert render.error is None
@@ -62,10 +42,7 @@ def _cases(stacks):
 
 @pytest.mark.parametrize(
     ("stack", "label", "mutate", "policy"),
-    [
-        pytest.param(*case, id=f"{case[0]}: {case[1]}", marks=real_stack(case[0]).marks)
-        for case in _cases(stackfile.STACKS)
-    ],
+    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in _cases(stackfile.STACKS)],
 )
 def test_a_mutated_real_stack_is_refused_by_the_named_policy(stack, label, mutate, policy):
     render, _ = rendered(stack)

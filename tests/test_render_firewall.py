@@ -6,6 +6,7 @@ import pytest
 from components import config, stackfile
 from components.render import firewall
 from components.render.firewall import Rule
+from policies import network as net
 from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 
@@ -20,6 +21,31 @@ def sources(rules: list[Rule], name: str) -> set[str]:
 def test_ssh_from_admin_cidrs_comes_first():
     rules = rules_of("worker-1")
     assert rules[0] == Rule("ssh", "203.0.113.10/32", "22", "tcp")
+
+
+def test_policy_document_carries_exactly_the_rendered_rules():
+    rules = rules_of("worker-1")
+    document = firewall.policy_document(ONPREM, "worker-1", rules)
+    assert document["schema"] == net.FIREWALL_SCHEMA
+    assert [(r["sources"], r["ports"], r["protocol"]) for r in document["rules"]] == [
+        ([rule.source], None if rule.ports == "all" else rule.ports, rule.protocol) for rule in rules
+    ]
+    assert all(
+        r["action"] == "allow" and r["direction"] == "in" and r["description"] for r in document["rules"]
+    )
+    (parsed,) = net.firewall_documents({"triggers": ["a script hash", document]})
+    assert (parsed.host, parsed.address, parsed.nic_speed_gbps, parsed.load_balancer) == (
+        "worker-1",
+        "192.168.1.101",
+        25,
+        False,
+    )
+    assert len(parsed.rules) == len(rules) and parsed.problems == ()
+
+
+def test_policy_document_marks_the_load_balancer_host_and_its_listener():
+    document = firewall.policy_document(ONPREM, "master", rules_of("master"))
+    assert (document["loadBalancer"], document["listenerPort"]) == (True, ONPREM.load_balancer.port)
 
 
 def test_cluster_scope_admits_the_other_nodes_exact_addresses_not_the_segment():

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from components.tags import BASTION, ROLE_TAG
+
 INSTANCE_TYPE = "t3.micro"
 # Canonical's Ubuntu 22.04 images (https://documentation.ubuntu.com/aws/aws-how-to/instances/find-ubuntu-images/).
 UBUNTU_OWNER = "099720109477"
@@ -49,7 +51,7 @@ class Bastion(pulumi.ComponentResource):
             associate_public_ip_address=True,
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required"},
             root_block_device={"volume_type": "gp3", "encrypted": True},
-            tags={**args.tags, "Name": f"{name}-host", "qwen-cluster:role": "bastion"},
+            tags={**args.tags, "Name": f"{name}-host", ROLE_TAG: BASTION},
             opts=child,
         )
         self.public_ip = instance.public_ip

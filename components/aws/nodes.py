@@ -11,10 +11,7 @@ import pulumi_aws as aws
 from components import catalog
 from components.config import ClusterConfig
 from components.render import cloudinit, ec2
-
-ROLE_TAG = "qwen-cluster:role"  # the policy pack recognises GPU nodes by it
-GPU_NODE_ROLE = "gpu-node"
-NODE_TAG = "qwen-cluster:node"
+from components.tags import GPU_NODE, NODE_TAG, ROLE_TAG
 
 
 @dataclass
@@ -68,7 +65,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         cluster = args.cluster
         aws_target, kind = cluster.aws, cluster.instance
-        role_tags = {**args.tags, ROLE_TAG: GPU_NODE_ROLE}
+        role_tags = {**args.tags, ROLE_TAG: GPU_NODE}  # the policy pack finds GPU nodes by it
 
         # All nodes in one cluster placement group: one AZ, low-latency, full-bisection
         # network (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html).

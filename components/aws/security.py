@@ -8,12 +8,15 @@ import pulumi
 import pulumi_aws as aws
 
 from components.render.sg_rules import Direction, Group, RuleSpec
+from components.tags import BASTION_SG, LB_SG, NODE_SG, ROLE_TAG
 
 _PURPOSE = {
     Group.NODES: "GPU nodes: all traffic between members, the model port from the NLB only",
     Group.LOAD_BALANCER: "model NLB: the listener from clientCidrs only",
     Group.BASTION: "SSH jump host: SSH from adminCidrs only",
 }
+# The policy pack tells the groups apart by these tags (who may reach the model port, SSH).
+_ROLE = {Group.NODES: NODE_SG, Group.LOAD_BALANCER: LB_SG, Group.BASTION: BASTION_SG}
 
 
 @dataclass
@@ -50,7 +53,7 @@ class SecurityGroups(pulumi.ComponentResource):
                 f"{name}-{group}",
                 vpc_id=args.vpc_id,
                 description=_PURPOSE[group],
-                tags={**args.tags, "Name": f"{name}-{group}"},
+                tags={**args.tags, "Name": f"{name}-{group}", ROLE_TAG: _ROLE[group]},
                 opts=child,
             )
             for group in used

@@ -20,7 +20,7 @@ class Step:
     name: str
     create: str
     delete: str | None
-    data: list[dict[str, Any]] | None = None  # structured payload carried in the triggers
+    data: dict[str, Any] | None = None  # structured payload carried in the triggers
 
 
 def steps_for(cluster: ClusterConfig, node: Node) -> list[Step]:
@@ -35,10 +35,8 @@ def steps_for(cluster: ClusterConfig, node: Node) -> list[Step]:
             "firewall",
             firewall.apply_script(rules, flavour, node_ip=str(node.ip)),
             firewall.revert_script(flavour),
-            [
-                {"flavour": flavour, "node": node.name, "nodeIp": str(node.ip), **rule.as_dict()}
-                for rule in rules
-            ],
+            # The rules as data, in the form the policy pack checks (port-exposure, node-count).
+            firewall.policy_document(cluster, node.name, rules),
         ),
         Step(
             "selinux",

@@ -2,7 +2,10 @@
 
 Signatures:
     host_rules(cluster: ClusterConfig, node_name: str) -> list[Rule]
-        the node's ingress rules as data (the firewall command carries them for the policy pack)
+        the node's ingress rules as data
+    policy_document(cluster: ClusterConfig, node_name: str, rules: list[Rule]) -> dict
+        those rules as the host-firewall document the firewall command carries in its triggers,
+        the form the policy pack (policies/network.py) checks
     apply_script(rules: list[Rule], flavour: str, *, node_ip: str, interface: str | None = None,
                  etc: str = "/etc", state_dir: str = "/var/lib/qwen-cluster", persist: bool = True) -> str
     revert_script(flavour: str, *, etc: str = "/etc", state_dir: str = ..., persist: bool = True) -> str
@@ -19,10 +22,12 @@ scripts at `/etc/netns/<ns>`-style roots; `persist=False` skips enabling boot-ti
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from components.ports import Exposure, Peer, Target
 from components.render.shell import quote, script
+from components.tags import GPU_NODE
 
 FLAVOURS = ("ufw", "firewalld", "nftables")
 TAG = "qwen-cluster"
@@ -39,6 +44,8 @@ class Rule:
     source: str
     ports: str
     protocol: str
+    # Why the rule exists (the exposure's description); it opens nothing, so it is not compared.
+    description: str = field(default="", compare=False)
 
     @property
     def family(self) -> str:
@@ -71,8 +78,48 @@ def host_rules(cluster, node_name: str) -> list[Rule]:
             sources = [f"{lb_node.ip}/32"] if lb_node is not None and lb_node.name != node.name else []
         else:
             sources = list(exposure.cidrs)
-        rules += [Rule(exposure.name, source, ports, exposure.protocol) for source in sources]
+        rules += [
+            Rule(exposure.name, source, ports, exposure.protocol, exposure.description) for source in sources
+        ]
     return rules
+
+
+DOCUMENT_SCHEMA = "qwen-cluster/host-firewall@1"
+
+
+def policy_document(cluster, node_name: str, rules: list[Rule]) -> dict[str, Any]:
+    """One host's firewall as the policy pack reads it (`DOCUMENT_SCHEMA`): who the host is, and
+    exactly the allow rules `apply_script` installs (the default is deny, so nothing else opens).
+
+        {"schema": "qwen-cluster/host-firewall@1", "host": "master", "address": "192.168.1.100",
+         "role": "gpu-node", "nicSpeedGbps": 25, "loadBalancer": true, "listenerPort": 80,
+         "rules": [{"action": "allow", "direction": "in", "protocol": "tcp",   # tcp | all
+                    "ports": "5000",                                             # null: every port
+                    "sources": ["192.168.1.100/32"], "description": "..."}]}
+    """
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    lb_node = cluster.load_balancer_node
+    serves_listener = lb_node is not None and lb_node.name == node_name
+    return {
+        "schema": DOCUMENT_SCHEMA,
+        "host": node.name,
+        "address": str(node.ip),
+        "role": GPU_NODE,  # every bare-metal host is a GPU node
+        "nicSpeedGbps": cluster.bare_metal.nic_speed_gbps,
+        "loadBalancer": serves_listener,
+        "listenerPort": cluster.load_balancer.port if serves_listener else None,
+        "rules": [
+            {
+                "action": "allow",
+                "direction": "in",
+                "protocol": rule.protocol,
+                "ports": None if rule.ports == "all" else rule.ports,
+                "sources": [rule.source],
+                "description": rule.description,
+            }
+            for rule in rules
+        ],
+    }
 
 
 def _ufw(rules: list[Rule], state: str) -> str:
