@@ -1,0 +1,325 @@
+"""Host firewall rules from the port table, rendered for ufw, firewalld or nftables.
+
+Signatures:
+    host_rules(cluster: ClusterConfig, node_name: str) -> list[Rule]
+        the node's ingress rules as data (the firewall command carries them for the policy pack)
+    apply_script(rules: list[Rule], flavour: str, *, node_ip: str, interface: str | None = None,
+                 etc: str = "/etc", state_dir: str = "/var/lib/qwen-cluster", persist: bool = True) -> str
+    revert_script(flavour: str, *, etc: str = "/etc", state_dir: str = ..., persist: bool = True) -> str
+
+Every script allows SSH from adminCidrs before the default deny takes effect, accepts
+loopback and established traffic, admits all traffic from the other nodes' exact addresses
+(never the whole segment: NCCL uses ports that cannot be pinned, NVIDIA/nccl#388), the
+clients ports from the load-balancer node only, the listener from clientCidrs on that node,
+monitoring from monitoringCidrs, and denies the rest. `interface` defaults to the one that
+holds `node_ip` (firewalld binds its zone to it); `etc` and `state_dir` let a lab point the
+scripts at `/etc/netns/<ns>`-style roots; `persist=False` skips enabling boot-time services.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import asdict, dataclass
+
+from components.ports import Exposure, Peer, Target
+from components.render.shell import quote, script
+
+FLAVOURS = ("ufw", "firewalld", "nftables")
+TAG = "qwen-cluster"
+NFT_TABLE = "qwen_cluster"
+ZONE = "qwen-cluster"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ingress allowance on a host: `source` (a CIDR, /32 for a host) may reach `ports`
+    ("all", "22", "6000-6100") over `protocol` ("all" or "tcp")."""
+
+    name: str
+    source: str
+    ports: str
+    protocol: str
+
+    @property
+    def family(self) -> str:
+        return "ipv6" if ipaddress.ip_network(self.source).version == 6 else "ipv4"
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def host_rules(cluster, node_name: str) -> list[Rule]:
+    """The ingress rules of one node, SSH first. Raises ValueError if SSH would be locked out."""
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    lb_node = cluster.load_balancer_node
+    others = [str(n.ip) for n in cluster.nodes if n.name != node_name]
+    rules: list[Rule] = []
+    exposures: list[Exposure] = cluster.exposures()
+    ssh = [e for e in exposures if e.name == "ssh"]
+    if not ssh:
+        raise ValueError(
+            "access.adminCidrs is empty: a default-deny host firewall would lock out SSH, "
+            "including pulumi's own connection"
+        )
+    for exposure in ssh + [e for e in exposures if e.name != "ssh"]:
+        ports = "all" if exposure.ports is None else str(exposure.ports)
+        if exposure.target is Target.LOAD_BALANCER and (lb_node is None or lb_node.name != node.name):
+            continue
+        if exposure.peer is Peer.NODES:
+            sources = [f"{ip}/32" for ip in others]
+        elif exposure.peer is Peer.LOAD_BALANCER:
+            sources = [f"{lb_node.ip}/32"] if lb_node is not None and lb_node.name != node.name else []
+        else:
+            sources = list(exposure.cidrs)
+        rules += [Rule(exposure.name, source, ports, exposure.protocol) for source in sources]
+    return rules
+
+
+def _ufw(rules: list[Rule], state: str) -> str:
+    def command(rule: Rule) -> str:
+        where = "" if rule.ports == "all" else f" to any port {rule.ports.replace('-', ':')} proto tcp"
+        return f"ufw allow from {rule.source}{where} comment '{TAG}:{rule.name}'"
+
+    wanted = "\n".join(command(rule) for rule in rules)
+    ssh = [command(rule) for rule in rules if rule.name == "ssh"]
+    return f"""
+command -v ufw >/dev/null || {{ echo "firewall: ufw is not installed" >&2; exit 1; }}
+mkdir -p {quote(state)}
+if [ ! -e {quote(state)}/ufw.before ]; then
+  ufw status | head -n1 >{quote(state)}/ufw.before
+fi
+# SSH from adminCidrs first: the default deny below must never cut this session off.
+{chr(10).join(ssh)}
+ufw default deny incoming
+ufw default allow outgoing
+wanted=$(cat <<'QWEN_UFW_EOF'
+{wanted}
+QWEN_UFW_EOF
+)
+while IFS= read -r rule; do
+  eval "$rule" >/dev/null
+done <<<"$wanted"
+# Drop our rules that the config no longer asks for (e.g. a node that left).
+ufw show added | grep -F "comment '{TAG}:" | while IFS= read -r rule; do
+  if ! grep -qxF -- "$rule" <<<"$wanted"; then
+    echo "firewall: removing stale rule: $rule"
+    eval "ufw delete ${{rule#ufw }}" >/dev/null
+  fi
+done
+# Loopback and established traffic are accepted by ufw's before.rules. Enabling persists.
+ufw --force enable >/dev/null
+ufw status verbose
+"""
+
+
+def _nft_set(rules: list[Rule], family: str) -> str:
+    return ", ".join(rule.source for rule in rules if rule.family == family)
+
+
+def _nftables_ruleset(rules: list[Rule]) -> str:
+    members = [rule.source.removesuffix("/32") for rule in rules if rule.name == "cluster-all"]
+    lines = []
+    for rule in rules:
+        if rule.name == "cluster-all":
+            continue
+        match = "ip6 saddr" if rule.family == "ipv6" else "ip saddr"
+        port = "" if rule.ports == "all" else f" tcp dport {rule.ports}"
+        lines.append(f'    {match} {rule.source}{port} accept comment "{rule.name}"')
+    if members:
+        # All traffic, from the exact member addresses only: NCCL ports cannot be pinned.
+        lines.insert(1, '    ip saddr @cluster_nodes accept comment "cluster-all"')
+    body = "\n".join(lines)
+    node_set = (
+        f"""  set cluster_nodes {{
+    type ipv4_addr
+    elements = {{ {", ".join(members)} }}
+  }}
+"""
+        if members
+        else ""
+    )
+    return f"""# Managed by qwen-cluster. Loaded atomically: SSH is allowed with the drop.
+table inet {NFT_TABLE}
+delete table inet {NFT_TABLE}
+table inet {NFT_TABLE} {{
+{node_set}  chain input {{
+    type filter hook input priority filter; policy drop;
+    iif "lo" accept
+    ct state established,related accept
+    ct state invalid drop
+    # Path MTU discovery and neighbour discovery must pass.
+    ip protocol icmp icmp type {{ destination-unreachable, time-exceeded, parameter-problem }} accept
+    ip6 nexthdr icmpv6 icmpv6 type {{ destination-unreachable, packet-too-big, time-exceeded, \\
+parameter-problem, nd-neighbor-solicit, nd-neighbor-advert, nd-router-advert }} accept
+{body}
+  }}
+}}
+"""
+
+
+def _nftables(rules: list[Rule], etc: str, state: str, persist: bool) -> str:
+    ruleset = _nftables_ruleset(rules)
+    persist_step = f"""
+# Persist: the distribution's nftables service loads its main file at boot; include ours.
+main={quote(etc)}/nftables.conf
+[ -e {quote(etc)}/sysconfig/nftables.conf ] && main={quote(etc)}/sysconfig/nftables.conf
+include="include \\"$rules_file\\""
+touch "$main"
+grep -qxF "$include" "$main" || echo "$include" >>"$main"
+systemctl enable nftables >/dev/null 2>&1 || echo "firewall: could not enable nftables.service" >&2
+"""
+    return f"""
+command -v nft >/dev/null || {{ echo "firewall: nft is not installed" >&2; exit 1; }}
+mkdir -p {quote(etc)}/qwen-cluster {quote(state)}
+rules_file={quote(etc)}/qwen-cluster/firewall.nft
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+cat >"$tmp" <<'QWEN_NFT_EOF'
+{ruleset.rstrip(chr(10))}
+QWEN_NFT_EOF
+# Create the table first so the `delete table` line is valid on the first run.
+nft add table inet {NFT_TABLE}
+nft -c -f "$tmp"
+install -m 0600 "$tmp" "$rules_file"
+nft -f "$rules_file"
+{persist_step if persist else ""}
+nft list table inet {NFT_TABLE}
+"""
+
+
+def _firewalld_zone(rules: list[Rule]) -> str:
+    lines = []
+    for rule in rules:
+        port = "" if rule.ports == "all" else f'<port port="{rule.ports}" protocol="tcp"/>'
+        lines.append(
+            f'  <rule family="{rule.family}"><source address="{rule.source}"/>{port}<accept/></rule>'
+        )
+    body = "\n".join(lines)
+    return f"""<?xml version="1.0" encoding="utf-8"?>
+<!-- Managed by qwen-cluster. target default: everything not accepted below is rejected. -->
+<!-- cluster-all admits all traffic from the node IPs: NCCL ports cannot be pinned. -->
+<zone target="default">
+  <short>{ZONE}</short>
+  <description>qwen-cluster nodes: SSH from adminCidrs, cluster members, load balancer</description>
+  <interface name="QWEN_IFACE"/>
+{body}
+</zone>
+"""
+
+
+def _firewalld(rules: list[Rule], etc: str, state: str, persist: bool) -> str:
+    zone = _firewalld_zone(rules)
+    enable = "systemctl enable --now firewalld >/dev/null" if persist else ":"
+    return f"""
+command -v firewall-cmd >/dev/null || {{ echo "firewall: firewalld is not installed" >&2; exit 1; }}
+{enable}
+mkdir -p {quote(etc)}/firewalld/zones {quote(state)}
+zone_file={quote(etc)}/firewalld/zones/{ZONE}.xml
+if [ ! -e {quote(state)}/firewalld.before ]; then
+  firewall-cmd --get-zone-of-interface="$iface" >{quote(state)}/firewalld.before 2>/dev/null || true
+fi
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+# The zone is written whole (permanent config) and takes effect at the reload, with the
+# SSH rule already in it: the session applying it is never cut off.
+sed "s/QWEN_IFACE/$iface/" >"$tmp" <<'QWEN_ZONE_EOF'
+{zone.rstrip(chr(10))}
+QWEN_ZONE_EOF
+install -m 0644 "$tmp" "$zone_file"
+firewall-cmd --check-config >/dev/null
+firewall-cmd --reload >/dev/null
+if [ "$(firewall-cmd --get-zone-of-interface="$iface" 2>/dev/null || true)" != {ZONE} ]; then
+  # NetworkManager may hold the interface in another zone.
+  firewall-cmd --permanent --zone={ZONE} --change-interface="$iface" >/dev/null
+  firewall-cmd --zone={ZONE} --change-interface="$iface" >/dev/null
+fi
+zone_now=$(firewall-cmd --get-zone-of-interface="$iface" 2>/dev/null || true)
+if [ "$zone_now" != {ZONE} ]; then
+  echo "firewall: $iface is in zone '$zone_now', not {ZONE}" >&2
+  exit 1
+fi
+firewall-cmd --zone={ZONE} --list-all
+"""
+
+
+def _interface(node_ip: str, interface: str | None) -> str:
+    if interface:
+        return f"iface={quote(interface)}"
+    return f"""node_ip={quote(node_ip)}
+iface=$(ip -o -4 addr show | awk -v ip="$node_ip" '{{split($4, a, "/"); if (a[1] == ip) {{print $2; exit}}}}')
+if [ -z "$iface" ]; then
+  echo "firewall: no interface holds $node_ip" >&2
+  exit 1
+fi"""
+
+
+def apply_script(
+    rules: list[Rule],
+    flavour: str,
+    *,
+    node_ip: str,
+    interface: str | None = None,
+    etc: str = "/etc",
+    state_dir: str = "/var/lib/qwen-cluster",
+    persist: bool = True,
+) -> str:
+    if flavour not in FLAVOURS:
+        raise ValueError(f"firewall {flavour!r} is not one of {', '.join(FLAVOURS)}")
+    if not any(rule.name == "ssh" for rule in rules):
+        raise ValueError("no SSH rule: a default-deny host firewall would lock out the session applying it")
+    if flavour == "ufw":
+        body = _ufw(rules, state_dir)
+    elif flavour == "nftables":
+        body = _nftables(rules, etc, state_dir, persist)
+    else:
+        body = _interface(node_ip, interface) + "\n" + _firewalld(rules, etc, state_dir, persist)
+    return script(f"{flavour} host firewall from the port table (default deny incoming)", body)
+
+
+def revert_script(
+    flavour: str, *, etc: str = "/etc", state_dir: str = "/var/lib/qwen-cluster", persist: bool = True
+) -> str:
+    """Remove our rules. ufw/firewalld go back to their state before the first apply (ufw is
+    disabled again only if it was inactive then, so SSH is never left behind a deny);
+    nftables drops our table, which holds the deny as well."""
+    state = quote(state_dir)
+    if flavour == "ufw":
+        body = f"""
+command -v ufw >/dev/null || exit 0
+ufw show added | grep -F "comment '{TAG}:" | grep -vF "comment '{TAG}:ssh'" | while IFS= read -r rule; do
+  eval "ufw delete ${{rule#ufw }}" >/dev/null
+done
+if grep -q inactive {state}/ufw.before 2>/dev/null; then
+  ufw --force disable >/dev/null
+  ufw show added | grep -F "comment '{TAG}:" | while IFS= read -r rule; do
+    eval "ufw delete ${{rule#ufw }}" >/dev/null
+  done
+else
+  echo "firewall: ufw was active before; the SSH rule stays so the host remains reachable"
+fi
+rm -f {state}/ufw.before
+"""
+    elif flavour == "nftables":
+        persist_step = f"""
+for main in {quote(etc)}/nftables.conf {quote(etc)}/sysconfig/nftables.conf; do
+  [ -e "$main" ] && sed -i '\\|include "{etc}/qwen-cluster/firewall.nft"|d' "$main"
+done
+"""
+        body = f"""
+command -v nft >/dev/null || exit 0
+nft delete table inet {NFT_TABLE} 2>/dev/null || true
+rm -f {quote(etc)}/qwen-cluster/firewall.nft
+{persist_step if persist else ""}
+"""
+    elif flavour == "firewalld":
+        body = f"""
+command -v firewall-cmd >/dev/null || exit 0
+before=$(cat {state}/firewalld.before 2>/dev/null || true)
+rm -f {quote(etc)}/firewalld/zones/{ZONE}.xml
+firewall-cmd --reload >/dev/null
+echo "firewall: removed zone {ZONE}; interfaces fall back to ${{before:-the default zone}}"
+rm -f {state}/firewalld.before
+"""
+    else:
+        raise ValueError(f"firewall {flavour!r} is not one of {', '.join(FLAVOURS)}")
+    return script(f"remove the qwen-cluster {flavour} rules", body)
