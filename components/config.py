@@ -361,6 +361,11 @@ def cross_errors(sections: Mapping[str, Any], given: set[str] | None = None) -> 
         errors += _aws_errors(aws, network, access)
     if target is Target.BARE_METAL and bare_metal is not None:
         errors += _bare_metal_errors(bare_metal, network, nodes)
+    if target is Target.BARE_METAL and access is not None and not access.admin_cidrs:
+        errors.append(
+            "access.adminCidrs is empty: the host firewall denies by default and would lock out "
+            "SSH, pulumi's own connection included"
+        )
 
     gpus, gpu_memory = None, None
     if target is Target.AWS and aws is not None and (kind := catalog.instance_type(aws.instance_type)):

@@ -74,9 +74,10 @@ while IFS='=' read -r key want; do
   if [ "$got" = "$want" ]; then
     echo "sysctl: $key = $got ok"
   elif [ "$in_child_netns" = yes ] && [ "${{key#net.}}" != "$key" ] \
+    && {{ [ -n "$got" ] || [ "${{key#net.core.}}" != "$key" ]; }} \
     && ! echo "$want" 2>/dev/null >"/proc/sys/${{key//.//}}"; then
-    # Global net.* keys (net.core.rmem_max) are absent or read-only outside the initial
-    # namespace: the host sets them, not the namespace.
+    # Global net.* keys (net.core.rmem_max) are read-only outside the initial namespace, or
+    # absent there on older kernels (net.core.* only): the host sets them, not the namespace.
     echo "sysctl: $key namespace-exempt" \\
       "(a non-initial network namespace cannot set it; host has ${{got:-none}})"
   elif [ -z "$got" ]; then

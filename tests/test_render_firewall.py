@@ -1,0 +1,137 @@
+import ipaddress
+import subprocess
+
+import pytest
+from bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
+
+from components import config, stackfile
+from components.render import firewall
+from components.render.firewall import Rule
+
+
+def rules_of(node: str) -> list[Rule]:
+    return firewall.host_rules(ONPREM, node)
+
+
+def sources(rules: list[Rule], name: str) -> set[str]:
+    return {rule.source for rule in rules if rule.name == name}
+
+
+def test_ssh_from_admin_cidrs_comes_first():
+    rules = rules_of("worker-1")
+    assert rules[0] == Rule("ssh", "203.0.113.10/32", "22", "tcp")
+
+
+def test_cluster_scope_admits_the_other_nodes_exact_addresses_not_the_segment():
+    rules = rules_of("worker-1")
+    assert sources(rules, "cluster-all") == {"192.168.1.100/32", "192.168.1.102/32", "192.168.1.103/32"}
+    assert {r.ports for r in rules if r.name == "cluster-all"} == {"all"}
+    intruder = ipaddress.ip_address("192.168.1.50")
+    assert not any(intruder in ipaddress.ip_network(rule.source) for rule in rules)
+
+
+def test_clients_port_only_from_the_load_balancer_node():
+    assert [(r.source, r.ports) for r in rules_of("worker-2") if r.name == "model-service"] == [
+        ("192.168.1.100/32", "5000")
+    ]
+    # On the LB node itself nginx reaches its local model server over loopback.
+    assert sources(rules_of("master"), "model-service") == set()
+
+
+def test_listener_only_on_the_load_balancer_node_from_client_cidrs():
+    assert [(r.source, r.ports) for r in rules_of("master") if r.name == "listener"] == [("10.0.0.0/8", "80")]
+    assert sources(rules_of("worker-1"), "listener") == set()
+
+
+def test_monitoring_only_from_monitoring_cidrs():
+    assert sources(rules_of("worker-3"), "monitoring") == {"10.20.0.0/16"}
+
+
+def test_no_admin_cidrs_is_refused_rather_than_locking_out_ssh():
+    raw = stackfile.cluster_keys(stackfile.read("onprem"))
+    raw["access"] = {**raw["access"], "adminCidrs": []}
+    with pytest.raises((ValueError, config.ConfigError), match="adminCidrs"):
+        firewall.host_rules(config.validate(raw), "master")
+    with pytest.raises(ValueError, match="SSH"):
+        firewall.apply_script([Rule("cluster-all", "10.0.0.1/32", "all", "all")], "ufw", node_ip="10.0.0.2")
+
+
+@pytest.mark.parametrize("flavour", firewall.FLAVOURS)
+@pytest.mark.parametrize("node", ["master", "worker-1"])
+def test_scripts_are_shellcheck_clean(flavour, node, tmp_path):
+    node_ip = str(next(n.ip for n in ONPREM.nodes if n.name == node))
+    shellcheck(firewall.apply_script(rules_of(node), flavour, node_ip=node_ip), tmp_path)
+    shellcheck(firewall.revert_script(flavour), tmp_path)
+
+
+def test_ufw_allows_ssh_before_default_deny_and_persists():
+    text = firewall.apply_script(rules_of("worker-1"), "ufw", node_ip="192.168.1.101")
+    ssh = text.index("ufw allow from 203.0.113.10/32 to any port 22 proto tcp comment 'qwen-cluster:ssh'")
+    assert ssh < text.index("ufw default deny incoming")
+    assert "ufw allow from 192.168.1.102/32 comment 'qwen-cluster:cluster-all'" in text
+    assert "to any port 5000 proto tcp comment 'qwen-cluster:model-service'" in text
+    assert "ufw --force enable" in text
+    assert "192.168.1.0/24" not in text
+
+
+def test_ufw_ranges_use_colon_syntax():
+    rules = [Rule("ssh", "10.0.0.0/8", "22", "tcp"), Rule("r", "10.0.0.0/8", "6000-6100", "tcp")]
+    assert "port 6000:6100 proto tcp" in firewall.apply_script(rules, "ufw", node_ip="10.0.0.1")
+
+
+def test_nftables_is_one_atomic_table_with_a_member_set_and_default_drop():
+    text = firewall.apply_script(rules_of("worker-1"), "nftables", node_ip="192.168.1.101")
+    assert "policy drop;" in text
+    assert "elements = { 192.168.1.100, 192.168.1.102, 192.168.1.103 }" in text
+    assert "ip saddr @cluster_nodes accept" in text
+    assert 'iif "lo" accept' in text and "ct state established,related accept" in text
+    assert "ip saddr 192.168.1.100/32 tcp dport 5000 accept" in text
+    assert 'include \\"$rules_file\\"' in text  # persisted through the distribution's main file
+
+
+def test_firewalld_zone_rejects_by_default_and_holds_rich_rules():
+    text = firewall.apply_script(rules_of("master"), "firewalld", node_ip="192.168.1.100")
+    assert '<zone target="default">' in text
+    assert '<source address="203.0.113.10/32"/><port port="22" protocol="tcp"/><accept/>' in text
+    assert '<rule family="ipv4"><source address="192.168.1.101/32"/><accept/></rule>' in text
+    assert "firewall-cmd --reload" in text
+
+
+def test_ipv6_client_cidrs_use_the_ipv6_family():
+    rules = [Rule("ssh", "2001:db8::/32", "22", "tcp")]
+    assert '<rule family="ipv6">' in firewall.apply_script(rules, "firewalld", node_ip="10.0.0.1")
+    assert "ip6 saddr 2001:db8::/32 tcp dport 22" in firewall.apply_script(rules, "nftables", node_ip="x")
+
+
+@needs_netns
+def test_nftables_script_loads_twice_and_filters_for_real(tmp_path):
+    # a = 10.231.0.1 plays an outsider; b holds the firewall with a as its only admin.
+    rules = [
+        Rule("ssh", "10.231.0.1/32", "22", "tcp"),
+        Rule("cluster-all", "10.231.0.9/32", "all", "all"),
+        Rule("model-service", "10.231.0.9/32", "5000", "tcp"),
+    ]
+    etc, state = tmp_path / "etc", tmp_path / "state"
+    text = firewall.apply_script(
+        rules, "nftables", node_ip="10.231.0.2", etc=str(etc), state_dir=str(state), persist=False
+    )
+    with netns_pair() as (a, b):
+        for _ in range(2):
+            result = run_in(b, text, tmp_path)
+            assert result.returncode == 0, result.stderr
+        listing = subprocess.run(
+            ["ip", "netns", "exec", b, "nft", "list", "ruleset"], capture_output=True, text=True
+        )
+        assert listing.stdout.count("table inet qwen_cluster") == 1
+
+        def connect(port: int) -> str:
+            probe = f"timeout 2 bash -c 'exec 3<>/dev/tcp/10.231.0.2/{port}' 2>&1 || true"
+            return subprocess.run(
+                ["ip", "netns", "exec", a, "bash", "-c", probe], capture_output=True, text=True
+            ).stdout
+
+        assert "refused" in connect(22)  # admitted; nothing listens
+        assert "refused" not in connect(5000)  # dropped: a is not the load balancer
+        revert = firewall.revert_script("nftables", etc=str(etc), state_dir=str(state), persist=False)
+        assert run_in(b, revert, tmp_path).returncode == 0
+        assert "refused" in connect(5000)

@@ -1,0 +1,66 @@
+import re
+import subprocess
+
+import pytest
+from bm_helpers import ONPREM
+
+from components.render import nginx
+
+
+@pytest.fixture(scope="module")
+def conf() -> str:
+    return nginx.for_cluster(ONPREM)
+
+
+def test_upstream_is_every_replica_head_on_the_model_port_with_least_conn(conf):
+    upstream = conf[conf.index("upstream qwen_model") : conf.index("server {")]
+    servers = re.findall(r"server (\S+) max_fails=3 fail_timeout=30s;", upstream)
+    assert servers == [f"192.168.1.10{i}:5000" for i in range(4)]
+    assert "least_conn;" in upstream and "keepalive 64;" in upstream
+
+
+def test_listens_on_the_load_balancer_port(conf):
+    assert "listen 80;" in conf
+
+
+@pytest.mark.parametrize(
+    "directive",
+    [
+        "proxy_set_header Host $host;",
+        "proxy_set_header X-Real-IP $remote_addr;",
+        "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
+        "proxy_http_version 1.1;",
+        'proxy_set_header Connection "";',
+        "proxy_buffering off;",
+        "proxy_read_timeout 3600s;",
+        "proxy_send_timeout 3600s;",
+        "proxy_next_upstream error timeout http_502 http_503 non_idempotent;",
+        "location = /health",
+    ],
+)
+def test_streaming_directives(conf, directive):
+    assert directive in conf
+
+
+def test_timeouts_follow_idle_timeout():
+    text = nginx.render([("10.0.0.1", 5000)], listen_port=8080, idle_timeout_seconds=900)
+    assert "proxy_read_timeout 900s;" in text and "listen 8080;" in text
+
+
+def test_needs_an_upstream():
+    with pytest.raises(ValueError):
+        nginx.render([], listen_port=80, idle_timeout_seconds=60)
+
+
+def test_passes_nginx_t_under_a_temporary_prefix(tmp_path):
+    for directory in ("logs", "state"):
+        (tmp_path / directory).mkdir()
+    conf = nginx.for_cluster(ONPREM, runtime_dir="state", log_dir="logs", pid_file="nginx.pid", user=None)
+    (tmp_path / "nginx.conf").write_text(conf)
+    result = subprocess.run(
+        ["nginx", "-t", "-e", "stderr", "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "test is successful" in result.stderr

@@ -1,0 +1,156 @@
+"""RDMA, SELinux, preflight and verify scripts."""
+
+import subprocess
+import time
+
+import pytest
+from bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
+
+from components.render import preflight, rdma, selinux, verify
+from components.render.verify import Pair, Probe
+
+
+def test_rdma_installs_the_guides_packages_and_requires_a_device():
+    text = rdma.apply_script(required=True)
+    assert "libibverbs1 ibverbs-utils rdma-core" in text
+    assert "libibverbs libibverbs-utils rdma-core" in text
+    assert "ibv_devices" in text and "lists no RDMA device" in text
+
+
+def test_rdma_off_changes_nothing():
+    text = rdma.apply_script(required=False)
+    assert "apt-get" not in text and "dnf" not in text
+
+
+def test_selinux_labels_ports_and_never_disables():
+    text = selinux.apply_script(selinux.service_ports(ONPREM, "master"))
+    assert "semanage port -a -t http_port_t" in text
+    assert "setenforce" not in text and "SELINUX=disabled" not in text
+    assert "5000\n8000\n80\n" in text
+    assert selinux.service_ports(ONPREM, "worker-1") == ["5000", "8000"]
+
+
+def test_preflight_checks_speed_against_both_floors():
+    text = preflight.for_node(ONPREM, "worker-1")
+    assert "node_ip=192.168.1.101" in text
+    assert "min_gbps=10" in text and "declared_gbps=25" in text
+    assert "NTPSynchronized" in text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        rdma.apply_script(required=True),
+        rdma.revert_script(),
+        selinux.apply_script(["5000", "80"]),
+        selinux.revert_script(),
+        preflight.for_node(ONPREM, "master"),
+        verify.for_cluster(ONPREM, min_bandwidth_gbps=10),
+    ],
+    ids=["rdma", "rdma-revert", "selinux", "selinux-revert", "preflight", "verify"],
+)
+def test_scripts_are_shellcheck_clean(text, tmp_path):
+    shellcheck(text, tmp_path)
+
+
+def test_cluster_probes_cover_every_ordered_pair():
+    probes = verify.cluster_probes(ONPREM)
+    pairs = {(p.source, p.dest) for p in probes}
+    assert len(pairs) == 4 * 3
+    model = [p for p in probes if p.name == "model-service"]
+    assert {p.expect for p in model} == {"service"}  # every node heads a replica
+    listener = [p for p in probes if p.name == "listener"]
+    assert {p.dest for p in listener} == {"master"} and {p.port for p in listener} == {80}
+    assert {(p.port, p.expect) for p in probes if p.name == "inter-node"} == {
+        (6000, "reachable"),
+        (6100, "reachable"),
+    }
+
+
+def test_verify_embeds_the_latency_budget():
+    assert "max_latency_ms=1" in verify.for_cluster(ONPREM)
+
+
+@needs_netns
+def test_preflight_in_a_namespace_prints_the_numbers(tmp_path):
+    with netns_pair() as (a, _):
+        ok = run_in(
+            a,
+            preflight.apply_script(
+                "10.231.0.1", min_bandwidth_gbps=10, declared_gbps=None, check_time_sync=False
+            ),
+            tmp_path,
+        )
+        assert ok.returncode == 0, ok.stderr
+        assert "speed 10000 Mbit/s" in ok.stdout
+        slow = run_in(
+            a,
+            preflight.apply_script(
+                "10.231.0.1", min_bandwidth_gbps=10, declared_gbps=25, check_time_sync=False
+            ),
+            tmp_path,
+        )
+        assert slow.returncode == 1
+        assert "10000 Mbit/s is below the declared bareMetal.nicSpeedGbps 25" in slow.stderr
+        missing = run_in(
+            a, preflight.apply_script("10.231.0.77", min_bandwidth_gbps=10, declared_gbps=None), tmp_path
+        )
+        assert missing.returncode == 1 and "no interface holds 10.231.0.77" in missing.stderr
+
+
+DROP_7002 = (
+    "add table inet t; add chain inet t in { type filter hook input priority 0; policy accept; }; "
+    "add rule inet t in tcp dport 7002 drop"
+)
+LISTEN_7001 = "import socket,time; s=socket.socket(); s.bind(('10.231.0.2',7001)); s.listen(); time.sleep(30)"
+
+
+@needs_netns
+def test_verify_prints_the_matrix_and_names_failing_pairs(tmp_path):
+    row = ("a", "10.231.0.1", "b", "10.231.0.2")
+    probes = [
+        Probe(*row, "listening", 7001, "service"),
+        Probe(*row, "no-listener", 7004, "reachable"),
+        Probe(*row, "dropped", 7002, "closed"),
+        Probe(*row, "wrongly-open", 7003, "closed"),
+        Probe("b", "10.231.0.2", "a", "10.231.0.1", "not-from-here", 7001, "service"),
+    ]
+    text = verify.apply_script(probes, [Pair(*row)], max_latency_ms=5.0)
+    with netns_pair() as (a, b):
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                b,
+                "nft",
+                DROP_7002,
+            ],
+            check=True,
+        )
+        server = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                b,
+                "python3",
+                "-c",
+                LISTEN_7001,
+            ]
+        )
+        try:
+            time.sleep(0.5)
+            result = run_in(a, text, tmp_path)
+        finally:
+            server.kill()
+    out = result.stdout
+    assert result.returncode == 1
+    assert "listening" in out and "not-from-here" not in out
+    lines = {line.split()[2]: line.split() for line in out.splitlines() if line.startswith("a ")}
+    assert lines["listening"][5:] == ["open", "ok"]
+    assert lines["no-listener"][5:] == ["refused", "ok"]
+    assert lines["dropped"][5:] == ["filtered", "ok"]
+    assert lines["wrongly-open"][5:] == ["refused", "FAIL"]
+    assert "a->b wrongly-open 7003/tcp: expected closed, got refused" in result.stderr
+    assert "dropped" not in result.stderr
