@@ -128,7 +128,7 @@ def verify(plan: LabPlan) -> list[Result]:
             continue
         path = lab.state_dir(plan) / f"{member.node}.verify.sh"
         path.write_text(text)
-        done = netns.exec_in(member.namespace, ["sh", str(path)], check=False, timeout=120)
+        done = netns.exec_in(member.namespace, ["bash", str(path)], check=False, timeout=120)
         lines = (done.stdout + done.stderr).strip().splitlines()
         results.append(
             Result(

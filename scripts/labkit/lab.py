@@ -124,7 +124,7 @@ def _script(plan: LabPlan, member: Member, step: str, text: str | None) -> StepR
         return StepResult(member.node, step, True, "not meaningful in a namespace (skipped)")
     path = state_dir(plan) / f"{member.node}.{step}.sh"
     path.write_text(text)
-    done = netns.exec_in(member.namespace, ["sh", str(path)], check=False, timeout=120)
+    done = netns.exec_in(member.namespace, ["bash", str(path)], check=False, timeout=120)
     output = (done.stdout + done.stderr).strip()
     return StepResult(member.node, step, done.returncode == 0, output[-2000:])
 
@@ -190,13 +190,29 @@ def stop_model_server(plan: LabPlan, member: Member) -> None:
     pidfile.unlink(missing_ok=True)
 
 
-def firewall(plan: LabPlan, member: Member, flavour: str | None = None) -> StepResult:
-    text = renderers.firewall_script(plan.cluster, member.node, flavour=flavour)
+def node_etc(member: Member) -> str:
+    return str(netns.NETNS_ETC / member.namespace)
+
+
+def node_state(plan: LabPlan, member: Member) -> str:
+    return str(state_dir(plan) / member.node)
+
+
+def firewall(plan: LabPlan, member: Member, flavour: str | None = None, rules=None) -> StepResult:
+    text = renderers.firewall_script(
+        plan.cluster,
+        member.node,
+        etc_root=node_etc(member),
+        state_dir=node_state(plan, member),
+        flavour=flavour,
+        rules=rules,
+    )
     return _script(plan, member, "firewall", text)
 
 
 def setup_node(plan: LabPlan, member: Member, options: Options) -> list[StepResult]:
     _etc_copy(member.namespace)
+    Path(node_state(plan, member)).mkdir(parents=True, exist_ok=True)
     cluster = plan.cluster
     steps = [
         _script(plan, member, "preflight", renderers.preflight_script(cluster, member.node)),
@@ -208,49 +224,30 @@ def setup_node(plan: LabPlan, member: Member, options: Options) -> list[StepResu
     return steps
 
 
-def nginx_main_conf(plan: LabPlan, site: Path) -> str:
-    state = state_dir(plan)
-    temp = state / "nginx-temp"
-    return f"""# The lab's nginx main config around the rendered site config ({site.name}).
-# Workers run as root: the lab's state directory is root's; nothing here faces the host.
-user root;
-worker_processes 1;
-daemon off;
-pid {state}/nginx.pid;
-error_log {state}/nginx-error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log {state}/nginx-access.log;
-    client_body_temp_path {temp}/body;
-    proxy_temp_path {temp}/proxy;
-    fastcgi_temp_path {temp}/fastcgi;
-    uwsgi_temp_path {temp}/uwsgi;
-    scgi_temp_path {temp}/scgi;
-    include {site};
-}}
-"""
-
-
 def nginx_site(plan: LabPlan, options: Options) -> str:
-    return renderers.nginx_conf(scaled_cluster(plan.cluster, options.clock_scale))
+    """The rendered nginx.conf, on the lab's clock (idle timeout scaled), paths in the state dir."""
+    return renderers.nginx_conf(
+        scaled_cluster(plan.cluster, options.clock_scale), state_dir=str(state_dir(plan))
+    )
 
 
 def start_nginx(plan: LabPlan, options: Options) -> StepResult:
     member = plan.load_balancer
     state = state_dir(plan)
     (state / "nginx-temp").mkdir(parents=True, exist_ok=True)
-    site = state / "qwen-cluster.conf"
-    site.write_text(nginx_site(plan, options))
     main = state / "nginx.conf"
-    main.write_text(nginx_main_conf(plan, site))
-    test = netns.exec_in(member.namespace, ["nginx", "-t", "-q", "-c", str(main)], check=False)
+    main.write_text(nginx_site(plan, options))
+    test = netns.exec_in(
+        member.namespace, ["nginx", "-t", "-q", "-p", str(state), "-c", str(main)], check=False
+    )
     if test.returncode != 0:
         return StepResult(member.node, "nginx", False, (test.stderr or test.stdout).strip())
     pidfile = state / f"{member.node}.nginx.pid"
     if _alive(pidfile, member.namespace):
         os.kill(int(pidfile.read_text()), signal.SIGHUP)  # reload the (maybe changed) config
         return StepResult(member.node, "nginx", True, "reloaded")
-    result = _start(plan, member, "nginx", ["nginx", "-c", str(main)])
+    # Foreground (daemon off) so that the pid we record is nginx's master.
+    result = _start(plan, member, "nginx", ["nginx", "-p", str(state), "-c", str(main), "-g", "daemon off;"])
     from scripts.labkit import probes
 
     deadline = time.monotonic() + 10

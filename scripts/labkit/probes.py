@@ -194,12 +194,13 @@ def iperf3_gbps(
     namespace: str, ip: str, *, seconds: float = 1.0, port: int = 5201
 ) -> tuple[float | None, str]:
     """Receiver-side throughput in Gbit/s of a TCP iperf3 run from `namespace` to `ip`."""
-    done = subprocess.run(
-        ["ip", "netns", "exec", namespace, "iperf3", "-c", ip, "-p", str(port), "-t", str(seconds), "-J"],
-        capture_output=True,
-        text=True,
-        timeout=seconds + 20,
-    )
+    argv = ["iperf3", "-c", ip, "-p", str(port), "-t", str(seconds), "-J", "--connect-timeout", "2000"]
+    try:
+        done = subprocess.run(
+            ["ip", "netns", "exec", namespace, *argv], capture_output=True, text=True, timeout=seconds + 15
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"iperf3 gave no result within {seconds + 15:g} s"
     try:
         report = json.loads(done.stdout)
     except ValueError:
