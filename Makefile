@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= onprem
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean lab
 
 # The virtualenv is refreshed whenever requirements.txt changes.
 $(VENV)/.installed: requirements.txt
@@ -21,6 +21,11 @@ demo: venv
 test: venv
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# The lab (root): up, check, down a stack in network namespaces. Needs iproute2, iputils-ping,
+# iperf3, nginx, nftables, ufw (see README, Lab).
+lab: venv
+	$(PY) scripts/lab.py run $(STACK)
 
 lint: venv
 	$(PY) -m ruff check .

@@ -7,7 +7,6 @@ global, which a namespace cannot set) or `fail`. The lab fails on any `fail`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -226,6 +225,10 @@ def read_timeout_seconds(site: str) -> float | None:
     return int(match.group(1)) * unit
 
 
+def clock(scale: float) -> str:
+    return f"1/{1 / scale:g}" if 0 < scale < 1 else f"{scale:g}"
+
+
 def streaming(plan: LabPlan, options: lab.Options, pause: float | None = None) -> list[Result]:
     """A streamed answer through nginx with a silent thinking pause just over nginx's
     default read timeout, on the lab's clock: the first event must come before the end,
@@ -246,7 +249,7 @@ def streaming(plan: LabPlan, options: lab.Options, pause: float | None = None) -
             f"> thinking pause {lab.THINKING_PAUSE} s",
             "not set: nginx's 60 s default cuts thinking responses"
             if timeout is None
-            else f"{cluster.load_balancer.idle_timeout_seconds} s (lab clock x{scale:g}: {timeout:g} s)",
+            else f"{cluster.load_balancer.idle_timeout_seconds} s (lab clock x{clock(scale)}: {timeout:g} s)",
             _status(timeout is not None and timeout > pause),
         )
     ]
@@ -259,7 +262,7 @@ def streaming(plan: LabPlan, options: lab.Options, pause: float | None = None) -
             "load balancer",
             "client",
             f"{lb.node}:{port}",
-            f"stream, silent {pause:.2f} s (= {pause / scale:.0f} s x{scale:g})",
+            f"stream, silent {pause:.2f} s (= {pause / scale:.0f} s x{clock(scale)})",
             "first event before the end; not cut",
             (
                 f"first event {seen.first_event:.3f} s, [DONE] at {seen.end:.2f} s, {seen.tokens} tokens"
@@ -270,9 +273,6 @@ def streaming(plan: LabPlan, options: lab.Options, pause: float | None = None) -
         )
     )
     return results
-
-
-GROUPS: dict[str, Callable[..., list[Result]]] = {}
 
 
 def run(plan: LabPlan, options: lab.Options | None = None, *, strict_bandwidth: bool = False) -> list[Result]:

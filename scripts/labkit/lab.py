@@ -10,7 +10,6 @@ only link is a veth into it; no namespace has a route off the lab.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -316,7 +315,3 @@ def down(label: str | None = None) -> list[str]:
         if root.exists() and not any(root.iterdir()):
             root.rmdir()
     return removed
-
-
-def shell_join(argv: list[str]) -> str:
-    return " ".join(shlex.quote(arg) for arg in argv)

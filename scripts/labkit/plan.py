@@ -313,11 +313,11 @@ def expectations(plan: LabPlan) -> list[ProbeExpectation]:
     return result
 
 
-def load(stack: str, *, nodes: int | None = None, label: str | None = None) -> LabPlan:
+def load(stack: str, *, nodes: int | None = None, label: str | None = None, root=None) -> LabPlan:
     """The plan for a stack file; ConfigError if the stack does not validate."""
     from components import stackfile
 
-    cluster = stackfile.load(stack)
+    cluster = stackfile.load(stack) if root is None else stackfile.load(stack, root)
     if nodes is not None:
         cluster = with_node_count(cluster, nodes)
     return build(cluster, label or stack)
