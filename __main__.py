@@ -11,3 +11,9 @@ except config.ConfigError as error:
     raise pulumi.RunError(str(error)) from None
 
 pulumi.export("summary", summary.summary(cluster))
+
+if cluster.target is config.Target.BARE_METAL:
+    from components import baremetal
+
+    for name, value in baremetal.build(cluster, ssh_private_key).items():
+        pulumi.export(name, value)

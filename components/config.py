@@ -186,6 +186,18 @@ class AwsTarget(_Section):
         return self.availability_zone[:-1]
 
 
+_HOST_KEY = r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+$"
+
+
+class Bastion(_Section):
+    """An SSH jump host between pulumi and the nodes (its address must be in adminCidrs)."""
+
+    host: str = Field(pattern=r"^[A-Za-z0-9.:-]{1,253}$")
+    user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")  # default: sshUser
+    port: int = Field(default=22, ge=1, le=65535)
+    host_key: str | None = Field(default=None, pattern=_HOST_KEY)
+
+
 class BareMetalTarget(_Section):
     ssh_user: str = Field(default="ubuntu", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     firewall: Literal["ufw", "firewalld", "nftables"] = "ufw"
@@ -193,6 +205,11 @@ class BareMetalTarget(_Section):
     gpus_per_node: int = Field(ge=1)
     gpu_memory_gb: float = Field(gt=0)
     load_balancer_node: str | None = None  # default: the master
+    # Optional: pin each node's SSH host key ("ssh-ed25519 AAAA..."), by node name.
+    host_keys: dict[str, Annotated[str, Field(pattern=_HOST_KEY)]] = {}
+    bastion: Bastion | None = None
+    # Optional: the NIC for NCCL/Gloo; default: the one holding the node IP, found on the host.
+    interface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,15}$")
 
 
 # Top-level keys: config key -> (attribute, type, required).
@@ -361,6 +378,13 @@ def cross_errors(sections: Mapping[str, Any], given: set[str] | None = None) -> 
         errors += _aws_errors(aws, network, access)
     if target is Target.BARE_METAL and bare_metal is not None:
         errors += _bare_metal_errors(bare_metal, network, nodes)
+    if target is Target.BARE_METAL and bare_metal is not None and nodes is not None:
+        names = {node.name for node in nodes}
+        errors += [
+            f"bareMetal.hostKeys.{name} is not one of the nodes"
+            for name in bare_metal.host_keys
+            if name not in names
+        ]
     if target is Target.BARE_METAL and access is not None and not access.admin_cidrs:
         errors.append(
             "access.adminCidrs is empty: the host firewall denies by default and would lock out "

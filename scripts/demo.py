@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -10,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from components import config, stackfile, summary  # noqa: E402
+from components import config, offline, stackfile, summary  # noqa: E402
 
 
 def print_summary(console: Console, stack: str, data: dict) -> None:
@@ -46,6 +47,22 @@ def print_summary(console: Console, stack: str, data: dict) -> None:
     console.print(pinned)
 
 
+def print_resources(console: Console, stack: str) -> bool:
+    """What the stack registers, rendered offline under Pulumi's mocks: counts by type."""
+    result = offline.render_stack(stack)
+    if result.error:
+        console.print(f"[red]{stack}: {result.error}[/]")
+        return False
+    counts = Counter(resource.type for resource in result.custom_resources)
+    table = Table("resource type", "count", title=f"{stack}: resources (offline render)")
+    for type_, count in sorted(counts.items()):
+        table.add_row(type_, str(count))
+    console.print(table)
+    components = len(result.resources) - len(result.custom_resources)
+    console.print(f"{stack}: {sum(counts.values())} resources in {components} components")
+    return True
+
+
 def main() -> int:
     console = Console()
     failed = 0
@@ -57,6 +74,8 @@ def main() -> int:
             failed += 1
             continue
         print_summary(console, stack, summary.summary(cluster))
+        if not print_resources(console, stack):
+            failed += 1
     console.print(f"{len(stackfile.STACKS) - failed} of {len(stackfile.STACKS)} stacks valid")
     return 1 if failed else 0
 

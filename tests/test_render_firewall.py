@@ -2,11 +2,11 @@ import ipaddress
 import subprocess
 
 import pytest
-from bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 from components import config, stackfile
 from components.render import firewall
 from components.render.firewall import Rule
+from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 
 def rules_of(node: str) -> list[Rule]:
@@ -135,3 +135,26 @@ def test_nftables_script_loads_twice_and_filters_for_real(tmp_path):
         revert = firewall.revert_script("nftables", etc=str(etc), state_dir=str(state), persist=False)
         assert run_in(b, revert, tmp_path).returncode == 0
         assert "refused" in connect(5000)
+
+
+def test_ufw_rules_are_written_in_ufws_canonical_form_so_stale_ones_are_found():
+    """The stale-rule sweep compares `ufw show added` lines with ours verbatim."""
+    import builtins
+    import re
+    import sys
+
+    sys.path.append("/usr/lib/python3/dist-packages")
+    try:
+        builtins._ = getattr(builtins, "_", lambda text: text)
+        from ufw import common, parser, util
+    except ImportError:
+        pytest.skip("Debian's ufw is not installed")
+    finally:
+        sys.path.remove("/usr/lib/python3/dist-packages")
+    text = firewall.apply_script(rules_of("worker-1"), "ufw", node_ip="192.168.1.101")
+    ours = set(re.findall(r"^ufw allow .*'$", text, re.MULTILINE))
+    for rule in rules_of("worker-1"):
+        port = "any" if rule.ports == "all" else rule.ports.replace("-", ":")
+        ufw_rule = common.UFWRule("allow", "any" if rule.ports == "all" else "tcp", port, src=rule.source)
+        ufw_rule.set_comment(util.hex_encode(f"qwen-cluster:{rule.name}"))
+        assert "ufw " + parser.UFWCommandRule.get_command(ufw_rule) in ours

@@ -2,9 +2,9 @@ import re
 import subprocess
 
 import pytest
-from bm_helpers import ONPREM
 
 from components.render import nginx
+from tests.bm_helpers import ONPREM
 
 
 @pytest.fixture(scope="module")

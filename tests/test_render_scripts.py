@@ -4,10 +4,10 @@ import subprocess
 import time
 
 import pytest
-from bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 from components.render import preflight, rdma, selinux, verify
 from components.render.verify import Pair, Probe
+from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 
 def test_rdma_installs_the_guides_packages_and_requires_a_device():

@@ -1,0 +1,94 @@
+"""The bare-metal target: hosts configured over SSH, vLLM and nginx as containers.
+
+    build(cluster: ClusterConfig, ssh_private_key: Output[str] | None) -> dict[str, Any]
+
+Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
+ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; and the verify commands,
+the master's last of all. Returns the stack outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pulumi_command import remote
+
+from components.baremetal import connection
+from components.baremetal.host import HostSetup, HostSetupArgs
+from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
+from components.config import ClusterConfig
+from components.render import verify
+from components.render.shell import sha256
+
+# vLLM loads Qwen3-32B's weights before it answers: the verify step waits for it.
+SERVICE_WAIT_SECONDS = 1800
+
+
+class Cluster(pulumi.ComponentResource):
+    def __init__(self, name: str, cluster: ClusterConfig, ssh_private_key: Any, opts=None):
+        super().__init__("qwen-cluster:baremetal:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.hosts: dict[str, HostSetup] = {}
+        self.servers: dict[str, ModelServer] = {}
+        connections = {n.name: connection.node_connection(cluster, n, ssh_private_key) for n in cluster.nodes}
+        for node in cluster.nodes:
+            self.hosts[node.name] = HostSetup(
+                node.name, HostSetupArgs(cluster, node, connections[node.name]), opts=child
+            )
+        # Containers start once every host's firewall and tuning are in place: NCCL needs the
+        # whole cluster reachable, not just its own host.
+        setup_done = [host.last for host in self.hosts.values()]
+        for node in cluster.nodes:
+            docker_host, ssh_opts = connection.docker_host(cluster, node)
+            self.servers[node.name] = ModelServer(
+                f"{node.name}-model",
+                ModelServerArgs(cluster, node, docker_host, ssh_opts, setup_done),
+                opts=child,
+            )
+        lb_node = cluster.load_balancer_node
+        self.load_balancer = LoadBalancer(
+            "load-balancer",
+            LoadBalancerArgs(cluster, self.servers[lb_node.name].provider, setup_done),
+            opts=child,
+        )
+        everything = [
+            *setup_done,
+            *(s.container for s in self.servers.values()),
+            self.load_balancer.container,
+        ]
+        script = verify.for_cluster(cluster, service_wait_seconds=SERVICE_WAIT_SECONDS)
+        worker_checks = [
+            remote.Command(
+                f"{node.name}-verify",
+                connection=connections[node.name],
+                create=script,
+                triggers=[sha256(script)],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=everything),
+            )
+            for node in cluster.nodes
+            if node.name != cluster.master.name
+        ]
+        # The final check, on the master, after everything including the other nodes' checks.
+        self.verify = remote.Command(
+            f"{cluster.master.name}-verify",
+            connection=connections[cluster.master.name],
+            create=script,
+            triggers=[sha256(script)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*everything, *worker_checks]),
+        )
+        self.register_outputs({"verify": self.verify.stdout})
+
+
+def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
+    connection.check_credentials(ssh_private_key)
+    built = Cluster("bare-metal", cluster, ssh_private_key)
+    lb_node = cluster.load_balancer_node
+    return {
+        "endpoint": f"http://{lb_node.ip}:{cluster.load_balancer.port}",
+        "loadBalancerNode": lb_node.name,
+        "modelServers": [f"{head.ip}:{cluster.model_port}" for head in cluster.topology.heads],
+        "firewall": cluster.bare_metal.firewall,
+        "hosts": {name: str(node.ip) for name, node in ((n.name, n) for n in cluster.nodes)},
+        "verify": built.verify.stdout,
+    }

@@ -1,0 +1,207 @@
+"""The onprem stack rendered under Pulumi's mocks: what the bare-metal target registers."""
+
+import json
+
+import pytest
+
+from components import offline
+from components.baremetal import connection
+from components.baremetal.host import STEPS
+
+NODES = {
+    "master": "192.168.1.100",
+    "worker-1": "192.168.1.101",
+    "worker-2": "192.168.1.102",
+    "worker-3": "192.168.1.103",
+}
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+COMMAND = "command:remote:Command"
+CONTAINER = "docker:index/container:Container"
+
+
+@pytest.fixture(scope="module")
+def render() -> offline.Render:
+    result = offline.render_stack("onprem")
+    assert result.error is None, result.error
+    return result
+
+
+def test_one_chain_per_host_in_order(render):
+    for node in NODES:
+        chain = [render.named(f"{node}-{step}") for step in STEPS]
+        assert {c.parent for c in chain} == {node}
+        assert chain[0].depends_on == []
+        for before, after in zip(chain, chain[1:], strict=False):
+            assert after.depends_on == [before.name]
+    assert {r.name for r in render.of_type("qwen-cluster:baremetal:HostSetup")} == set(NODES)
+
+
+def test_each_chain_connects_to_its_own_host_as_the_ssh_user(render):
+    for node, ip in NODES.items():
+        for step in STEPS:
+            wire = render.named(f"{node}-{step}").inputs["connection"]
+            assert wire[SECRET_SIG]  # the whole connection is secret because the key is
+            assert wire["value"]["host"] == ip
+            assert wire["value"]["user"] == "ubuntu"
+
+
+def test_private_key_is_present_only_inside_secrets(render):
+    key = offline.OFFLINE_SSH_KEY
+    for resource in render.resources:
+        for name, value in resource.inputs.items():
+            text = json.dumps(value)
+            if key.strip() in text or "offline-placeholder" in text:
+                assert name == "connection" and SECRET_SIG in value, (resource.name, name)
+    assert "offline-placeholder" not in json.dumps(render.outputs)
+
+
+def test_nothing_disables_selinux(render):
+    everything = json.dumps([r.inputs for r in render.resources])
+    assert "setenforce 0" not in everything
+    assert "SELINUX=disabled" not in everything
+
+
+def test_triggers_hold_the_script_hash_and_the_firewall_rules(render):
+    import hashlib
+
+    firewall = render.named("worker-2-firewall")
+    digest, rules = firewall.inputs["triggers"]
+    assert digest == hashlib.sha256(firewall.inputs["create"].encode()).hexdigest()
+    assert {
+        "flavour": "ufw",
+        "node": "worker-2",
+        "nodeIp": "192.168.1.102",
+        "name": "model-service",
+        "source": "192.168.1.100/32",
+        "ports": "5000",
+        "protocol": "tcp",
+    } in rules
+    cluster_sources = {r["source"] for r in rules if r["name"] == "cluster-all"}
+    assert cluster_sources == {"192.168.1.100/32", "192.168.1.101/32", "192.168.1.103/32"}
+    assert (
+        render.named("master-sysctl").inputs["triggers"][0]
+        == hashlib.sha256(render.named("master-sysctl").inputs["create"].encode()).hexdigest()
+    )
+
+
+def test_reverts_are_wired_as_delete(render):
+    assert "ufw delete" in render.named("master-firewall").inputs["delete"]
+    assert "rm -f" in render.named("master-sysctl").inputs["delete"]
+    assert "delete" not in render.named("master-preflight").inputs
+
+
+def test_one_docker_provider_per_host_over_ssh(render):
+    providers = {r.name: r.inputs for r in render.of_type("pulumi:providers:docker")}
+    assert {p["host"] for p in providers.values()} == {f"ssh://ubuntu@{ip}" for ip in NODES.values()}
+
+
+def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render):
+    servers = [r for r in render.of_type(CONTAINER) if r.name.endswith("-vllm")]
+    assert len(servers) == 4  # pipelineParallel 1: every node heads a replica
+    for server in servers:
+        node = server.name.removesuffix("-model-vllm")
+        args = server.inputs
+        envs = dict(e.split("=", 1) for e in args["envs"])
+        assert envs["VLLM_HOST_IP"] == NODES[node]
+        assert envs["VLLM_PORT"] == "6009"  # pinned after Ray's nine fixed ports in 6000-6100
+        script = args["command"][0]
+        assert "--port 5000" in script and "--tensor-parallel-size 4" in script
+        assert 'export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"' in script
+        assert args["gpus"] == "all" and args["ipcMode"] == "host" and args["networkMode"] == "host"
+        assert args["devices"] == [{"hostPath": "/dev/infiniband"}]
+        assert args["capabilities"] == {"adds": ["IPC_LOCK"]}
+        assert args["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1}]
+        assert args["image"] == "vllm/vllm-openai:v0.11.0"
+        assert server.depends_on == [f"{n}-selinux" for n in NODES]
+        assert server.provider.split("::")[-1].startswith(f"{node}-model-docker")
+
+
+def test_nginx_runs_on_the_load_balancer_node_with_the_rendered_config(render):
+    from components import stackfile
+    from components.render import nginx
+
+    lb = render.named("load-balancer-nginx")
+    assert lb.provider.split("::")[-1].startswith("master-model-docker")
+    assert lb.inputs["uploads"] == [
+        {"file": "/etc/nginx/nginx.conf", "content": nginx.for_cluster(stackfile.load("onprem"))}
+    ]
+    assert lb.inputs["networkMode"] == "host"
+
+
+def test_master_verify_comes_last(render):
+    final = render.named("master-verify")
+    assert final.inputs["connection"]["value"]["host"] == NODES["master"]
+    expected = {f"{n}-selinux" for n in NODES} | {f"{n}-model-vllm" for n in NODES} | {"load-balancer-nginx"}
+    expected |= {f"{n}-verify" for n in NODES if n != "master"}
+    assert set(final.depends_on) == expected
+    assert "max_latency_ms=1" in final.inputs["create"]
+
+
+def test_outputs(render):
+    assert render.outputs["endpoint"] == "http://192.168.1.100:80"
+    assert render.outputs["modelServers"] == [f"{ip}:5000" for ip in NODES.values()]
+
+
+def test_pipeline_workers_run_ray_against_their_head():
+    from components import stackfile
+
+    stack = stackfile.read("onprem")
+    stack["qwen-cluster:model"] = {**stack["qwen-cluster:model"], "pipelineParallel": 2}
+    result = offline.render(stack, "onprem")
+    assert result.error is None, result.error
+    head = result.named("master-model-vllm").inputs
+    worker = result.named("worker-1-model-vllm").inputs
+    assert head["name"] == "qwen-head" and worker["name"] == "qwen-pipeline-worker"
+    assert "ray start --head --port=6000" in head["command"][0]
+    assert "--distributed-executor-backend ray" in head["command"][0]
+    assert (
+        "ray start --address=192.168.1.100:6000" in worker["command"][0] and "--block" in worker["command"][0]
+    )
+    assert "--min-worker-port=6013" in worker["command"][0]
+    assert result.outputs["modelServers"] == ["192.168.1.100:5000", "192.168.1.102:5000"]
+
+
+def test_rdma_off_drops_the_device_and_disables_nccl_ib():
+    from components import stackfile
+
+    stack = stackfile.read("onprem")
+    stack["qwen-cluster:tuning"] = {**stack["qwen-cluster:tuning"], "rdma": False}
+    result = offline.render(stack, "onprem")
+    server = result.named("worker-1-model-vllm").inputs
+    assert "devices" not in server and "capabilities" not in server
+    assert "NCCL_IB_DISABLE=1" in server["envs"]
+
+
+def test_host_keys_and_bastion_reach_the_connection():
+    from components import stackfile
+
+    stack = stackfile.read("onprem")
+    stack["qwen-cluster:bareMetal"] = {
+        **stack["qwen-cluster:bareMetal"],
+        "hostKeys": {"worker-1": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB"},
+        "bastion": {"host": "203.0.113.10", "user": "jump"},
+    }
+    result = offline.render(stack, "onprem")
+    assert result.error is None, result.error
+    wire = result.named("worker-1-firewall").inputs["connection"]["value"]
+    assert wire["hostKey"] == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB"
+    assert wire["proxy"]["host"] == "203.0.113.10" and wire["proxy"]["user"] == "jump"
+    docker = result.named("worker-1-model-docker").inputs
+    assert "jump@203.0.113.10:22" in docker["sshOpts"] and "StrictHostKeyChecking=yes" in docker["sshOpts"]
+
+
+def test_missing_key_without_agent_fails_clearly():
+    import pulumi
+
+    with pytest.raises(pulumi.RunError, match="sshPrivateKey is not set"):
+        connection.check_credentials(None, environ={})
+    connection.check_credentials(None, environ={"SSH_AUTH_SOCK": "/run/agent.sock"})
+
+
+def test_unknown_host_key_node_is_a_config_error():
+    from components import config, stackfile
+
+    raw = stackfile.cluster_keys(stackfile.read("onprem"))
+    raw["bareMetal"] = {**raw["bareMetal"], "hostKeys": {"worker-9": "ssh-ed25519 AAAA"}}
+    with pytest.raises(config.ConfigError, match="bareMetal.hostKeys.worker-9 is not one of the nodes"):
+        config.validate(raw)
