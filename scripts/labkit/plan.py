@@ -110,7 +110,10 @@ def with_node_count(cluster: ClusterConfig, count: int) -> ClusterConfig:
     else:
         used = {node["ip"] for node in nodes} | {node["name"] for node in nodes}
         segment = cluster.network.cidr
-        free = (str(host) for host in segment.hosts() if str(host) not in used)
+        # Continue after the highest node address (101, 102, 103 -> 104), then wrap around.
+        hosts = [str(host) for host in segment.hosts()]
+        last = max(hosts.index(node["ip"]) for node in nodes if node["ip"] in hosts)
+        free = (ip for ip in hosts[last + 1 :] + hosts[: last + 1] if ip not in used)
         index = 1
         while len(nodes) < count:
             while f"worker-{index}" in used:
