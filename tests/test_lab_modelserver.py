@@ -32,6 +32,14 @@ def server():
     yield port, hold, instance
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=5)
+    # Let open connections' handlers finish on a live loop before closing it.
+    for listener in instance.servers:
+        listener.close()
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
 
 
 def test_models_lists_the_served_model(server):
