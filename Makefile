@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?=
 DIAGRAM ?=
 
-.PHONY: demo test plan lint venv system bench clean
+.PHONY: demo test plan lab bench lint venv system clean
 
 # The virtualenv is refreshed whenever requirements.txt changes.
 $(VENV)/.installed: requirements.txt
@@ -30,6 +30,10 @@ test: venv system
 # make plan STACK=prod DIAGRAM=out/prod.svg  (no STACK: every stack)
 plan: venv system
 	$(PY) scripts/plan.py $(STACK) $(if $(DIAGRAM),--diagram $(DIAGRAM))
+
+# The lab (root): up, check, down a stack in network namespaces (default onprem).
+lab: venv system
+	$(PY) scripts/lab.py run $(or $(STACK),onprem)
 
 bench: venv system
 	$(PY) scripts/bench.py

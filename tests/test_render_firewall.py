@@ -92,9 +92,9 @@ def test_scripts_are_shellcheck_clean(flavour, node, tmp_path):
 
 def test_ufw_allows_ssh_before_default_deny_and_persists():
     text = firewall.apply_script(rules_of("worker-1"), "ufw", node_ip="192.168.1.101")
-    ssh = text.index("ufw allow from 203.0.113.10/32 to any port 22 proto tcp comment 'qwen-cluster:ssh'")
+    ssh = text.index("ufw allow from 203.0.113.10 to any port 22 proto tcp comment 'qwen-cluster:ssh'")
     assert ssh < text.index("ufw default deny incoming")
-    assert "ufw allow from 192.168.1.102/32 comment 'qwen-cluster:cluster-all'" in text
+    assert "ufw allow from 192.168.1.102 comment 'qwen-cluster:cluster-all'" in text
     assert "to any port 5000 proto tcp comment 'qwen-cluster:model-service'" in text
     assert "ufw --force enable" in text
     assert "192.168.1.0/24" not in text
@@ -183,4 +183,5 @@ def test_ufw_rules_are_written_in_ufws_canonical_form_so_stale_ones_are_found():
         port = "any" if rule.ports == "all" else rule.ports.replace("-", ":")
         ufw_rule = common.UFWRule("allow", "any" if rule.ports == "all" else "tcp", port, src=rule.source)
         ufw_rule.set_comment(util.hex_encode(f"qwen-cluster:{rule.name}"))
+        ufw_rule.normalize()  # what ufw does when it stores a rule: 10.0.0.1/32 -> 10.0.0.1
         assert "ufw " + parser.UFWCommandRule.get_command(ufw_rule) in ours

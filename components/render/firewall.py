@@ -125,7 +125,10 @@ def policy_document(cluster, node_name: str, rules: list[Rule]) -> dict[str, Any
 def _ufw(rules: list[Rule], state: str) -> str:
     def command(rule: Rule) -> str:
         where = "" if rule.ports == "all" else f" to any port {rule.ports.replace('-', ':')} proto tcp"
-        return f"ufw allow from {rule.source}{where} comment '{TAG}:{rule.name}'"
+        # ufw's canonical form: `ufw show added` prints a host without /32 (/128), and the
+        # stale-rule pass below compares with that text; with the suffix it would delete them all.
+        source = rule.source.removesuffix("/32").removesuffix("/128")
+        return f"ufw allow from {source}{where} comment '{TAG}:{rule.name}'"
 
     wanted = "\n".join(command(rule) for rule in rules)
     ssh = [command(rule) for rule in rules if rule.name == "ssh"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 MAX_FAILS = 3
 FAIL_TIMEOUT_SECONDS = 30
-KEEPALIVE_CONNECTIONS = 64
 CONNECT_TIMEOUT_SECONDS = 5
 
 
@@ -67,7 +66,10 @@ http {{
         # A generation holds its connection for its whole length: balance on open requests.
         least_conn;
 {upstream}
-        keepalive {KEEPALIVE_CONNECTIONS};
+        # No upstream `keepalive`: a request sent on a kept-alive connection to a node whose
+        # link died waits for proxy_read_timeout (an hour) instead of failing over after
+        # proxy_connect_timeout; nginx cannot tell a dead link from a thinking pause
+        # (found by the lab's link-cut test). A handshake per generation costs nothing.
     }}
 
     server {{
@@ -75,7 +77,7 @@ http {{
 
         location / {{
             proxy_pass http://qwen_model;
-            # HTTP/1.1 with an empty Connection header keeps upstream connections alive.
+            # HTTP/1.1: vLLM streams with chunked transfer encoding.
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host $host;
@@ -84,7 +86,9 @@ http {{
             proxy_set_header X-Forwarded-Proto $scheme;
             # Streamed tokens go to the client as they come, not when a buffer fills.
             proxy_buffering off;
-            proxy_request_buffering off;
+            # Request bodies stay buffered (the default): nginx can replay a prompt on another
+            # replica only if it has not started streaming the body to the one that died
+            # (nginx docs, proxy_request_buffering; found by the lab's kill-under-load test).
             proxy_cache off;
             # Qwen3's thinking mode can stay silent for minutes (loadBalancer.idleTimeoutSeconds).
             proxy_connect_timeout {CONNECT_TIMEOUT_SECONDS}s;

@@ -1,0 +1,85 @@
+"""The lab: rehearse a stack's cluster network in Linux network namespaces (root).
+
+scripts/lab.py up STACK [--nodes N]       build (idempotent)
+scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure
+scripts/lab.py down STACK                 remove everything the lab made (also after a crash)
+scripts/lab.py run STACK                  up, check, down (what `make lab` does)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console  # noqa: E402
+
+from components.config import ConfigError  # noqa: E402
+from scripts.labkit import check, lab, netns, plan, report  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lab.py", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("up", "check", "down", "run"))
+    parser.add_argument("stack", help="a stack name (Pulumi.<stack>.yaml)")
+    parser.add_argument("--json", action="store_true", help="check results as JSON on stdout")
+    parser.add_argument("--nodes", type=int, help="override the node count (rehearse a bigger cluster)")
+    parser.add_argument("--label", help="name the lab's namespaces qcl-<label>-* (default: the stack name)")
+    parser.add_argument("--root", type=Path, default=None, help="directory holding Pulumi.<stack>.yaml")
+    parser.add_argument("--verbose", action="store_true", help="show every port probe")
+    parser.add_argument(
+        "--strict-bandwidth",
+        action="store_true",
+        help="fail (not warn) when a lab link is below minBandwidthGbps",
+    )
+    parser.add_argument(
+        "--clock-scale",
+        type=float,
+        default=lab.DEFAULT_CLOCK_SCALE,
+        help="lab clock for timeouts and the thinking pause (1 = real time)",
+    )
+    args = parser.parse_args(argv)
+    console = Console(stderr=args.json)
+    options = lab.Options(clock_scale=args.clock_scale)
+
+    if args.command == "down":
+        removed = lab.down(args.label or args.stack)
+        console.print(f"removed {len(removed)} namespaces of lab {args.label or args.stack}")
+        return 0
+    try:
+        lab_plan = plan.load(args.stack, nodes=args.nodes, label=args.label, root=args.root)
+    except (ConfigError, plan.PlanError, FileNotFoundError) as error:
+        console.print(f"[bold red]lab {args.stack}: nothing built[/]\n{error}")
+        return 2
+    missing = netns.missing_requirements()
+    if missing:
+        console.print("[bold red]the lab cannot run here:[/] " + "; ".join(missing))
+        return 2
+
+    status = 0
+    try:
+        if args.command in ("up", "run"):
+            report.print_plan(console, lab_plan)
+            up_report = lab.up(lab_plan, options)
+            report.print_up(console, up_report)
+            if not up_report.ok:
+                status = 1
+        if args.command in ("check", "run") and status == 0:
+            results = check.run(lab_plan, options, strict_bandwidth=args.strict_bandwidth)
+            if args.json:
+                print(report.json_text(lab_plan, results))
+            else:
+                report.print_results(console, results, verbose=args.verbose)
+            report.print_summary(console, results)
+            status = 0 if all(result.ok for result in results) else 1
+    finally:
+        if args.command == "run":
+            removed = lab.down(lab_plan.label)
+            console.print(f"removed {len(removed)} namespaces of lab {lab_plan.label}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

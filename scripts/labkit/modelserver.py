@@ -1,0 +1,262 @@
+"""A stand-in for vLLM's OpenAI-compatible server: small, deterministic, stdlib only.
+
+Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (JSON, or SSE with
+`"stream": true`), GET /metrics (Prometheus text). Every answer names the node that served
+it (`X-Lab-Node` header, `system_fingerprint`), so the lab can see how the load balancer
+spreads requests. A streamed answer sends its first chunk at once, then stays silent for
+the "thinking" pause (Qwen3's thinking mode), then sends one token per `token_delay`.
+Requests may override both with `X-Lab-Think` / `X-Lab-Token-Delay` headers (seconds).
+
+Run: python -m scripts.labkit.modelserver --node master --port 5000 [--hold 22,6000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "Qwen/Qwen3-32B"
+MAX_BODY = 1 << 20
+WORDS = ("the", "cluster", "answers", "every", "prompt", "token", "by", "token", "through", "nginx")
+
+
+@dataclass
+class Settings:
+    node: str
+    model: str = DEFAULT_MODEL
+    token_delay: float = 0.0
+    think: float = 0.0
+    tokens: int = 8
+
+
+@dataclass
+class Stats:
+    started: float = field(default_factory=time.time)
+    requests: Counter = field(default_factory=Counter)  # (path, status) -> count
+    tokens: int = 0
+    running: int = 0
+
+
+def completion_tokens(prompt: str, count: int) -> list[str]:
+    """The same prompt always yields the same tokens."""
+    seed = sum(prompt.encode()) if prompt else 0
+    return [WORDS[(seed + index) % len(WORDS)] + " " for index in range(count)]
+
+
+class ModelServer:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.stats = Stats()
+        self.servers: list[asyncio.base_events.Server] = []
+
+    async def start(self, host: str, port: int, hold: list[int] = ()) -> None:
+        self.servers.append(
+            await asyncio.start_server(self._connection(api=True), host, port, reuse_address=True)
+        )
+        for extra in hold:
+            self.servers.append(
+                await asyncio.start_server(self._connection(api=False), host, extra, reuse_address=True)
+            )
+
+    def _connection(self, *, api: bool):
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while await self._one_request(reader, writer, api=api):
+                    pass
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+                pass
+            finally:
+                writer.close()
+
+        return handle
+
+    async def _one_request(self, reader, writer, *, api: bool) -> bool:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, version = lines[0].split(" ", 2)
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                key, value = line.split(":", 1)
+                headers[key.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0") or 0)
+        if length > MAX_BODY:
+            raise ValueError("body too large")
+        body = await reader.readexactly(length) if length else b""
+        keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        path = path.split("?", 1)[0]
+        if path == "/health" and method == "GET":
+            await self._send_json(writer, 200, {"status": "ok", "node": self.settings.node}, keep_alive, path)
+        elif path == "/metrics" and method == "GET":
+            await self._send(
+                writer, 200, self.metrics().encode(), "text/plain; version=0.0.4", keep_alive, path
+            )
+        elif not api:
+            await self._send_json(writer, 200, {"held": True, "node": self.settings.node}, keep_alive, path)
+        elif path == "/v1/models" and method == "GET":
+            models = {
+                "object": "list",
+                "data": [{"id": self.settings.model, "object": "model", "owned_by": "qwen-cluster-lab"}],
+            }
+            await self._send_json(writer, 200, models, keep_alive, path)
+        elif path == "/v1/chat/completions" and method == "POST":
+            try:
+                request = json.loads(body or b"{}")
+                if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
+                    raise ValueError
+            except ValueError:
+                error = {
+                    "error": {"message": "body must be JSON with a messages list", "type": "invalid_request"}
+                }
+                await self._send_json(writer, 400, error, keep_alive, path)
+                return keep_alive
+            think = float(headers.get("x-lab-think", self.settings.think))
+            delay = float(headers.get("x-lab-token-delay", self.settings.token_delay))
+            self.stats.running += 1
+            try:
+                if request.get("stream"):
+                    await self._stream(writer, request, think, delay, version)
+                    return False
+                await self._complete(writer, request, think, delay, keep_alive)
+            finally:
+                self.stats.running -= 1
+        else:
+            await self._send_json(
+                writer, 404, {"error": {"message": f"no route {method} {path}"}}, keep_alive, path
+            )
+        return keep_alive
+
+    def _tokens(self, request: dict) -> list[str]:
+        messages = request.get("messages") or [{}]
+        prompt = str(messages[-1].get("content", "")) if isinstance(messages[-1], dict) else ""
+        count = int(request.get("max_tokens") or self.settings.tokens)
+        return completion_tokens(prompt, max(1, min(count, 4096)))
+
+    def _envelope(self, kind: str) -> dict:
+        return {
+            "id": f"chatcmpl-lab-{self.settings.node}-{sum(self.stats.requests.values())}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.settings.model,
+            "system_fingerprint": self.settings.node,
+        }
+
+    async def _complete(self, writer, request, think, delay, keep_alive) -> None:
+        tokens = self._tokens(request)
+        await asyncio.sleep(think + delay * len(tokens))
+        self.stats.tokens += len(tokens)
+        answer = {
+            **self._envelope("chat.completion"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(tokens).strip()},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens), "total_tokens": len(tokens) + 1},
+        }
+        await self._send_json(writer, 200, answer, keep_alive, "/v1/chat/completions")
+
+    async def _stream(self, writer, request, think, delay, version) -> None:
+        chunked = version == "HTTP/1.1"
+        head = [
+            "HTTP/1.1 200 OK" if chunked else "HTTP/1.0 200 OK",
+            "Content-Type: text/event-stream",
+            "Cache-Control: no-cache",
+            f"X-Lab-Node: {self.settings.node}",
+            "Connection: close",
+        ]
+        if chunked:
+            head.append("Transfer-Encoding: chunked")
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+        self.stats.requests[("/v1/chat/completions", 200)] += 1
+
+        async def event(data: str) -> None:
+            payload = f"data: {data}\n\n".encode()
+            writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n" if chunked else payload)
+            await writer.drain()
+
+        def chunk(delta: dict, finish: str | None = None) -> str:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            return json.dumps({**self._envelope("chat.completion.chunk"), "choices": [choice]})
+
+        await event(chunk({"role": "assistant", "content": ""}))
+        await asyncio.sleep(think)  # silent: no byte until the first token
+        for token in self._tokens(request):
+            await asyncio.sleep(delay)
+            await event(chunk({"content": token}))
+            self.stats.tokens += 1
+        await event(chunk({}, "stop"))
+        await event("[DONE]")
+        if chunked:
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def _send_json(self, writer, status, data, keep_alive, path) -> None:
+        await self._send(writer, status, json.dumps(data).encode(), "application/json", keep_alive, path)
+
+    async def _send(
+        self, writer, status, body: bytes, content_type: str, keep_alive: bool, path: str
+    ) -> None:
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}[status]
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            f"X-Lab-Node: {self.settings.node}\r\n"
+            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        await writer.drain()
+        self.stats.requests[(path, status)] += 1
+
+    def metrics(self) -> str:
+        node = self.settings.node
+        lines = [
+            "# HELP lab_requests_total HTTP requests served, by path and status.",
+            "# TYPE lab_requests_total counter",
+        ]
+        for (path, status), count in sorted(self.stats.requests.items()):
+            lines.append(f'lab_requests_total{{node="{node}",path="{path}",status="{status}"}} {count}')
+        lines += [
+            "# HELP vllm:generation_tokens_total Tokens generated.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f'vllm:generation_tokens_total{{model_name="{self.settings.model}"}} {self.stats.tokens}',
+            "# HELP vllm:num_requests_running Requests being answered now.",
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{model_name="{self.settings.model}"}} {self.stats.running}',
+            "# HELP process_start_time_seconds Start time of the process.",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self.stats.started:.3f}",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+async def serve(settings: Settings, host: str, port: int, hold: list[int]) -> None:
+    server = ModelServer(settings)
+    await server.start(host, port, hold)
+    print(f"model stand-in {settings.node} on {host}:{port} (hold {hold})", flush=True)
+    await asyncio.gather(*(srv.serve_forever() for srv in server.servers))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--hold", default="", help="comma-separated extra ports that only accept")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--think", type=float, default=0.0)
+    parser.add_argument("--tokens", type=int, default=8)
+    args = parser.parse_args(argv)
+    hold = [int(port) for port in args.hold.split(",") if port.strip() and int(port) != args.port]
+    settings = Settings(args.node, args.model, args.token_delay, args.think, args.tokens)
+    asyncio.run(serve(settings, args.host, args.port, hold))
+
+
+if __name__ == "__main__":
+    main()

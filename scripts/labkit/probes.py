@@ -1,0 +1,211 @@
+"""Probes: plain functions that measure from wherever they are called.
+
+Call them through `netns.call_in(namespace, ...)` to measure from inside a namespace;
+the tests also call them on loopback.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import json
+import re
+import socket
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Connect:
+    open: bool
+    detail: str  # "connected", "refused", "timeout", "unreachable: ..."
+    seconds: float
+
+
+def tcp_connect(ip: str, port: int, timeout: float = 1.0) -> Connect:
+    """Open if the handshake completes. A firewall DROP shows as a timeout, a REJECT or a
+    missing listener as refused; the lab keeps a listener on every probed port, so only the
+    firewall can make a connection fail."""
+    started = time.monotonic()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect((ip, port))
+        return Connect(True, "connected", time.monotonic() - started)
+    except TimeoutError:
+        return Connect(False, "timeout", time.monotonic() - started)
+    except ConnectionRefusedError:
+        return Connect(False, "refused", time.monotonic() - started)
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        return Connect(False, f"unreachable: {name}", time.monotonic() - started)
+    finally:
+        sock.close()
+
+
+@dataclass
+class Reply:
+    status: int
+    node: str | None
+    body: bytes = b""
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200
+
+
+def chat(
+    ip: str, port: int, prompt: str = "hello", *, timeout: float = 10.0, headers: dict[str, str] | None = None
+) -> Reply:
+    """One non-streaming chat completion."""
+    started = time.monotonic()
+    body = json.dumps({"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": prompt}]})
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        conn.request(
+            "POST", "/v1/chat/completions", body, {"Content-Type": "application/json", **(headers or {})}
+        )
+        response = conn.getresponse()
+        data = response.read()
+        return Reply(response.status, response.getheader("X-Lab-Node"), data, time.monotonic() - started)
+    except (OSError, http.client.HTTPException) as exc:
+        return Reply(0, None, b"", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+def get(ip: str, port: int, path: str, *, timeout: float = 5.0) -> Reply:
+    started = time.monotonic()
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        data = response.read()
+        return Reply(response.status, response.getheader("X-Lab-Node"), data, time.monotonic() - started)
+    except (OSError, http.client.HTTPException) as exc:
+        return Reply(0, None, b"", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+@dataclass
+class Stream:
+    status: int
+    node: str | None
+    first_event: float | None  # seconds from sending to the first SSE event
+    end: float | None  # seconds to the [DONE] event
+    tokens: int
+    longest_silence: float
+    done: bool
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200 and self.done
+
+
+def stream(
+    ip: str, port: int, prompt: str = "hello", *, timeout: float = 30.0, headers: dict[str, str] | None = None
+) -> Stream:
+    """A streamed chat completion read event by event: when did the first one arrive, did
+    [DONE] arrive, and how long was the longest silence in between."""
+    body = json.dumps(
+        {"model": "Qwen/Qwen3-32B", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+    )
+    started = time.monotonic()
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    result = Stream(0, None, None, None, 0, 0.0, False)
+    try:
+        conn.request(
+            "POST", "/v1/chat/completions", body, {"Content-Type": "application/json", **(headers or {})}
+        )
+        response = conn.getresponse()
+        result.status, result.node = response.status, response.getheader("X-Lab-Node")
+        last = time.monotonic()
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            now = time.monotonic()
+            if not line.startswith(b"data:"):
+                continue
+            result.longest_silence = max(result.longest_silence, now - last)
+            last = now
+            if result.first_event is None:
+                result.first_event = now - started
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                result.done, result.end = True, now - started
+                break
+            chunk = json.loads(payload)
+            if chunk["choices"][0]["delta"].get("content"):
+                result.tokens += 1
+        if not result.done:
+            result.error = "stream ended without [DONE] (cut)"
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return result
+
+
+@dataclass
+class Spread:
+    counts: Counter = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values()) + len(self.failures)
+
+
+def spread(ip: str, port: int, requests: int, *, timeout: float = 10.0) -> Spread:
+    """Send `requests` chat completions and count which node answered each."""
+    result = Spread()
+    for index in range(requests):
+        reply = chat(ip, port, f"request {index}", timeout=timeout)
+        if reply.ok:
+            result.counts[reply.node or "?"] += 1
+        else:
+            result.failures.append(reply.error or f"HTTP {reply.status}")
+    return result
+
+
+_RTT = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
+
+
+def ping_rtt_ms(namespace: str, ip: str, count: int = 5) -> float | None:
+    """Average RTT in ms (ping needs a raw socket: run as a process in the namespace)."""
+    done = subprocess.run(
+        ["ip", "netns", "exec", namespace, "ping", "-n", "-q", "-c", str(count), "-i", "0.05", "-W", "1", ip],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    match = _RTT.search(done.stdout)
+    return float(match.group(2)) if match else None
+
+
+def iperf3_gbps(
+    namespace: str, ip: str, *, seconds: float = 1.0, port: int = 5201
+) -> tuple[float | None, str]:
+    """Receiver-side throughput in Gbit/s of a TCP iperf3 run from `namespace` to `ip`."""
+    argv = ["iperf3", "-c", ip, "-p", str(port), "-t", str(seconds), "-J", "--connect-timeout", "2000"]
+    try:
+        done = subprocess.run(
+            ["ip", "netns", "exec", namespace, *argv], capture_output=True, text=True, timeout=seconds + 15
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"iperf3 gave no result within {seconds + 15:g} s"
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        return None, (done.stderr or done.stdout).strip()[:200]
+    if "error" in report:
+        return None, str(report["error"])
+    bits = report["end"]["sum_received"]["bits_per_second"]
+    return bits / 1e9, "ok"

@@ -1,0 +1,308 @@
+"""The lab for real: the onprem stack in network namespaces, checked, and broken on purpose.
+
+Needs root, iproute2, ping, iperf3, nginx, nft and ufw (CI runs as root with them). The lab
+goes up once for the module (its own label, so a developer's lab is left alone); every
+fault test puts back what it broke; all traffic stays inside the lab's namespaces.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import stackfile
+from components.ports import Vantage
+from components.render.firewall import Rule
+from scripts import lab as lab_cli
+from scripts.labkit import lab, netns, plan, probes, renderers
+
+ONPREM = stackfile.load("onprem")
+LABEL = f"t{os.getpid() % 100000}"
+BINARIES = ("ip", "ping", "iperf3", "nginx", "nft", "ufw")
+MISSING = netns.missing_requirements() + [f"{b} not installed" for b in BINARIES if not shutil.which(b)]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
+# nginx marks a replica failed for fail_timeout after max_fails; rejoining can take that long.
+REJOIN_SECONDS = 40
+
+
+def _host_snapshot() -> dict:
+    """What the lab must never change on the host."""
+    files = {}
+    for root in ("/etc/ufw", "/etc/sysctl.d", "/etc/default/ufw", "/etc/nftables.conf", "/etc/sysctl.conf"):
+        path = Path(root)
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if file.is_file():
+                files[str(file)] = hashlib.sha256(file.read_bytes()).hexdigest()
+    keys = sorted(ONPREM.tuning.sysctl)
+    sysctl = subprocess.run(["sysctl", *keys], capture_output=True, text=True).stdout
+    ruleset = subprocess.run(["nft", "-s", "list", "ruleset"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {"files": files, "sysctl": sysctl, "nft": ruleset, "bridges": "br0" in links.split()}
+
+
+@pytest.fixture(scope="session")
+def host_before() -> dict:
+    return _host_snapshot()
+
+
+@pytest.fixture(scope="session")
+def running(host_before):
+    lab.down(LABEL)
+    lab_plan = plan.build(ONPREM, LABEL)
+    options = lab.Options()
+    try:
+        report = lab.up(lab_plan, options)
+        yield lab_plan, options, report
+    finally:
+        lab.down(LABEL)
+
+
+def _client(lab_plan):
+    return lab_plan.vantage(Vantage.CLIENT).namespace
+
+
+def _lb(lab_plan):
+    return lab_plan.load_balancer.ip, lab_plan.cluster.load_balancer.port
+
+
+def _wait_for_rejoin(lab_plan, node: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < REJOIN_SECONDS:
+        spread = netns.call_in(_client(lab_plan), probes.spread, *_lb(lab_plan), 8)
+        if spread.counts.get(node) and not spread.failures:
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise AssertionError(f"{node} did not rejoin within {REJOIN_SECONDS} s")
+
+
+class Load:
+    """Non-streaming requests from the client namespace, two at a time, until stopped."""
+
+    def __init__(self, lab_plan, workers: int = 2):
+        self.replies: list[probes.Reply] = []
+        self.stop = threading.Event()
+        ip, port = _lb(lab_plan)
+
+        def body():
+            while not self.stop.is_set():
+                self.replies.append(probes.chat(ip, port, "under load", timeout=20))
+
+        self.threads = [
+            threading.Thread(target=netns.call_in, args=(_client(lab_plan), body)) for _ in range(workers)
+        ]
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+
+def test_up_runs_every_rendered_step_on_every_node(running):
+    lab_plan, _, report = running
+    failed = [(step.node, step.step, step.detail[-300:]) for step in report.steps if not step.ok]
+    assert not failed
+    steps = {(step.node, step.step) for step in report.steps}
+    for member in lab_plan.nodes:
+        assert {(member.node, s) for s in ("preflight", "sysctl", "firewall", "model", "iperf3")} <= steps
+    assert (lab_plan.load_balancer.node, "nginx") in steps
+
+
+def test_check_is_green_from_every_vantage_and_speaks_json(running, capsys):
+    status = lab_cli.main(["check", "onprem", "--label", LABEL, "--json"])
+    document = json.loads(capsys.readouterr().out)
+    failures = [r for r in document["results"] if r["status"] == "fail"]
+    assert status == 0 and document["ok"] and not failures, failures
+    groups = {r["group"] for r in document["results"]}
+    assert groups == {"containment", "sysctl", "verify", "ports", "latency", "bandwidth", "load balancer"}
+    sources = {r["source"] for r in document["results"] if r["group"] == "ports"}
+    assert {"client", "monitoring", "admin", "outsider", "intruder", "master", "worker-3"} <= sources
+    assert document["summary"].startswith("GREEN")
+
+
+def test_lab_leaves_the_host_network_and_etc_alone(running, host_before):
+    now = _host_snapshot()
+    assert now["files"] == host_before["files"]
+    assert now["sysctl"] == host_before["sysctl"]
+    assert now["nft"] == host_before["nft"]
+    assert now["bridges"] == host_before["bridges"]
+    for member in running[0].members:
+        route = netns.run(["ip", "-n", member.namespace, "route", "show", "default"]).stdout
+        assert route.strip() == "", f"{member.namespace} has a default route"
+
+
+def _node_state(lab_plan) -> dict[str, tuple[str, str]]:
+    state = {}
+    for member in lab_plan.nodes:
+        ruleset = netns.exec_in(member.namespace, ["nft", "-s", "list", "ruleset"]).stdout
+        drop_in = netns.NETNS_ETC / member.namespace / "sysctl.d" / Path(renderers.SYSCTL_DROPIN).name
+        state[member.node] = (ruleset, drop_in.read_text())
+    return state
+
+
+def _changed_chains(before: str, after: str) -> set[str]:
+    chains, chain = set(), None
+    for line in difflib.ndiff(before.splitlines(), after.splitlines()):
+        text = line[2:].strip()
+        if text.startswith("chain "):
+            chain = text.split()[1]
+        if line[:2] in ("- ", "+ "):
+            chains.add(chain)
+    return chains
+
+
+def test_reapplying_the_setup_changes_no_ruleset_and_no_drop_in(running):
+    """A second apply equals the third. The first ufw enable (inactive -> active) leaves ufw's
+    own IPv6 rate-limit chains without their final rule; the reload of the second apply
+    completes them. Nothing else may differ, and nothing ever does after that."""
+    lab_plan, options, _ = running
+    first = _node_state(lab_plan)
+    assert lab.up(lab_plan, options).ok
+    second = _node_state(lab_plan)
+    third_report = lab.up(lab_plan, options)
+    third = _node_state(lab_plan)
+    assert third == second
+    for node, (ruleset, drop_in) in first.items():
+        assert drop_in == second[node][1]
+        assert _changed_chains(ruleset, second[node][0]) <= {"ufw6-user-limit", "ufw6-user-limit-accept"}
+    assert {step.detail for step in third_report.steps if step.step == "model"} == {"running"}
+
+
+def _listen_on_ephemeral_port() -> socket.socket:
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))  # the kernel picks from ip_local_port_range, as NCCL's sockets do
+    server.listen(8)
+    return server
+
+
+def _strict_rules(lab_plan, node: str) -> list[Rule]:
+    """The guide's rule: 6000-6100/tcp between nodes, instead of the project's all-traffic rule."""
+    rules = renderers.firewall_rules(lab_plan.cluster, node)
+    strict = [r for r in rules if r.name != "cluster-all"]
+    strict += [Rule("inter-node", r.source, "6000-6100", "tcp") for r in rules if r.name == "cluster-all"]
+    return strict
+
+
+@pytest.mark.parametrize("flavour", ["ufw", "nftables"])
+def test_strict_6000_6100_rule_blocks_an_ephemeral_port_the_cluster_rule_admits(running, flavour):
+    lab_plan, _, _ = running
+    target, source = lab_plan.node("worker-1"), lab_plan.node("worker-2")
+    server = netns.call_in(target.namespace, _listen_on_ephemeral_port)
+    port = server.getsockname()[1]
+    assert not 6000 <= port <= 6100
+    try:
+        strict = lab.firewall(lab_plan, target, flavour=flavour, rules=_strict_rules(lab_plan, target.node))
+        assert strict.ok, strict.detail
+        blocked = netns.call_in(source.namespace, probes.tcp_connect, target.ip, port, 1.0)
+        project = lab.firewall(lab_plan, target, flavour=flavour)
+        assert project.ok, project.detail
+        admitted = netns.call_in(source.namespace, probes.tcp_connect, target.ip, port, 1.0)
+    finally:
+        server.close()
+        if flavour == "nftables":  # back to the stack's own flavour alone
+            from components.render import firewall as firewall_render
+
+            revert = firewall_render.revert_script(
+                "nftables",
+                etc=lab.node_etc(target),
+                state_dir=lab.node_state(lab_plan, target),
+                persist=False,
+            )
+            netns.exec_in(target.namespace, ["bash", "-c", revert])
+    assert not blocked.open and blocked.detail == "timeout", blocked
+    assert admitted.open, admitted
+
+
+def test_a_replica_killed_under_load_loses_no_request_and_rejoins(running):
+    lab_plan, options, _ = running
+    victim = lab_plan.node("worker-2")
+    with Load(lab_plan) as load:
+        time.sleep(0.5)
+        lab.stop_model_server(lab_plan, victim)
+        time.sleep(1.5)
+        during = len(load.replies)
+        assert lab.start_model_server(lab_plan, victim, options).ok
+        time.sleep(0.5)
+    failed = [reply.error or reply.status for reply in load.replies if not reply.ok]
+    assert during > 10 and not failed
+    _wait_for_rejoin(lab_plan, victim.node)
+
+
+def test_a_cut_link_costs_at_most_the_connect_timeout(running):
+    lab_plan, _, _ = running
+    victim = lab_plan.node("worker-3")
+    limit = renderers.nginx_connect_timeout_seconds() + 1.5
+    netns.run(["ip", "-n", lab_plan.switch, "link", "set", victim.switch_port, "down"])
+    try:
+        replies = [
+            netns.call_in(_client(lab_plan), probes.chat, *_lb(lab_plan), f"cut {i}", timeout=30)
+            for i in range(8)
+        ]
+    finally:
+        netns.run(["ip", "-n", lab_plan.switch, "link", "set", victim.switch_port, "up"])
+    assert all(reply.ok for reply in replies), [reply.error or reply.status for reply in replies]
+    assert max(reply.seconds for reply in replies) < limit, [round(reply.seconds, 2) for reply in replies]
+    assert victim.node not in {reply.node for reply in replies}
+    _wait_for_rejoin(lab_plan, victim.node)
+
+
+def test_all_replicas_down_gives_a_prompt_502_or_503_and_recovers(running):
+    lab_plan, options, _ = running
+    for head in lab_plan.heads:
+        lab.stop_model_server(lab_plan, head)
+    try:
+        replies = [
+            netns.call_in(_client(lab_plan), probes.chat, *_lb(lab_plan), timeout=15) for _ in range(3)
+        ]
+    finally:
+        for head in lab_plan.heads:
+            assert lab.start_model_server(lab_plan, head, options).ok
+    assert [reply.status for reply in replies] in ([502] * 3, [503] * 3, [502, 503, 503], [502, 502, 503])
+    assert max(reply.seconds for reply in replies) < 2.0
+    waited = _wait_for_rejoin(lab_plan, lab_plan.heads[0].node)
+    assert waited < REJOIN_SECONDS
+
+
+def test_a_stack_that_fails_validation_builds_nothing(tmp_path, capsys):
+    document = yaml.safe_load(stackfile.stack_path("onprem").read_text())
+    document["config"]["qwen-cluster:nodes"][1]["ip"] = "192.168.2.5"  # outside network.cidr
+    (tmp_path / "Pulumi.broken.yaml").write_text(yaml.safe_dump(document))
+    before = netns.listed()
+    status = lab_cli.main(["up", "broken", "--root", str(tmp_path)])
+    output = capsys.readouterr().out
+    assert status == 2 and "nothing built" in output and "192.168.2.5 is outside network.cidr" in output
+    assert netns.listed() == before
+    assert not any(
+        name.startswith("qcl-broken") for name in os.listdir("/run/netns") if os.path.isdir("/run/netns")
+    )
+
+
+def test_down_after_a_crash_finds_everything_by_its_prefix():
+    label = f"{LABEL}c"
+    small = plan.build(plan.with_node_count(ONPREM, 2), label)
+    lab.up(small)
+    pids = [pid for member in small.members for pid in netns.pids(member.namespace)]
+    assert pids
+    # A crash: the process that ran `up` is gone; `down` knows only the label.
+    removed = lab.down(label)
+    assert set(removed) == set(small.namespaces)
+    assert not [name for name in netns.listed() if name.startswith(f"qcl-{label}-")]
+    assert not [p for p in netns.NETNS_ETC.glob(f"qcl-{label}-*")]
+    assert not Path(small.state_dir).exists()
+    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    assert not alive

@@ -1,0 +1,104 @@
+"""The lab plan: what gets built for a stack, pure (no root needed)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from components import stackfile
+from components.config import ConfigError
+from components.ports import Vantage
+from scripts.labkit import plan
+
+ONPREM = stackfile.load("onprem")
+
+
+@pytest.fixture(scope="module")
+def onprem() -> plan.LabPlan:
+    return plan.build(ONPREM, "onprem")
+
+
+def _in(ip: str, cidrs) -> bool:
+    return any(ipaddress.ip_address(ip) in cidr for cidr in cidrs)
+
+
+def test_every_namespace_carries_the_lab_prefix(onprem):
+    assert all(name.startswith("qcl-onprem-") for name in onprem.namespaces)
+    assert len(set(onprem.namespaces)) == len(onprem.namespaces)
+
+
+def test_nodes_get_the_stack_addresses_on_the_segment_prefix(onprem):
+    assert [(m.node, m.ip, m.prefixlen) for m in onprem.nodes] == [
+        (node.name, str(node.ip), 24) for node in ONPREM.nodes
+    ]
+
+
+def test_vantage_addresses_sit_where_their_names_say(onprem):
+    access, segment = ONPREM.access, ONPREM.network.cidr
+    client = onprem.vantage(Vantage.CLIENT).ip
+    assert _in(client, access.client_cidrs) and not _in(client, [segment, *access.monitoring_cidrs])
+    assert _in(onprem.vantage(Vantage.MONITORING).ip, access.monitoring_cidrs)
+    assert _in(onprem.vantage(Vantage.ADMIN).ip, access.admin_cidrs)
+    outsider = onprem.vantage(Vantage.OUTSIDER).ip
+    assert not _in(outsider, [segment, *access.client_cidrs, *access.monitoring_cidrs, *access.admin_cidrs])
+    intruder = onprem.vantage(Vantage.INTRUDER).ip
+    assert _in(intruder, [segment]) and intruder not in {str(node.ip) for node in ONPREM.nodes}
+
+
+def test_switch_ports_are_valid_interface_names_and_unique(onprem):
+    ports = [member.switch_port for member in onprem.members]
+    assert len(set(ports)) == len(ports) and all(len(port) <= 15 for port in ports)
+
+
+def test_intruder_gets_no_more_than_a_client(onprem):
+    def opened(vantage: str) -> set[tuple[str, str, int]]:
+        return {
+            (e.target_node, e.name, e.port) for e in onprem.expectations() if e.vantage == vantage and e.open
+        }
+
+    assert opened("intruder") <= opened("client")
+    assert opened("outsider") == set()
+
+
+def test_client_reaches_only_the_listener_and_nodes_reach_each_other(onprem):
+    client = [e for e in onprem.expectations() if e.vantage == "client" and e.open]
+    assert {(e.target_node, e.port) for e in client} == {("master", 80)}
+    node_rows = [e for e in onprem.expectations() if e.vantage == "worker-1"]
+    assert node_rows and all(e.open for e in node_rows)
+    assert "worker-1" not in {e.target_node for e in node_rows}
+
+
+def test_a_monitoring_host_inside_client_cidrs_is_expected_to_be_a_client_too(onprem):
+    rows = {(e.name, e.port): e.open for e in onprem.expectations() if e.vantage == "monitoring"}
+    assert rows[("monitoring", 8000)] and rows[("listener", 80)] and not rows[("model-service", 5000)]
+    assert any("also inside client" in note for note in onprem.notes)
+
+
+def test_node_count_override_adds_workers_on_free_addresses():
+    bigger = plan.with_node_count(ONPREM, 6)
+    assert [node.name for node in bigger.nodes][-2:] == ["worker-4", "worker-5"]
+    assert [str(node.ip) for node in bigger.nodes][-2:] == ["192.168.1.104", "192.168.1.105"]
+    smaller = plan.with_node_count(ONPREM, 2)
+    assert [node.name for node in smaller.nodes] == ["master", "worker-1"]
+
+
+def test_node_count_override_is_validated_like_a_stack():
+    with pytest.raises(ConfigError, match="at least 2"):
+        plan.with_node_count(ONPREM, 1)
+
+
+def test_aws_stacks_are_refused_with_the_reason():
+    with pytest.raises(plan.PlanError, match="bare-metal"):
+        plan.build(stackfile.load("dev"), "dev")
+
+
+def test_firewalld_is_refused_with_the_reason():
+    bare_metal = ONPREM.bare_metal.model_copy(update={"firewall": "firewalld"})
+    with pytest.raises(plan.PlanError, match="D-Bus"):
+        plan.build(ONPREM.model_copy(update={"bare_metal": bare_metal}), "x")
+
+
+def test_probe_ports_cover_every_expected_port(onprem):
+    assert onprem.probe_ports("worker-1") == [22, 5000, 6000, 6100, 8000]
+    assert 80 in onprem.probe_ports("master")
