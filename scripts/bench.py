@@ -130,6 +130,156 @@ def render_benchmarks(stack: str, counts: list[int]) -> dict[str, Any]:
     }
 
 
+def lab_up_times(stack: str, counts: list[int]) -> dict[str, Any]:
+    """Wall time of `lab up` (namespaces, links, every node's scripts, servers, nginx) per size."""
+    from scripts.labkit import lab
+    from scripts.labkit import plan as labplan
+
+    times = {}
+    for count in counts:
+        label = f"bench{count}"
+        lab.down(label)
+        lab_plan = labplan.load(stack, nodes=count, label=label)
+        started = time.perf_counter()
+        try:
+            report = lab.up(lab_plan)
+            times[count] = time.perf_counter() - started
+            failed = [step for step in report.steps if not step.ok]
+            if failed:
+                raise RuntimeError(f"lab up {count} nodes: {failed[0]}")
+        finally:
+            lab.down(label)
+    return {"seconds": times, "ratio": times[counts[-1]] / times[counts[0]]}
+
+
+def _load(ip: str, port: int, seconds: float, max_requests: int) -> list[float]:
+    """Non-streaming requests one after another for `seconds` (at most `max_requests`)."""
+    from scripts.labkit import probes
+
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(latencies) < max_requests:
+        reply = probes.chat(ip, port, timeout=5.0)
+        if not reply.ok:
+            raise RuntimeError(f"request to {ip}:{port} failed: {reply.error or reply.status}")
+        latencies.append(reply.seconds)
+    return latencies
+
+
+def _throughput(namespace: str, ip: str, port: int, *, clients: int, seconds: float) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scripts.labkit import netns
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        runs = list(
+            pool.map(lambda _: netns.call_in(namespace, _load, ip, port, seconds, 5000), range(clients))
+        )
+    elapsed = time.perf_counter() - started
+    latencies = sorted(latency for run in runs for latency in run)
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+    }
+
+
+def _first_byte(namespace: str, ip: str, port: int, samples: int) -> float:
+    from scripts.labkit import netns, probes
+
+    firsts = []
+    for _ in range(samples):
+        result = netns.call_in(namespace, probes.stream, ip, port, timeout=10.0)
+        if not result.ok:
+            raise RuntimeError(f"stream from {ip}:{port} failed: {result.error}")
+        firsts.append(result.first_event)
+    return 1000 * sorted(firsts)[len(firsts) // 2]
+
+
+def load_balancer_vs_direct(stack: str, *, clients: int = 4, seconds: float = 3.0, samples: int = 30) -> dict:
+    """Through nginx vs straight to one replica, from the same node namespace (nodes may
+    reach both), with the stand-in answering at once so the proxy's cost is what shows."""
+    from scripts.labkit import lab
+    from scripts.labkit import plan as labplan
+
+    label = "benchlb"
+    lab.down(label)
+    lab_plan = labplan.load(stack, label=label)
+    try:
+        lab.up(lab_plan, lab.Options(token_delay=0.0))
+        lb = lab_plan.load_balancer
+        source = next(node for node in lab_plan.nodes if node.ip != lb.ip)
+        backend = next(head for head in lab_plan.heads if head.ip != source.ip)
+        listener, model_port = lab_plan.cluster.load_balancer.port, lab_plan.cluster.model_port
+        figures = {
+            "from": source.node,
+            "direct": {
+                "to": f"{backend.node}:{model_port}",
+                **_throughput(source.namespace, backend.ip, model_port, clients=clients, seconds=seconds),
+                "ttfb_ms": _first_byte(source.namespace, backend.ip, model_port, samples),
+            },
+            "load_balancer": {
+                "to": f"{lb.node}:{listener}",
+                **_throughput(source.namespace, lb.ip, listener, clients=clients, seconds=seconds),
+                "ttfb_ms": _first_byte(source.namespace, lb.ip, listener, samples),
+            },
+        }
+    finally:
+        lab.down(label)
+    figures["throughput_ratio"] = figures["load_balancer"]["rps"] / figures["direct"]["rps"]
+    figures["ttfb_added_ms"] = figures["load_balancer"]["ttfb_ms"] - figures["direct"]["ttfb_ms"]
+    return figures
+
+
+def lab_available() -> str | None:
+    """Why the lab benchmarks cannot run here, or None."""
+    import os
+
+    from scripts.labkit import netns
+
+    if os.geteuid() != 0:
+        return "not root"
+    missing = netns.missing_requirements()
+    return "; ".join(missing) if missing else None
+
+
+def print_lab(console, up: dict[str, Any], lb: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    counts = list(up["seconds"])
+    console.print(
+        "lab up: "
+        + ", ".join(f"{n} nodes {s:.2f} s" for n, s in up["seconds"].items())
+        + f"; {counts[-1]}/{counts[0]}: {up['ratio']:.2f}x (target <= 2x)"
+    )
+    table = Table(
+        "path",
+        "requests",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "first byte ms",
+        title=f"load balancer vs direct (from {lb['from']})",
+    )
+    for key in ("direct", "load_balancer"):
+        row = lb[key]
+        table.add_row(
+            f"{key.replace('_', ' ')} ({row['to']})",
+            str(row["requests"]),
+            f"{row['rps']:.0f}",
+            f"{row['p50_ms']:.2f}",
+            f"{row['p99_ms']:.2f}",
+            f"{row['ttfb_ms']:.2f}",
+        )
+    console.print(table)
+    console.print(
+        f"LB throughput / direct: {lb['throughput_ratio']:.0%} (target >= 70%); first byte through the LB: "
+        f"+{lb['ttfb_added_ms']:.2f} ms (target <= +5 ms)"
+    )
+
+
 def print_render(console, figures: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -179,15 +329,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", default="prod")
     parser.add_argument("--nodes", default="4,64,256", help="node counts to render, comma-separated")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--lab-stack", default="onprem", help="the bare-metal stack the lab rehearses")
+    parser.add_argument("--lab-nodes", default="4,16", help="node counts for `lab up`, comma-separated")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.nodes.split(",")]
-    figures = {"machine": machine(), "render": render_benchmarks(args.stack, counts)}
+    console = Console(width=None if sys.stdout.isatty() else 150, stderr=args.json)
+    figures: dict[str, Any] = {"machine": machine(), "render": render_benchmarks(args.stack, counts)}
+    if not args.json:
+        console.print(f"machine: {figures['machine']}")
+        print_render(console, figures["render"])
+    skipped = lab_available()
+    if skipped:
+        figures["lab"] = {"skipped": skipped}
+        console.print(f"lab benchmarks skipped: {skipped} (they need root and network namespaces)")
+    else:
+        up = lab_up_times(args.lab_stack, [int(n) for n in args.lab_nodes.split(",")])
+        lb = load_balancer_vs_direct(args.lab_stack)
+        figures["lab"] = {"up": up, "load_balancer": lb}
+        if not args.json:
+            print_lab(console, up, lb)
     if args.json:
         print(json.dumps(figures, indent=2))
-        return 0
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    console.print(f"machine: {figures['machine']}")
-    print_render(console, figures["render"])
     return 0
 
 

@@ -38,7 +38,13 @@ def server():
     pending = asyncio.all_tasks(loop)
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+    async def drain() -> None:
+        # gather() inside the loop's own coroutine: called outside, it binds to whatever loop
+        # is current in this thread (another test's, when the suite runs together).
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    loop.run_until_complete(drain())
     loop.close()
 
 

@@ -1,13 +1,18 @@
+import copy
 import ipaddress
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from components import config, stackfile
+from components.config import validate
 from components.render import firewall
 from components.render.firewall import Rule
 from policies import network as net
 from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
+from tests.conftest import BASE_BARE_METAL
 
 
 def rules_of(node: str) -> list[Rule]:
@@ -50,10 +55,32 @@ def test_policy_document_marks_the_load_balancer_host_and_its_listener():
 
 def test_cluster_scope_admits_the_other_nodes_exact_addresses_not_the_segment():
     rules = rules_of("worker-1")
-    assert sources(rules, "cluster-all") == {"192.168.1.100/32", "192.168.1.102/32", "192.168.1.103/32"}
+    # .100 alone, .102-.103 as one exact block: the same three addresses.
+    assert sources(rules, "cluster-all") == {"192.168.1.100/32", "192.168.1.102/31"}
     assert {r.ports for r in rules if r.name == "cluster-all"} == {"all"}
     intruder = ipaddress.ip_address("192.168.1.50")
     assert not any(intruder in ipaddress.ip_network(rule.source) for rule in rules)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(min_value=4, max_value=250), min_size=2, max_size=40))
+def test_member_blocks_hold_exactly_the_other_nodes(last_octets):
+    octets = sorted(last_octets)
+    raw = copy.deepcopy(BASE_BARE_METAL)
+    raw["nodes"] = [
+        {"name": f"n{o}", "ip": f"192.168.1.{o}", **({"role": "master"} if i == 0 else {})}
+        for i, o in enumerate(octets)
+    ]
+    cluster = validate(raw)
+    me = cluster.nodes[len(octets) // 2]
+    blocks = [
+        ipaddress.ip_network(r.source)
+        for r in firewall.host_rules(cluster, me.name)
+        if r.name == "cluster-all"
+    ]
+    covered = {address for block in blocks for address in block}
+    assert covered == {node.ip for node in cluster.nodes if node.name != me.name}
+    assert len(blocks) <= len(octets) - 1
 
 
 def test_clients_port_only_from_the_load_balancer_node():
@@ -94,7 +121,7 @@ def test_ufw_allows_ssh_before_default_deny_and_persists():
     text = firewall.apply_script(rules_of("worker-1"), "ufw", node_ip="192.168.1.101")
     ssh = text.index("ufw allow from 203.0.113.10 to any port 22 proto tcp comment 'qwen-cluster:ssh'")
     assert ssh < text.index("ufw default deny incoming")
-    assert "ufw allow from 192.168.1.102 comment 'qwen-cluster:cluster-all'" in text
+    assert "ufw allow from 192.168.1.102/31 comment 'qwen-cluster:cluster-all'" in text
     assert "to any port 5000 proto tcp comment 'qwen-cluster:model-service'" in text
     assert "ufw --force enable" in text
     assert "192.168.1.0/24" not in text
@@ -108,7 +135,8 @@ def test_ufw_ranges_use_colon_syntax():
 def test_nftables_is_one_atomic_table_with_a_member_set_and_default_drop():
     text = firewall.apply_script(rules_of("worker-1"), "nftables", node_ip="192.168.1.101")
     assert "policy drop;" in text
-    assert "elements = { 192.168.1.100, 192.168.1.102, 192.168.1.103 }" in text
+    assert "flags interval" in text
+    assert "elements = { 192.168.1.100, 192.168.1.102/31 }" in text
     assert "ip saddr @cluster_nodes accept" in text
     assert 'iif "lo" accept' in text and "ct state established,related accept" in text
     assert "ip saddr 192.168.1.100/32 tcp dport 5000 accept" in text
