@@ -15,6 +15,7 @@ declare -A needed=(
   [sshd]=openssh-server
   [dot]=graphviz
   [sysctl]=procps
+  [wrk]=wrk
 )
 
 missing=()
