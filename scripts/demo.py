@@ -4,6 +4,7 @@ report, diagram in out/), then the lab rehearsal of onprem where this machine al
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -14,9 +15,11 @@ from rich.table import Table  # noqa: E402
 
 from components import config, stackfile, summary  # noqa: E402
 from components.render.diagram import diagram  # noqa: E402
+from scripts import lab as lab_cli  # noqa: E402
 from scripts import plan  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "out"
+LAB_STACK = "onprem"
 
 
 def print_summary(console: Console, stack: str, data: dict) -> None:
@@ -66,7 +69,35 @@ def main() -> int:
     passed = sum(1 for r in reports if r["valid"] and not r["mandatory"])
     console.rule("offline preview")
     console.print(f"{passed} of {len(reports)} stacks valid and free of mandatory policy violations")
-    return plan.exit_code(reports)
+    status = plan.exit_code(reports)
+
+    console.rule(f"lab rehearsal of {LAB_STACK}")
+    why_not = lab_unavailable()
+    if why_not:
+        console.print(
+            f"[yellow]lab skipped:[/] {why_not}. On a Linux machine as root: make lab STACK={LAB_STACK}"
+        )
+        lab_status = None
+    else:
+        lab_status = lab_cli.main(["run", LAB_STACK])
+    console.rule("demo")
+    lab_word = "skipped" if lab_status is None else ("green" if lab_status == 0 else "FAILED")
+    console.print(
+        f"offline preview: {passed}/{len(reports)} stacks clean; lab rehearsal of {LAB_STACK}: {lab_word}"
+    )
+    return status or (lab_status or 0)
+
+
+def lab_unavailable() -> str | None:
+    """Why the lab cannot run here, or None: it needs Linux, root and network namespaces."""
+    if sys.platform != "linux":
+        return f"the lab needs Linux network namespaces (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "the lab needs root (it creates network namespaces)"
+    from scripts.labkit import netns
+
+    missing = netns.missing_requirements()
+    return "; ".join(missing) if missing else None
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         help="lab clock for timeouts and the thinking pause (1 = real time)",
     )
     args = parser.parse_args(argv)
-    console = Console(stderr=args.json)
+    console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
     options = lab.Options(clock_scale=args.clock_scale)
 
     if args.command == "down":
