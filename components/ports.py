@@ -199,6 +199,11 @@ def exposures(
             description="all traffic between cluster nodes (NCCL/EFA use unpinnable ports)",
         )
     ]
+    # Scopes reached from listed CIDRs (a scope with no CIDRs stays closed).
+    cidr_scopes = {
+        Scope.MONITORING: (monitoring_cidrs, "monitoringCidrs"),
+        Scope.ADMIN: (admin_cidrs, "adminCidrs"),
+    }
     for entry in entries:
         if entry.scope is Scope.CLIENTS:
             rules.append(
@@ -211,7 +216,8 @@ def exposures(
                     description=f"{entry.name} {entry.port}/tcp from the load balancer only",
                 )
             )
-        elif entry.scope is Scope.MONITORING and monitoring_cidrs:
+        elif cidr_scopes.get(entry.scope, ((), ""))[0]:
+            cidrs, key = cidr_scopes[entry.scope]
             rules.append(
                 Exposure(
                     name=entry.name,
@@ -219,20 +225,8 @@ def exposures(
                     peer=Peer.CIDRS,
                     ports=entry.port,
                     protocol="tcp",
-                    cidrs=monitoring_cidrs,
-                    description=f"{entry.name} {entry.port}/tcp from monitoringCidrs",
-                )
-            )
-        elif entry.scope is Scope.ADMIN and admin_cidrs:
-            rules.append(
-                Exposure(
-                    name=entry.name,
-                    target=Target.NODES,
-                    peer=Peer.CIDRS,
-                    ports=entry.port,
-                    protocol="tcp",
-                    cidrs=admin_cidrs,
-                    description=f"{entry.name} {entry.port}/tcp from adminCidrs",
+                    cidrs=cidrs,
+                    description=f"{entry.name} {entry.port}/tcp from {key}",
                 )
             )
     if ssh_to_nodes and admin_cidrs and ssh_via_bastion:

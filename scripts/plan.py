@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from components import config, offline, stackfile  # noqa: E402
 from components.render.diagram import diagram  # noqa: E402
 
+# Security-group rules: protocol, ports, the peer and why.
 _RULE = (
     "ipProtocol",
     "fromPort",
@@ -38,28 +39,13 @@ KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
     "aws:ec2/launchTemplate:LaunchTemplate": (
         "instanceType",
         "networkInterfaces",
+        "placement.groupId",
         "metadataOptions.httpTokens",
     ),
     "aws:ec2/placementGroup:PlacementGroup": ("strategy",),
     "aws:ec2/networkInterface:NetworkInterface": ("privateIps", "interfaceType"),
-    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": (
-        "ipProtocol",
-        "fromPort",
-        "toPort",
-        "cidrIpv4",
-        "cidrIpv6",
-        "referencedSecurityGroupId",
-        "description",
-    ),
-    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": (
-        "ipProtocol",
-        "fromPort",
-        "toPort",
-        "cidrIpv4",
-        "referencedSecurityGroupId",
-        "prefixListId",
-        "description",
-    ),
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": _RULE,
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": (*_RULE, "prefixListId"),
     "aws:lb/loadBalancer:LoadBalancer": ("loadBalancerType", "internal"),
     "aws:lb/listener:Listener": ("port", "protocol", "tcpIdleTimeoutSeconds"),
     "aws:lb/targetGroup:TargetGroup": ("port", "protocol", "healthCheck.path", "deregistrationDelay"),
