@@ -5,14 +5,13 @@ set -euo pipefail
 
 # command -> Debian package
 declare -A needed=(
-  [nginx]=nginx-light
+  [nginx]=nginx
   [shellcheck]=shellcheck
   [ip]=iproute2
   [ping]=iputils-ping
   [iperf3]=iperf3
   [nft]=nftables
   [ufw]=ufw
-  [sshd]=openssh-server
   [dot]=graphviz
   [sysctl]=procps
   [wrk]=wrk
