@@ -58,38 +58,33 @@ class Reply:
         return self.error is None and self.status == 200
 
 
+def _request(
+    ip: str, port: int, method: str, path: str, body: str | None, headers: dict[str, str], timeout: float
+) -> Reply:
+    started = time.monotonic()
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        conn.request(method, path, body, headers)
+        response = conn.getresponse()
+        data = response.read()
+        return Reply(response.status, response.getheader("X-Lab-Node"), data, time.monotonic() - started)
+    except (OSError, http.client.HTTPException) as exc:
+        return Reply(0, None, b"", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
 def chat(
     ip: str, port: int, prompt: str = "hello", *, timeout: float = 10.0, headers: dict[str, str] | None = None
 ) -> Reply:
     """One non-streaming chat completion."""
-    started = time.monotonic()
     body = json.dumps({"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": prompt}]})
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
-    try:
-        conn.request(
-            "POST", "/v1/chat/completions", body, {"Content-Type": "application/json", **(headers or {})}
-        )
-        response = conn.getresponse()
-        data = response.read()
-        return Reply(response.status, response.getheader("X-Lab-Node"), data, time.monotonic() - started)
-    except (OSError, http.client.HTTPException) as exc:
-        return Reply(0, None, b"", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    return _request(ip, port, "POST", "/v1/chat/completions", body, headers, timeout)
 
 
 def get(ip: str, port: int, path: str, *, timeout: float = 5.0) -> Reply:
-    started = time.monotonic()
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        data = response.read()
-        return Reply(response.status, response.getheader("X-Lab-Node"), data, time.monotonic() - started)
-    except (OSError, http.client.HTTPException) as exc:
-        return Reply(0, None, b"", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
+    return _request(ip, port, "GET", path, None, {}, timeout)
 
 
 @dataclass
