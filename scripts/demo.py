@@ -10,6 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import graphviz  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -61,7 +62,10 @@ def main() -> int:
         report = plan.plan(stack)
         if report["valid"]:
             drawn = diagram(stackfile.load(stack), title=f"qwen-cluster {stack}")
-            report["diagram"] = drawn.render(OUT / stack, format="svg", cleanup=True)
+            try:
+                report["diagram"] = drawn.render(OUT / stack, format="svg", cleanup=True)
+            except graphviz.ExecutableNotFound:
+                console.print("[yellow]diagram skipped: graphviz's dot is not installed (make system)[/]")
         plan.print_report(console, report)
         if report.get("diagram"):
             console.print(f"diagram: {report['diagram']}")
