@@ -187,7 +187,8 @@ def test_cluster_placement_group_for_all_nodes(prod):
     group = prod.named("gpu-nodes-placement").inputs
     assert group["strategy"] == "cluster"
     for template in templates(prod).values():
-        assert template.inputs["placement"] == {"groupId": "gpu-nodes-placement-id"}
+        # By name: PlacementGroup.id is the group's name in the provider, never a pg-... id.
+        assert template.inputs["placement"] == {"groupName": "gpu-nodes-placement-0123456"}
 
 
 def test_p5_interfaces_follow_the_efa_layout(prod):

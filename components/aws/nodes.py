@@ -118,7 +118,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 image_id=image_id,
                 instance_type=kind.name,
                 network_interfaces=interfaces,
-                placement={"group_id": placement_group.id},
+                # By name: the provider's PlacementGroup.id IS the group's name (it imports by
+                # name); the pg-... id is placement_group_id. A name in GroupId is refused.
+                placement={"group_name": placement_group.name},
                 metadata_options={
                     "http_endpoint": "enabled",
                     "http_tokens": "required",  # IMDSv2 only
