@@ -314,7 +314,10 @@ def test_configured_ami_and_capacity_reservation_are_used():
     template = templates(result)["master"].inputs
     assert template["imageId"] == "ami-0aaaaaaaaaaaaaaaa"
     assert not [token for token, _ in result.invokes if token == "aws:ec2/getAmi:getAmi"]
-    target = template["capacityReservationSpecification"]["capacityReservationTarget"]
+    spec = template["capacityReservationSpecification"]
+    # With a target, the preference must be absent or capacity-reservations-only, never "open".
+    assert spec.get("capacityReservationPreference") in (None, "capacity-reservations-only")
+    target = spec["capacityReservationTarget"]
     assert target == {"capacityReservationId": "cr-0123456789abcdef0"}
 
 
