@@ -81,6 +81,11 @@ def test_internal_lb_has_one_public_subnet_for_nat_only(dev):
     assert routes == [{"cidrBlock": "0.0.0.0/0", "natGatewayId": "network-nat-id"}]
 
 
+def test_nat_gateway_waits_for_the_new_vpcs_internet_gateway(dev):
+    # A public NAT gateway in a VPC without an attached internet gateway fails to create.
+    assert dev.named("network-nat").depends_on == ["network-igw"]
+
+
 def test_internet_facing_lb_gets_public_subnets_in_two_zones():
     result = render(variant("dev", loadBalancer={"scheme": "internet-facing"}))
     public = {s.name: s.inputs for s in result.of_type("aws:ec2/subnet:Subnet") if "public" in s.name}
