@@ -99,6 +99,16 @@ def test_internet_facing_lb_gets_public_subnets_in_two_zones():
     assert "aws:index/getAvailabilityZones:getAvailabilityZones" in [token for token, _ in result.invokes]
 
 
+def test_second_zone_is_a_regular_availability_zone():
+    result = render(variant("dev", loadBalancer={"scheme": "internet-facing"}))
+    asked = [args for token, args in result.invokes if token.endswith("getAvailabilityZones")]
+    # Local and Wavelength Zones (opt-in) take no NLB; only regular AZs may be chosen.
+    assert asked and all(
+        {"name": "opt-in-status", "values": ["opt-in-not-required"]} in args.get("filters", [])
+        for args in asked
+    )
+
+
 def test_s3_gateway_endpoint_on_the_node_route_table(dev):
     endpoint = dev.named("network-s3").inputs
     assert endpoint["serviceName"] == "com.amazonaws.us-west-2.s3"

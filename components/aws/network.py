@@ -78,8 +78,12 @@ class Network(pulumi.ComponentResource):
         # second AZ only for an internet-facing NLB. Nothing gets a public IP by default.
         second_zone = None
         if len(plan.public_subnets) > 1:
+            # Regular AZs only: an opted-in Local or Wavelength Zone (us-west-2-lax-1a sorts
+            # before us-west-2b) takes no NLB.
             zones = aws.get_availability_zones_output(
-                state="available", opts=pulumi.InvokeOutputOptions(parent=self)
+                state="available",
+                filters=[{"name": "opt-in-status", "values": ["opt-in-not-required"]}],
+                opts=pulumi.InvokeOutputOptions(parent=self),
             )
             second_zone = zones.names.apply(
                 lambda names: next(z for z in names if z != args.availability_zone)
