@@ -651,7 +651,7 @@ def _validate_efa_placement(args: StackValidationArgs, report: ReportViolation) 
         if node.resource_type == net.LAUNCH_TEMPLATE:
             template = node
         # The placement group: the node's own, else its launch template's (by name or by id;
-        # the AWS target names it by id, which is what it knows before the group is named).
+        # the AWS target names it by name: the provider's PlacementGroup.id is the name).
         candidates = [
             (node, "placementGroup", get(node.props, "placementGroup")),
             (node, "placementGroupId", get(node.props, "placementGroupId")),

@@ -39,7 +39,7 @@ KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
     "aws:ec2/launchTemplate:LaunchTemplate": (
         "instanceType",
         "networkInterfaces",
-        "placement.groupId",
+        "placement.groupName",
         "metadataOptions.httpTokens",
     ),
     "aws:ec2/placementGroup:PlacementGroup": ("strategy",),

@@ -81,6 +81,11 @@ def test_internal_lb_has_one_public_subnet_for_nat_only(dev):
     assert routes == [{"cidrBlock": "0.0.0.0/0", "natGatewayId": "network-nat-id"}]
 
 
+def test_nat_gateway_waits_for_the_new_vpcs_internet_gateway(dev):
+    # A public NAT gateway in a VPC without an attached internet gateway fails to create.
+    assert dev.named("network-nat").depends_on == ["network-igw"]
+
+
 def test_internet_facing_lb_gets_public_subnets_in_two_zones():
     result = render(variant("dev", loadBalancer={"scheme": "internet-facing"}))
     public = {s.name: s.inputs for s in result.of_type("aws:ec2/subnet:Subnet") if "public" in s.name}
@@ -92,6 +97,16 @@ def test_internet_facing_lb_gets_public_subnets_in_two_zones():
     assert nlb["subnets"] == ["network-public-a-id", "network-public-b-id"]
     assert nlb["enableCrossZoneLoadBalancing"] is True
     assert "aws:index/getAvailabilityZones:getAvailabilityZones" in [token for token, _ in result.invokes]
+
+
+def test_second_zone_is_a_regular_availability_zone():
+    result = render(variant("dev", loadBalancer={"scheme": "internet-facing"}))
+    asked = [args for token, args in result.invokes if token.endswith("getAvailabilityZones")]
+    # Local and Wavelength Zones (opt-in) take no NLB; only regular AZs may be chosen.
+    assert asked and all(
+        {"name": "opt-in-status", "values": ["opt-in-not-required"]} in args.get("filters", [])
+        for args in asked
+    )
 
 
 def test_s3_gateway_endpoint_on_the_node_route_table(dev):
@@ -187,7 +202,8 @@ def test_cluster_placement_group_for_all_nodes(prod):
     group = prod.named("gpu-nodes-placement").inputs
     assert group["strategy"] == "cluster"
     for template in templates(prod).values():
-        assert template.inputs["placement"] == {"groupId": "gpu-nodes-placement-id"}
+        # By name: PlacementGroup.id is the group's name in the provider, never a pg-... id.
+        assert template.inputs["placement"] == {"groupName": "gpu-nodes-placement-0123456"}
 
 
 def test_p5_interfaces_follow_the_efa_layout(prod):
@@ -313,7 +329,10 @@ def test_configured_ami_and_capacity_reservation_are_used():
     template = templates(result)["master"].inputs
     assert template["imageId"] == "ami-0aaaaaaaaaaaaaaaa"
     assert not [token for token, _ in result.invokes if token == "aws:ec2/getAmi:getAmi"]
-    target = template["capacityReservationSpecification"]["capacityReservationTarget"]
+    spec = template["capacityReservationSpecification"]
+    # With a target, the preference must be absent or capacity-reservations-only, never "open".
+    assert spec.get("capacityReservationPreference") in (None, "capacity-reservations-only")
+    target = spec["capacityReservationTarget"]
     assert target == {"capacityReservationId": "cr-0123456789abcdef0"}
 
 

@@ -59,9 +59,11 @@ class Network(pulumi.ComponentResource):
                 tags=tags("default-sg"),
                 opts=child,
             )
-            internet_gateway_id = aws.ec2.InternetGateway(
+            internet_gateway = aws.ec2.InternetGateway(
                 f"{name}-igw", vpc_id=vpc_id, tags=tags("igw"), opts=child
-            ).id
+            )
+            internet_gateway_id = internet_gateway.id
+            gateway_ready: list[pulumi.Resource] = [internet_gateway]
         else:
             # An existing VPC keeps its default SG (other workloads may use it) and its one
             # internet gateway (a VPC takes only one); plan.vpc_cidr must lie inside it.
@@ -70,13 +72,18 @@ class Network(pulumi.ComponentResource):
                 filters=[{"name": "attachment.vpc-id", "values": [args.vpc_id]}],
                 opts=pulumi.InvokeOutputOptions(parent=self),
             ).internet_gateway_id
+            gateway_ready = []
 
         # Public subnets: [0] in the nodes' AZ for the NAT gateway and the bastion; [1] in a
         # second AZ only for an internet-facing NLB. Nothing gets a public IP by default.
         second_zone = None
         if len(plan.public_subnets) > 1:
+            # Regular AZs only: an opted-in Local or Wavelength Zone (us-west-2-lax-1a sorts
+            # before us-west-2b) takes no NLB.
             zones = aws.get_availability_zones_output(
-                state="available", opts=pulumi.InvokeOutputOptions(parent=self)
+                state="available",
+                filters=[{"name": "opt-in-status", "values": ["opt-in-not-required"]}],
+                opts=pulumi.InvokeOutputOptions(parent=self),
             )
             second_zone = zones.names.apply(
                 lambda names: next(z for z in names if z != args.availability_zone)
@@ -108,7 +115,9 @@ class Network(pulumi.ComponentResource):
             )
             public_subnets.append(subnet)
 
-        # Node egress (images, weights) through one NAT gateway in the nodes' AZ.
+        # Node egress (images, weights) through one NAT gateway in the nodes' AZ. A public NAT
+        # gateway created before the VPC's internet gateway is attached fails ("Network vpc-...
+        # has no Internet gateway attached"); nothing else orders the two, so say it.
         nat_ip = aws.ec2.Eip(f"{name}-nat-ip", domain="vpc", tags=tags("nat-ip"), opts=child)
         nat = aws.ec2.NatGateway(
             f"{name}-nat",
@@ -116,7 +125,7 @@ class Network(pulumi.ComponentResource):
             subnet_id=public_subnets[0].id,
             connectivity_type="public",
             tags=tags("nat"),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=gateway_ready),
         )
         node_subnet = aws.ec2.Subnet(
             f"{name}-nodes",

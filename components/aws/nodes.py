@@ -77,9 +77,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
         )
         image_id = aws_target.ami_id or dlami_id(self)
         root_gb = ec2.root_volume_gb(catalog.MODELS[cluster.model.name].weights_gb)
+        # A target alone: with a target, EC2 refuses the preference "open" (it takes only
+        # "capacity-reservations-only" or none; pulumi-aws LaunchTemplate docs).
         capacity = (
             {
-                "capacity_reservation_preference": "open",
                 "capacity_reservation_target": {
                     "capacity_reservation_id": aws_target.capacity_reservation_id
                 },
@@ -118,7 +119,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 image_id=image_id,
                 instance_type=kind.name,
                 network_interfaces=interfaces,
-                placement={"group_id": placement_group.id},
+                # By name: the provider's PlacementGroup.id IS the group's name (it imports by
+                # name); the pg-... id is placement_group_id. A name in GroupId is refused.
+                placement={"group_name": placement_group.name},
                 metadata_options={
                     "http_endpoint": "enabled",
                     "http_tokens": "required",  # IMDSv2 only
