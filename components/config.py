@@ -555,7 +555,7 @@ def _format_error(prefix: str, error: Mapping[str, Any]) -> str:
     return f"{path} {value!r}: {message}"
 
 
-def validate(raw: Mapping[str, Any]) -> ClusterConfig:
+def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> ClusterConfig:
     """Validate the raw config (keys without the namespace) or raise ConfigError with all
     problems. Each section is checked on its own, then the rules between sections run on
     the sections that passed, so one report lists every mistake."""
@@ -581,6 +581,10 @@ def validate(raw: Mapping[str, Any]) -> ClusterConfig:
             sections[attr] = None
             errors += [_format_error(key, error) for error in exc.errors()]
     errors += cross_errors(sections, given)
+    chosen = sections.get("aws") if sections.get("target") is Target.AWS else None
+    if aws_region and chosen is not None and chosen.region != aws_region:
+        # The provider creates everything in aws:region; a zone elsewhere fails at the subnet.
+        errors.append(f"aws.availabilityZone {chosen.availability_zone} is not in aws:region {aws_region}")
     if errors:
         raise ConfigError(errors)
     return ClusterConfig.model_validate({key: raw[key] for key in _SECTIONS if raw.get(key) is not None})
@@ -604,7 +608,7 @@ def from_pulumi() -> tuple[ClusterConfig, Any]:
         if key in SECRET_KEYS:
             continue
         raw[key] = decode_value(config.get(key))
-    cluster = validate(raw)
+    cluster = validate(raw, aws_region=pulumi.Config("aws").get("region"))
     return cluster, config.get_secret("sshPrivateKey")
 
 

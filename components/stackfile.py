@@ -39,7 +39,8 @@ def cluster_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def load(stack: str, root: Path = PROJECT_ROOT) -> config.ClusterConfig:
-    return config.validate(cluster_keys(read(stack, root)))
+    stack_config = read(stack, root)
+    return config.validate(cluster_keys(stack_config), aws_region=stack_config.get("aws:region"))
 
 
 def as_pulumi_config(stack_config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from components import offline
+from components import config, offline, stackfile
 from components.baremetal import connection
 from components.baremetal.host import STEPS
 
@@ -206,6 +206,25 @@ def test_host_keys_and_bastion_reach_the_connection():
     assert wire["proxy"]["host"] == "203.0.113.10" and wire["proxy"]["user"] == "jump"
     docker = result.named("worker-1-model-docker").inputs
     assert "jump@203.0.113.10:22" in docker["sshOpts"] and "StrictHostKeyChecking=yes" in docker["sshOpts"]
+    assert (
+        "KnownHostsCommand=/bin/echo 192.168.1.101 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB"
+        in docker["sshOpts"]
+    )
+
+
+def test_docker_pins_the_bastion_host_key_through_a_proxy_command():
+    cluster = stackfile.load("onprem")
+    bare_metal = cluster.bare_metal.model_copy(
+        update={"bastion": config.Bastion(host="203.0.113.10", port=2222, host_key="ssh-ed25519 AAAAB")}
+    )
+    cluster = cluster.model_copy(update={"bare_metal": bare_metal})
+    _, options = connection.docker_host(cluster, cluster.nodes[1])
+    proxy = next(option for option in options if option.startswith("ProxyCommand="))
+    assert "-J" not in options
+    assert proxy == (
+        'ProxyCommand=ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o "KnownHostsCommand=/bin/echo '
+        '[203.0.113.10]:2222 ssh-ed25519 AAAAB" -p 2222 -W %h:%p ubuntu@203.0.113.10'
+    )
 
 
 def test_missing_key_without_agent_fails_clearly():

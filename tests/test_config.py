@@ -562,3 +562,20 @@ def test_cluster_config_constructed_directly_is_validated_too(aws_raw):
     aws_raw["nodes"][2]["ip"] = "192.168.2.5"
     with pytest.raises(ValueError, match="nodes\\[2\\].ip 192.168.2.5 is outside network.cidr"):
         config.ClusterConfig.model_validate(aws_raw)
+
+
+def test_availability_zone_must_be_in_the_providers_region(aws_raw):
+    with pytest.raises(ConfigError) as caught:
+        validate(aws_raw, aws_region="us-east-1")
+    assert caught.value.errors == ["aws.availabilityZone us-west-2a is not in aws:region us-east-1"]
+    assert validate(aws_raw, aws_region="us-west-2").aws.region == "us-west-2"
+
+
+def test_region_mismatch_stops_the_program_under_mocks():
+    from components import offline, stackfile
+
+    stack_config = stackfile.read("dev")
+    stack_config["aws:region"] = "eu-west-1"
+    render = offline.render(stack_config, "dev")
+    assert render.resources == []
+    assert "aws.availabilityZone us-west-2a is not in aws:region eu-west-1" in render.error

@@ -48,14 +48,35 @@ def node_connection(cluster: ClusterConfig, node: Node, ssh_private_key: Any) ->
     )
 
 
+def _known_host(host: str, port: int, key: str) -> list[str]:
+    """Pin `key` for `host` without touching ~/.ssh/known_hosts: OpenSSH (8.5+) asks
+    KnownHostsCommand for the known-hosts line, and a mismatch refuses the connection."""
+    name = host if port == 22 else f"[{host}]:{port}"
+    return ["-o", "StrictHostKeyChecking=yes", "-o", f"KnownHostsCommand=/bin/echo {name} {key}"]
+
+
 def docker_host(cluster: ClusterConfig, node: Node) -> tuple[str, list[str]]:
     """`ssh://user@ip` and ssh options for pulumi-docker, which runs the system `ssh`: it takes
-    the key from ssh-agent or ~/.ssh/config, never from the stack config."""
+    the key from ssh-agent or ~/.ssh/config, never from the stack config. Pinned host keys are
+    handed to ssh directly, for the node and for the bastion."""
     bare_metal = cluster.bare_metal
     options = ["-o", "BatchMode=yes"]
     if node.name in bare_metal.host_keys:
-        options += ["-o", "StrictHostKeyChecking=yes"]
+        options += _known_host(str(node.ip), 22, bare_metal.host_keys[node.name])
     if bare_metal.bastion is not None:
         bastion = bare_metal.bastion
-        options += ["-J", f"{bastion.user or bare_metal.ssh_user}@{bastion.host}:{bastion.port}"]
+        user = bastion.user or bare_metal.ssh_user
+        if bastion.host_key:
+            # -J does not pass -o options on to the jump connection; a ProxyCommand does.
+            pinned = " ".join(
+                f'"{option}"' if " " in option else option
+                for option in _known_host(bastion.host, bastion.port, bastion.host_key)
+            )
+            options += [
+                "-o",
+                f"ProxyCommand=ssh -o BatchMode=yes {pinned} -p {bastion.port} -W %h:%p "
+                f"{user}@{bastion.host}",
+            ]
+        else:
+            options += ["-J", f"{user}@{bastion.host}:{bastion.port}"]
     return f"ssh://{bare_metal.ssh_user}@{node.ip}", options

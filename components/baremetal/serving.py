@@ -127,7 +127,7 @@ class ModelServer(pulumi.ComponentResource):
             network_mode="host",
             ipc_mode="host",
             gpus="all",
-            shm_size=16384,
+            # No shm_size: with host IPC the container shares the host's /dev/shm.
             restart="unless-stopped",
             capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]) if rdma else None,
             devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband")] if rdma else None,
@@ -136,7 +136,11 @@ class ModelServer(pulumi.ComponentResource):
             else None,
             volumes=[
                 docker.ContainerVolumeArgs(
-                    host_path="/var/cache/qwen-cluster/huggingface", container_path=HF_CACHE
+                    host_path="/var/cache/qwen-cluster/huggingface",
+                    container_path=HF_CACHE,
+                    # On an SELinux host the cache needs the container's label to be writable
+                    # (a private one: only this container uses it); elsewhere Docker ignores it.
+                    selinux_relabel="Z",
                 )
             ],
             labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value=role)],
