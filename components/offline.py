@@ -147,6 +147,17 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 "name": "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261101",
                 "architecture": "x86_64",
             }
+        if args.token == "aws:ec2/getVpc:getVpc":
+            # An existing VPC spanning the private ranges (a test may answer otherwise).
+            return {
+                "id": args.args.get("id", "vpc-0123456789abcdef0"),
+                "cidrBlock": "10.0.0.0/8",
+                "cidrBlockAssociations": [
+                    {"cidrBlock": "10.0.0.0/8"},
+                    {"cidrBlock": "172.16.0.0/12"},
+                    {"cidrBlock": "192.168.0.0/16"},
+                ],
+            }
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
             return {
                 "names": ["us-west-2a", "us-west-2b", "us-west-2c"],

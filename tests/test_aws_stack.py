@@ -130,6 +130,27 @@ def test_existing_vpc_is_used_and_not_created():
     assert "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup" not in types
     assert result.named("network-nodes").inputs["vpcId"] == "vpc-0123456789abcdef0"
     assert "aws:ec2/getInternetGateway:getInternetGateway" in [token for token, _ in result.invokes]
+    assert ("aws:ec2/getVpc:getVpc", {"id": "vpc-0123456789abcdef0"}) in result.invokes
+
+
+def test_existing_vpc_too_small_for_the_plan_is_refused_in_preview():
+    from components import offline
+
+    small_vpc = {
+        "aws:ec2/getVpc:getVpc": {
+            "id": "vpc-0123456789abcdef0",
+            "cidrBlock": "10.42.1.0/24",
+            "cidrBlockAssociations": [{"cidrBlock": "10.42.1.0/24"}],
+        }
+    }
+    result = offline.render(
+        variant("dev", aws={"vpcId": "vpc-0123456789abcdef0"}), "dev", invoke_results=small_vpc
+    )
+    assert result.error is not None
+    assert (
+        "aws.vpcId vpc-0123456789abcdef0 (10.42.1.0/24) cannot hold public subnet 10.42.0.0/26"
+        in result.error
+    )
 
 
 # --- security groups -------------------------------------------------------------------

@@ -35,3 +35,14 @@ def plan(node_cidr: ipaddress.IPv4Network, *, internet_facing: bool) -> VpcPlan:
     free = (block for block in vpc_cidr.subnets(new_prefix=public_prefix) if not block.overlaps(node_cidr))
     count = 2 if internet_facing else 1
     return VpcPlan(vpc_cidr, node_cidr, tuple(next(free) for _ in range(count)))
+
+
+def outside_vpc(plan: VpcPlan, vpc_cidrs: list[str]) -> list[str]:
+    """The planned subnets an existing VPC (its CIDR blocks) cannot hold, for the error."""
+    blocks = [ipaddress.ip_network(cidr) for cidr in vpc_cidrs]
+    wanted = [("network.cidr", plan.node_subnet)] + [("public subnet", net) for net in plan.public_subnets]
+    return [
+        f"{what} {subnet}"
+        for what, subnet in wanted
+        if not any(block.version == 4 and subnet.subnet_of(block) for block in blocks)
+    ]
