@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
+import pulumi_aws as aws
 
 from components import summary
 from components.config import ClusterConfig
@@ -20,6 +21,20 @@ from .security import SecurityGroups, SecurityGroupsArgs
 __all__ = ["build"]
 
 
+def check_existing_vpc(vpc_id: str, plan: vpc_plan.VpcPlan) -> None:
+    """An existing VPC must hold the node and public subnets. Looked up before anything is
+    registered, so a VPC that cannot hold them stops the preview cleanly, naming both."""
+    vpc = aws.ec2.get_vpc(id=vpc_id)
+    listed = [vpc.cidr_block, *(a.cidr_block for a in vpc.cidr_block_associations or [])]
+    cidrs = sorted({cidr for cidr in listed if cidr})
+    missing = vpc_plan.outside_vpc(plan, cidrs)
+    if missing:
+        raise pulumi.RunError(
+            f"aws.vpcId {vpc_id} ({', '.join(cidrs)}) cannot hold {', '.join(missing)}: choose "
+            "network.cidr inside the VPC with room beside it"
+        )
+
+
 def build(cluster: ClusterConfig) -> dict[str, Any]:
     """Register the AWS resources for a validated cluster; return the stack outputs."""
     aws_target = cluster.aws
@@ -28,10 +43,14 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
     internet_facing = cluster.load_balancer.scheme == "internet-facing"
     tags = {"qwen-cluster:stack": pulumi.get_stack()}
 
+    plan = vpc_plan.plan(cluster.network.cidr, internet_facing=internet_facing)
+    if aws_target.vpc_id:
+        check_existing_vpc(aws_target.vpc_id, plan)
+
     network = Network(
         "network",
         NetworkArgs(
-            plan=vpc_plan.plan(cluster.network.cidr, internet_facing=internet_facing),
+            plan=plan,
             availability_zone=aws_target.availability_zone,
             region=aws_target.region,
             vpc_id=aws_target.vpc_id,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.render.vpc_plan import VpcPlan, outside_vpc
+from components.render.vpc_plan import VpcPlan
 
 ANYWHERE_IPV4 = "0.0.0.0/0"
 
@@ -67,21 +67,7 @@ class Network(pulumi.ComponentResource):
         else:
             # An existing VPC keeps its default SG (other workloads may use it) and its one
             # internet gateway (a VPC takes only one); plan.vpc_cidr must lie inside it.
-            existing = aws.ec2.get_vpc_output(id=args.vpc_id, opts=pulumi.InvokeOutputOptions(parent=self))
-
-            def contained(vpc) -> str:
-                listed = [vpc.cidr_block, *(a.cidr_block for a in vpc.cidr_block_associations or [])]
-                cidrs = sorted({cidr for cidr in listed if cidr})
-                missing = outside_vpc(plan, cidrs)
-                if missing:
-                    # Caught in preview, before any subnet request fails half-way.
-                    raise ValueError(
-                        f"aws.vpcId {args.vpc_id} ({', '.join(cidrs)}) cannot hold "
-                        f"{', '.join(missing)}: choose network.cidr inside the VPC with room beside it"
-                    )
-                return vpc.id
-
-            vpc_id = existing.apply(contained)
+            vpc_id = pulumi.Output.from_input(args.vpc_id)  # checked by components.aws.build
             internet_gateway_id = aws.ec2.get_internet_gateway_output(
                 filters=[{"name": "attachment.vpc-id", "values": [args.vpc_id]}],
                 opts=pulumi.InvokeOutputOptions(parent=self),
