@@ -166,15 +166,16 @@ def _changed_chains(before: str, after: str) -> set[str]:
     return chains
 
 
-def test_reapplying_the_setup_changes_no_ruleset_and_no_drop_in(running):
-    """A second apply equals the third. The first ufw enable (inactive -> active) leaves ufw's
-    own IPv6 rate-limit chains without their final rule; the reload of the second apply
-    completes them. Nothing else may differ, and nothing ever does after that."""
+def test_rerunning_every_command_changes_no_ruleset_and_no_drop_in(running):
+    """Every registered command run again (as an in-place update runs it): a second run equals
+    the third. The first ufw enable (inactive -> active) leaves ufw's own IPv6 rate-limit
+    chains without their final rule; the reload of the second run completes them. Nothing
+    else may differ, and nothing ever does after that."""
     lab_plan, options, _ = running
     first = _node_state(lab_plan)
-    assert lab.up(lab_plan, options).ok
+    assert lab.up(lab_plan, options, rerun=True).ok
     second = _node_state(lab_plan)
-    third_report = lab.up(lab_plan, options)
+    third_report = lab.up(lab_plan, options, rerun=True)
     third = _node_state(lab_plan)
     assert third == second
     for node, (ruleset, drop_in) in first.items():
