@@ -33,10 +33,16 @@ def print_plan(console: Console, plan: LabPlan) -> None:
 
 
 def print_up(console: Console, report: UpReport) -> None:
-    table = Table("node", "step", "result", "last line", title="setup")
+    """What ran, in the order it finished: the lab's machines, then the program's resources."""
+    for note in report.notes:
+        console.print(f"[dim]lab substitution: {note}[/]")
+    table = Table("at s", "node", "step", "op", "result", "last line", title="apply")
     for step in report.steps:
+        if step.op == "same":
+            continue
         last = step.detail.strip().splitlines()[-1] if step.detail.strip() else ""
-        table.add_row(step.node, step.step, "[green]ok[/]" if step.ok else "[bold red]FAILED[/]", last[:100])
+        result = "[green]ok[/]" if step.ok else "[bold red]FAILED[/]"
+        table.add_row(f"{step.started:.2f}", step.node, step.step, step.op, result, last[:90])
     console.print(table)
 
 
