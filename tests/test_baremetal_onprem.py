@@ -173,7 +173,8 @@ def test_pipeline_workers_run_ray_against_their_head():
     assert "ray start --node-ip-address=192.168.1.100 --head --port=6000" in head["command"][0]
     assert "--distributed-executor-backend=ray" in head["command"][0]
     assert (
-        "exec ray start --node-ip-address=192.168.1.101 --block --address=192.168.1.100:6000" in worker["command"][0]
+        "exec ray start --node-ip-address=192.168.1.101 --block --address=192.168.1.100:6000"
+        in worker["command"][0]
     )
     assert "--min-worker-port=6013" in worker["command"][0]
     assert result.outputs["modelServers"] == ["192.168.1.100:5000", "192.168.1.102:5000"]
