@@ -60,7 +60,7 @@ def test_every_action_is_pinned_to_a_commit_sha_with_its_version_in_a_comment():
             if match := USES.match(line):
                 where = f"{path.name}:{number}"
                 action, _, ref = match["ref"].partition("@")
-                assert re.fullmatch(r"[0-9a-f]{40}", ref), f"{where}: {action} is not pinned to a commit SHA: {ref}"
+                assert re.fullmatch(r"[0-9a-f]{40}", ref), f"{where}: {action}@{ref} is not a commit SHA"
                 assert re.fullmatch(r"\s+# v\d+\.\d+\.\d+", match["comment"]), (
                     f"{where}: {action}@{ref} says not which release it is: {match['comment']!r}"
                 )
