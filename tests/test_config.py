@@ -30,7 +30,11 @@ def test_valid_aws_config_applies_defaults(aws_raw):
     assert cluster.model.name == "Qwen/Qwen3-32B"
     assert cluster.tuning.sysctl == config.DEFAULT_SYSCTL
     assert [entry.name for entry in cluster.ports] == [
-        "model-service", "inter-node", "monitoring", "prometheus", "alertmanager"
+        "model-service",
+        "inter-node",
+        "monitoring",
+        "prometheus",
+        "alertmanager",
     ]
     assert cluster.master.name == "master"
     assert cluster.model_port == 5000
@@ -56,7 +60,14 @@ def test_ports_accept_numbers_and_range_strings(aws_raw):
         {"name": "ops", "port": 9200, "scope": "admin", "required": False},
     ]
     cluster = validate(aws_raw)
-    assert [str(entry.port) for entry in cluster.ports] == ["5000", "7000-7100", "9200", "8000", "9090", "9093"]
+    assert [str(entry.port) for entry in cluster.ports] == [
+        "5000",
+        "7000-7100",
+        "9200",
+        "8000",
+        "9090",
+        "9093",
+    ]
 
 
 def test_ipv6_client_cidr_is_accepted(aws_raw):

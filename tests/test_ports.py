@@ -40,7 +40,14 @@ def test_default_table_is_the_guides_plus_prometheus_and_alertmanager():
 
 def test_exposure_is_members_only_between_nodes_and_lb_only_for_the_model(aws_raw):
     rules = {rule.name: rule for rule in validate(aws_raw).exposures()}
-    assert set(rules) == {"cluster-all", "model-service", "monitoring", "prometheus", "alertmanager", "listener"}
+    assert set(rules) == {
+        "cluster-all",
+        "model-service",
+        "monitoring",
+        "prometheus",
+        "alertmanager",
+        "listener",
+    }
     assert rules["cluster-all"].peer is Peer.NODES and rules["cluster-all"].all_traffic
     assert rules["model-service"].peer is Peer.LOAD_BALANCER and rules["model-service"].ports == PortRange(
         5000, 5000
