@@ -422,7 +422,11 @@ def test_outputs(prod):
     }
     assert out["placementGroup"] == "gpu-nodes-placement-0123456"
     assert [entry["name"] for entry in out["portTable"]] == [
-        "model-service", "inter-node", "monitoring", "prometheus", "alertmanager"
+        "model-service",
+        "inter-node",
+        "monitoring",
+        "prometheus",
+        "alertmanager",
     ]
     assert out["topology"]["heads"] == ["master", "worker-1", "worker-2", "worker-3"]
     assert "bastionPublicIp" in out
