@@ -40,6 +40,31 @@ DEFAULT_MODEL = "Qwen/Qwen3-32B"
 # Pinned: a moving tag would change every node on the next `pulumi up`.
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.11.0"
 MIN_BANDWIDTH_GBPS = 10
+# Extra `vllm serve` flags a Qwen3 deployment wants, per vLLM's docs for the pinned v0.11:
+# - `--reasoning-parser qwen3`: thinking text comes back in `reasoning_content`, apart from the
+#   answer (docs.vllm.ai/en/v0.11.0 features/reasoning_outputs, "Qwen3 series: qwen3";
+#   vllm/reasoning/qwen3_reasoning_parser.py registers the name "qwen3").
+# - `--max-model-len 32768`: Qwen3's pre-training context (QwenLM/Qwen3 docs, "The maximum
+#   context length in pre-training for Qwen3 models is 32,768 tokens"); longer needs YaRN.
+# `--served-model-name` defaults to model.name (components/render/vllm.py), so clients ask for
+# the model by the name in the stack file whatever path vLLM loads it from.
+DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
+    "--reasoning-parser": "qwen3",
+    "--max-model-len": 32768,
+}
+# Flags the program sets from the config itself; a second value would contradict the port
+# table, the topology or the memory plan (value: where the program takes it from).
+OWNED_VLLM_FLAGS: dict[str, str] = {
+    "--model": "model.name",
+    "--host": "the program (all interfaces; the firewall and security groups decide who reaches it)",
+    "--port": "ports (the clients entry)",
+    "--tensor-parallel-size": "model.tensorParallel",
+    "--pipeline-parallel-size": "model.pipelineParallel",
+    "--data-parallel-size": "nodes / model.pipelineParallel (one replica per head node)",
+    "--gpu-memory-utilization": "components/catalog.py GPU_MEMORY_UTILIZATION (the memory plan)",
+    "--distributed-executor-backend": "model.pipelineParallel (ray across nodes, else multiprocessing)",
+}
+_VLLM_FLAG = re.compile(r"^--[a-z0-9]+(-[a-z0-9]+)*$")
 # AWS: NLB TCP idle timeout (tcp.idle_timeout.seconds) is 60-6000 s. Bare metal: nginx
 # proxy_read_timeout / proxy_send_timeout, bounded here at one day.
 IDLE_TIMEOUT_LIMITS = {"aws": (60, 6000), "bare-metal": (1, 86400)}
@@ -140,11 +165,49 @@ def _pinned_image(value: object) -> object:
     return value
 
 
+VllmFlagValue = str | int | float | bool | None
+
+
+def _vllm_flags(value: object) -> object:
+    """Keys are long flags as vLLM spells them; the program's own flags are refused."""
+    if not isinstance(value, Mapping):
+        return value
+    errors = []
+    for key, val in value.items():
+        key_text = str(key)
+        if not _VLLM_FLAG.match(key_text):
+            hint = key_text.replace("_", "-")
+            hint = hint if hint.startswith("--") else f"--{hint.lstrip('-')}"
+            errors.append(f"{key_text!r} is not a long vLLM flag (write it as {hint!r})")
+        elif key_text in OWNED_VLLM_FLAGS:
+            errors.append(
+                f"{key_text} {val!r} is set by the program from {OWNED_VLLM_FLAGS[key_text]}; remove it"
+            )
+        elif isinstance(val, list | dict):
+            errors.append(f"{key_text} {val!r}: give one value (JSON arguments as a string)")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return value
+
+
 class Model(_Section):
     name: str = DEFAULT_MODEL
     image: Annotated[str, BeforeValidator(_pinned_image)] = DEFAULT_IMAGE
     tensor_parallel: int = Field(default=4, ge=1)
     pipeline_parallel: int = Field(default=1, ge=1)
+    # Extra `vllm serve` flags, merged over DEFAULT_VLLM_FLAGS: a value replaces the default,
+    # `true` is a bare switch, `false` or null drops the flag (a default too).
+    vllm_flags: Annotated[dict[str, VllmFlagValue], BeforeValidator(_vllm_flags)] = {}
+
+
+class Rollout(_Section):
+    """How a Day-2 change rolls over the replicas (both targets): each replica is drained for
+    at most drainTimeoutSeconds, then must answer vLLM's /health within healthTimeoutSeconds
+    (weights load from the local cache; a cold download of 64 GB takes longer) before the
+    next one starts."""
+
+    drain_timeout_seconds: int = Field(default=300, ge=0, le=3600)
+    health_timeout_seconds: int = Field(default=1800, ge=60, le=7200)
 
 
 _SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$")
@@ -242,6 +305,7 @@ _SECTIONS: dict[str, tuple[str, Any, bool]] = {
     "model": ("model", Model, False),
     "tuning": ("tuning", Tuning, False),
     "monitoring": ("monitoring", Monitoring, False),
+    "rollout": ("rollout", Rollout, False),
     "aws": ("aws", AwsTarget, False),
     "bareMetal": ("bare_metal", BareMetalTarget, False),
 }
@@ -260,6 +324,7 @@ class ClusterConfig(_Section):
     model: Model = Model()
     tuning: Tuning = Tuning()
     monitoring: Monitoring = Monitoring()
+    rollout: Rollout = Rollout()
     aws: AwsTarget | None = None
     bare_metal: BareMetalTarget | None = None
 

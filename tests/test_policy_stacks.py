@@ -60,6 +60,25 @@ def test_a_mutated_fixture_stack_is_refused_by_the_named_policy(stack, label, mu
     assert policy in mandatory_policies(mutate(resources), stack)
 
 
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_without_a_stack_config_the_real_stacks_pass_with_one_advisory(stack):
+    render, _ = rendered(stack)
+    violations = harness.analyze_render(render, cluster=None)
+    assert harness.mandatory(violations) == []
+    assert [v.policy for v in violations if v.enforcement == "advisory"] == ["stack-config"]
+
+
+@pytest.mark.parametrize(
+    ("stack", "label", "mutate", "policy"),
+    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in _cases(stackfile.STACKS)],
+)
+def test_without_a_stack_config_a_mutated_real_stack_is_still_refused(stack, label, mutate, policy):
+    """World exposure, the EFA self rules and the baseline need no stack config."""
+    render, _ = rendered(stack)
+    violations = harness.analyze(mutate(render.resources), stack=stack, cluster=None)
+    assert policy in {v.policy for v in harness.mandatory(violations)}
+
+
 def test_check_config_renders_and_analyzes_a_stack_config():
     violations = harness.check_config(stackfile.read("dev"), "dev")
     assert {v.policy for v in violations} <= {policy.name for policy in guard.POLICIES}
