@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from components.offline import RecordedResource
+from policies import harness
 from policies import network as net
 
 ROLE = net.ROLE_TAG
@@ -376,15 +377,25 @@ def imdsv1(resources: list[RecordedResource]) -> list[RecordedResource]:
     return resources
 
 
+def _resolver(resource: RecordedResource):
+    """A referenced resource's name: from the recorded property dependencies (a preview's ids are
+    unknown), else from the mock id `<name>-id`."""
+    recorded = resource.property_dependencies or {}
+
+    def resolve(prop: str, value: Any) -> str:
+        names = recorded.get(prop.split(".", 1)[0], [])
+        return names[0] if len(names) == 1 else str(value).removesuffix("-id")
+
+    return resolve
+
+
 def without_egress_self_rule(resources: list[RecordedResource]) -> list[RecordedResource]:
     """Drop the node security group's all-traffic egress rule to itself (standalone or inline)."""
     resources = copy.deepcopy(resources)
     groups = {g.name for g in _node_groups(resources)}
     kept = []
     for resource in resources:
-        rules = net.rules_of(
-            resource.type, resource.name, resource.inputs, lambda prop, v: str(v).removesuffix("-id")
-        )
+        rules = net.rules_of(resource.type, resource.name, resource.inputs, _resolver(resource))
         if resource.type in (net.EGRESS_RULE, net.SECURITY_GROUP_RULE) and any(
             r.direction == "egress"
             and r.group in groups
@@ -416,3 +427,35 @@ AWS_MUTATIONS = {
     "IMDSv1": (imdsv1, "baseline-imdsv2"),
     "egress self-rule missing": (without_egress_self_rule, "required-paths"),
 }
+
+
+def mutation_cases(stacks):
+    """(stack, label, mutate, policy) for every mutation that applies to each stack."""
+    for stack in stacks:
+        mutations = dict(MUTATIONS)
+        if stack != "onprem":
+            mutations.update(AWS_MUTATIONS)
+        for label, (mutate, policy) in mutations.items():
+            yield stack, label, mutate, policy
+
+
+_RENDERS: dict[str, Any] = {}
+
+
+def rendered(stack: str):
+    """(Render, violations) of a real stack under mocks, once per test session."""
+    if stack not in _RENDERS:
+        _RENDERS[stack] = harness.check_stack(stack)
+    return _RENDERS[stack]
+
+
+_PREVIEWS: dict[str, Any] = {}
+
+
+def previewed(stack: str):
+    """A real stack rendered as `pulumi preview` of a new stack sees it, once per test session."""
+    from components import offline
+
+    if stack not in _PREVIEWS:
+        _PREVIEWS[stack] = offline.render_stack(stack, preview=True)
+    return _PREVIEWS[stack]

@@ -123,7 +123,7 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
         assert envs["VLLM_HOST_IP"] == NODES[node]
         assert envs["VLLM_PORT"] == "6009"  # pinned after Ray's nine fixed ports in 6000-6100
         script = args["command"][0]
-        assert "--port 5000" in script and "--tensor-parallel-size 4" in script
+        assert "--port=5000" in script and "--tensor-parallel-size=4" in script
         assert 'export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"' in script
         assert args["gpus"] == "all" and args["ipcMode"] == "host" and args["networkMode"] == "host"
         assert args["devices"] == [{"hostPath": "/dev/infiniband"}]
@@ -144,6 +144,16 @@ def test_nginx_runs_on_the_load_balancer_node_with_the_rendered_config(render):
         {"file": "/etc/nginx/nginx.conf", "content": nginx.for_cluster(stackfile.load("onprem"))}
     ]
     assert lb.inputs["networkMode"] == "host"
+
+
+def test_nginx_container_may_open_the_files_its_config_asks_for(render):
+    from components.render import nginx
+
+    lb = render.named("load-balancer-nginx")
+    limit = nginx.WORKER_RLIMIT_NOFILE
+    assert f"worker_rlimit_nofile {limit};" in lb.inputs["uploads"][0]["content"]
+    assert lb.inputs["ulimits"] == [{"name": "nofile", "soft": limit, "hard": limit}]
+    assert render.named("load-balancer-image").inputs["name"] == "nginx:1.30.6"
 
 
 def test_master_verify_comes_last(render):
@@ -170,10 +180,11 @@ def test_pipeline_workers_run_ray_against_their_head():
     head = result.named("master-model-vllm").inputs
     worker = result.named("worker-1-model-vllm").inputs
     assert head["name"] == "qwen-head" and worker["name"] == "qwen-pipeline-worker"
-    assert "ray start --head --port=6000" in head["command"][0]
-    assert "--distributed-executor-backend ray" in head["command"][0]
+    assert "ray start --node-ip-address=192.168.1.100 --head --port=6000" in head["command"][0]
+    assert "--distributed-executor-backend=ray" in head["command"][0]
     assert (
-        "ray start --address=192.168.1.100:6000" in worker["command"][0] and "--block" in worker["command"][0]
+        "exec ray start --node-ip-address=192.168.1.101 --block --address=192.168.1.100:6000"
+        in worker["command"][0]
     )
     assert "--min-worker-port=6013" in worker["command"][0]
     assert result.outputs["modelServers"] == ["192.168.1.100:5000", "192.168.1.102:5000"]

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_docker as docker
 
-from components import catalog
 from components.config import ClusterConfig, Node
-from components.render import nginx
+from components.render import nginx, vllm
 
-# Pinned: a moving tag would change the load balancer on the next `pulumi up`.
-NGINX_IMAGE = "nginx:1.27.3"
+# Pinned: a moving tag would change the load balancer on the next `pulumi up`. 1.30 is nginx's
+# stable line (1.31 mainline); 1.27 and 1.28 get no more fixes. gixy-ng checks the rendered config
+# against its CVE table for this version (tests/test_render_nginx.py).
+NGINX_IMAGE = "nginx:1.30.6"
 NGINX_CONF = "/etc/nginx/nginx.conf"
 HF_CACHE = "/root/.cache/huggingface"
 UNLIMITED = -1
@@ -34,17 +34,9 @@ _FIND_INTERFACE = (
 
 
 def server_command(cluster: ClusterConfig, node: Node) -> tuple[str, dict[str, str]]:
-    """The bash entry command and environment of one node's container (pure)."""
-    topology = cluster.topology
-    replica = topology.replica_of(node.name)
-    head = replica.head
-    ports = topology.ports
-    is_head = head.name == node.name
-    env = {
-        "VLLM_HOST_IP": str(node.ip),
-        "VLLM_PORT": str(ports.vllm.low),
-        "RAY_ADDRESS": f"{head.ip}:{ports.gcs}",
-    }
+    """The bash entry command and environment of one node's container (pure): the shared vLLM
+    command (components/render/vllm.py) after finding the cluster interface."""
+    env = vllm.environment(cluster, node.name)
     if cluster.bare_metal.interface:
         env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = cluster.bare_metal.interface
     if not cluster.tuning.rdma:
@@ -53,38 +45,8 @@ def server_command(cluster: ClusterConfig, node: Node) -> tuple[str, dict[str, s
         'iface="${NCCL_SOCKET_IFNAME:-$(python3 -c "$QWEN_FIND_INTERFACE")}"\n'
         'export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"\n'
     )
-    serve = [
-        "vllm",
-        "serve",
-        cluster.model.name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(cluster.model_port),
-        "--tensor-parallel-size",
-        str(cluster.model.tensor_parallel),
-        "--pipeline-parallel-size",
-        str(cluster.model.pipeline_parallel),
-        "--gpu-memory-utilization",
-        str(catalog.GPU_MEMORY_UTILIZATION),
-    ]
-    if cluster.model.pipeline_parallel == 1:
-        script = find + "exec " + shlex.join(serve)
-    elif is_head:
-        ray = ["ray", "start", *ports.ray_start_args(head=True), f"--node-ip-address={node.ip}"]
-        script = (
-            find + shlex.join(ray) + "\nexec " + shlex.join([*serve, "--distributed-executor-backend", "ray"])
-        )
-    else:
-        ray = [
-            "ray",
-            "start",
-            *ports.ray_start_args(head=False, head_ip=head.ip),
-            f"--node-ip-address={node.ip}",
-        ]
-        script = find + "exec " + shlex.join([*ray, "--block"])
     env["QWEN_FIND_INTERFACE"] = _FIND_INTERFACE
-    return script, env
+    return vllm.server_script(cluster, node.name, prelude=find), env
 
 
 @dataclass(frozen=True)
@@ -171,7 +133,17 @@ class LoadBalancer(pulumi.ComponentResource):
             network_mode="host",
             restart="unless-stopped",
             uploads=[docker.ContainerUploadArgs(file=NGINX_CONF, content=self.config_text)],
+            # nginx raises its workers' descriptor limit to worker_rlimit_nofile; inside a container
+            # (no CAP_SYS_RESOURCE) only up to the hard limit the container starts with.
+            ulimits=[
+                docker.ContainerUlimitArgs(
+                    name="nofile", soft=nginx.WORKER_RLIMIT_NOFILE, hard=nginx.WORKER_RLIMIT_NOFILE
+                )
+            ],
             labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="load-balancer")],
-            opts=on_host,
+            # `image` and `ulimit` are ForceNew in terraform-provider-docker
+            # (internal/provider/resource_docker_container.go): a new nginx image replaces the
+            # container. Its name and host ports are fixed, so the old one must go first.
+            opts=pulumi.ResourceOptions.merge(on_host, pulumi.ResourceOptions(delete_before_replace=True)),
         )
         self.register_outputs({"container": self.container.id})

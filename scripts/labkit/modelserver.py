@@ -10,6 +10,11 @@ Like vLLM loading its weights, it answers 503 (`/health` and completions) for `l
 seconds after it starts; `image` (the container image it stands in for) is in every answer's
 `X-Lab-Image` header, so a rehearsal can see which replicas run the new version.
 
+Held to the protocol by the real `openai` client (tests/test_lab_openai.py), where it answers
+as vLLM does: a model it does not serve is a 404 `NotFoundError`; `max_completion_tokens` (the
+client's name) counts like `max_tokens`; `stream_options.include_usage` ends the stream with a
+usage chunk with empty `choices`; model cards carry `created`; usage counts the prompt's words.
+
 Run: python -m scripts.labkit.modelserver --node master --port 5000 [--hold 22,6000]
 """
 
@@ -24,6 +29,28 @@ from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
 MAX_BODY = 1 << 20
+# vLLM's bounds for vllm:time_to_first_token_seconds (a subset; +Inf is the count).
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+# The stand-in's "KV cache": this many concurrent requests fill it.
+KV_SLOTS = 64
 WORDS = ("the", "cluster", "answers", "every", "prompt", "token", "by", "token", "through", "nginx")
 
 
@@ -44,6 +71,17 @@ class Stats:
     requests: Counter = field(default_factory=Counter)  # (path, status) -> count
     tokens: int = 0
     running: int = 0
+    # Time to first token, as vLLM's histogram: cumulative counts per bucket bound, sum, count.
+    ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+
+    def first_token(self, seconds: float) -> None:
+        for index, bound in enumerate(TTFT_BUCKETS):
+            if seconds <= bound:
+                self.ttft_buckets[index] += 1
+        self.ttft_sum += seconds
+        self.ttft_count += 1
 
 
 def completion_tokens(prompt: str, count: int) -> list[str]:
@@ -112,10 +150,14 @@ class ModelServer:
         elif not api:
             await self._send_json(writer, 200, {"held": True, "node": self.settings.node}, keep_alive, path)
         elif path == "/v1/models" and method == "GET":
-            models = {
-                "object": "list",
-                "data": [{"id": self.settings.model, "object": "model", "owned_by": "qwen-cluster-lab"}],
+            card = {
+                "id": self.settings.model,
+                "object": "model",
+                "created": int(self.stats.started),  # required by the OpenAI schema
+                "owned_by": "qwen-cluster-lab",
+                "root": self.settings.model,
             }
+            models = {"object": "list", "data": [card]}
             await self._send_json(writer, 200, models, keep_alive, path)
         elif path == "/v1/chat/completions" and method == "POST":
             try:
@@ -127,6 +169,19 @@ class ModelServer:
                     "error": {"message": "body must be JSON with a messages list", "type": "invalid_request"}
                 }
                 await self._send_json(writer, 400, error, keep_alive, path)
+                return keep_alive
+            model = request.get("model") or self.settings.model  # vLLM: omitted = the served one
+            if model != self.settings.model:
+                # vLLM's OpenAIServing._check_model: same message, type and status.
+                error = {
+                    "error": {
+                        "message": f"The model `{model}` does not exist.",
+                        "type": "NotFoundError",
+                        "param": None,
+                        "code": 404,
+                    }
+                }
+                await self._send_json(writer, 404, error, keep_alive, path)
                 return keep_alive
             think = float(headers.get("x-lab-think", self.settings.think))
             delay = float(headers.get("x-lab-token-delay", self.settings.token_delay))
@@ -147,8 +202,19 @@ class ModelServer:
     def _tokens(self, request: dict) -> list[str]:
         messages = request.get("messages") or [{}]
         prompt = str(messages[-1].get("content", "")) if isinstance(messages[-1], dict) else ""
-        count = int(request.get("max_tokens") or self.settings.tokens)
+        limit = request.get("max_completion_tokens") or request.get("max_tokens")
+        count = int(limit or self.settings.tokens)
         return completion_tokens(prompt, max(1, min(count, 4096)))
+
+    @staticmethod
+    def _usage(request: dict, completion: int) -> dict:
+        """Words stand in for tokens: the prompt's count grows with the prompt, as a tokenizer's does."""
+        prompt = sum(
+            len(str(message.get("content") or "").split())
+            for message in request.get("messages") or []
+            if isinstance(message, dict)
+        )
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _envelope(self, kind: str) -> dict:
         return {
@@ -162,6 +228,7 @@ class ModelServer:
     async def _complete(self, writer, request, think, delay, keep_alive) -> None:
         tokens = self._tokens(request)
         await asyncio.sleep(think + delay * len(tokens))
+        self.stats.first_token(think + delay)
         self.stats.tokens += len(tokens)
         answer = {
             **self._envelope("chat.completion"),
@@ -172,7 +239,7 @@ class ModelServer:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens), "total_tokens": len(tokens) + 1},
+            "usage": self._usage(request, len(tokens)),
         }
         await self._send_json(writer, 200, answer, keep_alive, "/v1/chat/completions")
 
@@ -196,17 +263,28 @@ class ModelServer:
             writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n" if chunked else payload)
             await writer.drain()
 
+        options = request.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        envelope = self._envelope("chat.completion.chunk")  # one id for the whole stream
+
         def chunk(delta: dict, finish: str | None = None) -> str:
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            return json.dumps({**self._envelope("chat.completion.chunk"), "choices": [choice]})
+            extra = {"usage": None} if include_usage else {}
+            return json.dumps({**envelope, "choices": [choice], **extra})
 
+        tokens = self._tokens(request)
+        started = time.monotonic()
         await event(chunk({"role": "assistant", "content": ""}))
         await asyncio.sleep(think)  # silent: no byte until the first token
-        for token in self._tokens(request):
+        for index, token in enumerate(tokens):
             await asyncio.sleep(delay)
             await event(chunk({"content": token}))
+            if index == 0:
+                self.stats.first_token(time.monotonic() - started)
             self.stats.tokens += 1
-        await event(chunk({}, "stop"))
+        await event(chunk({"content": ""}, "stop"))
+        if include_usage:
+            await event(json.dumps({**envelope, "choices": [], "usage": self._usage(request, len(tokens))}))
         await event("[DONE]")
         if chunked:
             writer.write(b"0\r\n\r\n")
@@ -236,13 +314,32 @@ class ModelServer:
         ]
         for (path, status), count in sorted(self.stats.requests.items()):
             lines.append(f'lab_requests_total{{node="{node}",path="{path}",status="{status}"}} {count}')
+        # vLLM's own names and types (docs.vllm.ai, "Production Metrics"), so the cluster's
+        # alert rules read the stand-in as they read vLLM.
+        model = f'model_name="{self.settings.model}"'
+        stats = self.stats
         lines += [
             "# HELP vllm:generation_tokens_total Tokens generated.",
             "# TYPE vllm:generation_tokens_total counter",
-            f'vllm:generation_tokens_total{{model_name="{self.settings.model}"}} {self.stats.tokens}',
+            f"vllm:generation_tokens_total{{{model}}} {stats.tokens}",
             "# HELP vllm:num_requests_running Requests being answered now.",
             "# TYPE vllm:num_requests_running gauge",
-            f'vllm:num_requests_running{{model_name="{self.settings.model}"}} {self.stats.running}',
+            f"vllm:num_requests_running{{{model}}} {stats.running}",
+            "# HELP vllm:num_requests_waiting Requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{model}}} {max(0, stats.running - KV_SLOTS)}",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{model}}} {min(stats.running, KV_SLOTS) / KV_SLOTS:g}",
+            "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+            "# TYPE vllm:time_to_first_token_seconds histogram",
+            *(
+                f'vllm:time_to_first_token_seconds_bucket{{{model},le="{bound}"}} {count}'
+                for bound, count in zip(TTFT_BUCKETS, stats.ttft_buckets, strict=True)
+            ),
+            f'vllm:time_to_first_token_seconds_bucket{{{model},le="+Inf"}} {stats.ttft_count}',
+            f"vllm:time_to_first_token_seconds_sum{{{model}}} {stats.ttft_sum:.6f}",
+            f"vllm:time_to_first_token_seconds_count{{{model}}} {stats.ttft_count}",
             "# HELP process_start_time_seconds Start time of the process.",
             "# TYPE process_start_time_seconds gauge",
             f"process_start_time_seconds {self.stats.started:.3f}",
