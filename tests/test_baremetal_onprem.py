@@ -146,6 +146,16 @@ def test_nginx_runs_on_the_load_balancer_node_with_the_rendered_config(render):
     assert lb.inputs["networkMode"] == "host"
 
 
+def test_nginx_container_may_open_the_files_its_config_asks_for(render):
+    from components.render import nginx
+
+    lb = render.named("load-balancer-nginx")
+    limit = nginx.WORKER_RLIMIT_NOFILE
+    assert f"worker_rlimit_nofile {limit};" in lb.inputs["uploads"][0]["content"]
+    assert lb.inputs["ulimits"] == [{"name": "nofile", "soft": limit, "hard": limit}]
+    assert render.named("load-balancer-image").inputs["name"] == "nginx:1.30.6"
+
+
 def test_master_verify_comes_last(render):
     final = render.named("master-verify")
     assert final.inputs["connection"]["value"]["host"] == NODES["master"]

@@ -10,8 +10,10 @@ import pulumi_docker as docker
 from components.config import ClusterConfig, Node
 from components.render import nginx, vllm
 
-# Pinned: a moving tag would change the load balancer on the next `pulumi up`.
-NGINX_IMAGE = "nginx:1.27.3"
+# Pinned: a moving tag would change the load balancer on the next `pulumi up`. 1.30 is nginx's
+# stable line (1.31 mainline); 1.27 and 1.28 get no more fixes. gixy-ng checks the rendered config
+# against its CVE table for this version (tests/test_render_nginx.py).
+NGINX_IMAGE = "nginx:1.30.6"
 NGINX_CONF = "/etc/nginx/nginx.conf"
 HF_CACHE = "/root/.cache/huggingface"
 UNLIMITED = -1
@@ -131,7 +133,17 @@ class LoadBalancer(pulumi.ComponentResource):
             network_mode="host",
             restart="unless-stopped",
             uploads=[docker.ContainerUploadArgs(file=NGINX_CONF, content=self.config_text)],
+            # nginx raises its workers' descriptor limit to worker_rlimit_nofile; inside a container
+            # (no CAP_SYS_RESOURCE) only up to the hard limit the container starts with.
+            ulimits=[
+                docker.ContainerUlimitArgs(
+                    name="nofile", soft=nginx.WORKER_RLIMIT_NOFILE, hard=nginx.WORKER_RLIMIT_NOFILE
+                )
+            ],
             labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="load-balancer")],
-            opts=on_host,
+            # `image` and `ulimit` are ForceNew in terraform-provider-docker
+            # (internal/provider/resource_docker_container.go): a new nginx image replaces the
+            # container. Its name and host ports are fixed, so the old one must go first.
+            opts=pulumi.ResourceOptions.merge(on_host, pulumi.ResourceOptions(delete_before_replace=True)),
         )
         self.register_outputs({"container": self.container.id})
