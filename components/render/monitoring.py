@@ -530,3 +530,54 @@ def alertmanager_config(cluster, scale: float = 1.0) -> str:
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+# ---------------------------------------------------------------- on the Prometheus node
+
+HOST_CONFIG_DIR = "/etc/qwen-cluster/monitoring"
+HOST_DATA_DIR = "/var/lib/qwen-cluster"
+CONTAINER_CONFIG_DIR = "/etc/qwen-monitoring"
+PROMETHEUS_CONTAINER = "qwen-prometheus"
+ALERTMANAGER_CONTAINER = "qwen-alertmanager"
+# prom/prometheus and prom/alertmanager run as nobody (their Dockerfiles: USER nobody).
+CONTAINER_UID = 65534
+
+
+def server_files(cluster, scale: float = 1.0) -> dict[str, str]:
+    """File name (in HOST_CONFIG_DIR, mounted at CONTAINER_CONFIG_DIR) -> text."""
+    return {
+        "prometheus.yml": prometheus_config(
+            cluster, rules_path=f"{CONTAINER_CONFIG_DIR}/rules.yml", scale=scale
+        ),
+        "rules.yml": rules(cluster, scale),
+        "alertmanager.yml": alertmanager_config(cluster, scale),
+    }
+
+
+def server_files_script(files: Mapping[str, str], *, config_dir: str = HOST_CONFIG_DIR) -> str:
+    """Write the Prometheus/Alertmanager files atomically (temp file + rename in the same
+    directory), then ask the running servers to re-read them: SIGHUP reloads Prometheus's
+    config and rules and Alertmanager's config in place, no restart, no gap in the data.
+    On the first run the containers do not exist yet and read the files when they start."""
+    from components.render.shell import quote, script
+
+    writes = []
+    for name, text in sorted(files.items()):
+        marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
+        writes.append(
+            f"cat >{quote(config_dir)}/.{name}.new <<'{marker}'\n{text.rstrip()}\n{marker}\n"
+            f"mv -f {quote(config_dir)}/.{name}.new {quote(config_dir)}/{name}\n"
+        )
+    body = f"""
+install -d -m 0755 {quote(config_dir)}
+install -d -m 0750 -o {CONTAINER_UID} -g {CONTAINER_UID} {quote(HOST_DATA_DIR + "/prometheus")} \\
+  {quote(HOST_DATA_DIR + "/alertmanager")}
+{"".join(writes)}chmod 0644 {quote(config_dir)}/*.yml
+for name in {PROMETHEUS_CONTAINER} {ALERTMANAGER_CONTAINER}; do
+  if docker inspect -f '{{{{.State.Running}}}}' "$name" 2>/dev/null | grep -qx true; then
+    docker kill --signal HUP "$name" >/dev/null
+    echo "monitoring: $name re-reads its configuration"
+  fi
+done
+"""
+    return script("Prometheus and Alertmanager configuration (reloaded in place)", body)
