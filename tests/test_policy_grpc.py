@@ -46,7 +46,7 @@ from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, engine_pb2, en
 from components import stackfile
 from components.offline import RecordedResource
 from policies import guard, harness
-from tests.policy_fixtures import mutation_cases, rendered
+from tests.policy_fixtures import mutation_cases, previewed, rendered
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 EXAMPLE_CONFIG = POLICIES_DIR / "config.example.json"
@@ -343,6 +343,32 @@ def test_a_refused_mutation_gets_the_same_verdicts_over_grpc(packs, stack, label
     resources = mutate(render.resources)
     over_grpc = pack.analyze(stack, resources)
     assert ordered(over_grpc) == ordered(direct(stack, resources, configured, pack))
+    assert policy in {v.policy for v in harness.mandatory(over_grpc)}
+
+
+@pytest.mark.parametrize("configured", [True, False], ids=["with PULUMI_CONFIG", "without PULUMI_CONFIG"])
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_a_preview_gets_the_same_verdicts_over_grpc(packs, stack, configured):
+    """Ids and computed outputs unknown (sentinel strings on the wire), property dependencies
+    as the SDK sent them: the pack resolves references through those, as under the CLI."""
+    pack = packs[stack if configured else None]
+    preview = previewed(stack)
+    over_grpc = pack.analyze(stack, preview.resources)
+    assert ordered(over_grpc) == ordered(direct(stack, preview.resources, configured, pack))
+    assert harness.mandatory(over_grpc) == []
+
+
+@pytest.mark.parametrize(
+    ("stack", "label", "mutate", "policy"),
+    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in mutation_cases(stackfile.STACKS)],
+)
+def test_a_refused_mutation_of_a_preview_gets_the_same_verdicts_over_grpc(
+    packs, stack, label, mutate, policy
+):
+    pack = packs[stack]
+    resources = mutate(previewed(stack).resources)
+    over_grpc = pack.analyze(stack, resources)
+    assert ordered(over_grpc) == ordered(direct(stack, resources, True, pack))
     assert policy in {v.policy for v in harness.mandatory(over_grpc)}
 
 
