@@ -502,3 +502,19 @@ def test_durations_follow_the_scrape_interval():
     assert monitoring.duration(15, 1 / 30) == "500ms" and monitoring.duration(600) == "10m"
     prometheus = yaml.safe_load(monitoring.prometheus_config(lab_clock(1)))["global"]
     assert prometheus["scrape_interval"] == "1s" and prometheus["scrape_timeout"] == "800ms"
+
+
+def test_the_grafana_dashboards_queries_parse(tmp_path):
+    """Every panel query of dashboards/qwen-cluster.json, parsed by promtool as a recording rule."""
+    import json
+
+    dashboard = json.loads(
+        (Path(__file__).resolve().parents[1] / "dashboards" / "qwen-cluster.json").read_text()
+    )
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert exprs and all(panel["datasource"]["uid"] == "${datasource}" for panel in dashboard["panels"])
+    rules = [{"record": f"dashboard:query{index}", "expr": expr} for index, expr in enumerate(exprs)]
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    checked = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
