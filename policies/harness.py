@@ -10,7 +10,9 @@ Schema defaults are applied by the policies themselves (`guard.settings`), so a 
 here means the defaults, as with the CLI.
 
 Numbers reach the policies as the engine sends them: properties and policy config travel as
-protobuf Structs, whose numbers are doubles, so a port of 5000 is 5000.0 here too.
+protobuf Structs, whose numbers are doubles, so a port of 5000 is 5000.0 here too. Secrets are
+unwrapped as pulumi_policy's analyzer unwraps them, and a policy that reads a value unknown in
+a preview gets the analyzer's advisory in place of its verdict.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pulumi_policy import (
     StackValidationArgs,
     StackValidationPolicy,
 )
+from pulumi_policy.deserialize import deserialize_properties
 from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
 
 from components import config, offline, stackfile
@@ -109,7 +112,9 @@ def policy_resources(stack: str, resources: list[RecordedResource], *, outputs: 
         parent = by_name.get(resource.parent) if resource.parent else None
         built[id(resource)] = PolicyResource(
             resource_type=resource.type,
-            props=unknown_checking_proxy(as_sent(dict(resource.outputs if outputs else resource.inputs))),
+            props=unknown_checking_proxy(
+                deserialize_properties(as_sent(dict(resource.outputs if outputs else resource.inputs)))
+            ),
             urn=urn_of(stack, resource),
             name=resource.name,
             opts=_options(urn_of(stack, parent) if parent else None),
@@ -141,6 +146,19 @@ def _level(policy: Any, policy_config: Mapping[str, Any]) -> EnforcementLevel:
     if isinstance(given, str):
         return EnforcementLevel(given)
     return policy.enforcement_level or EnforcementLevel.MANDATORY
+
+
+# What pulumi_policy's analyzer reports when a policy reads a value unknown in a preview (an
+# advisory in place of the policy's verdict; policy.py _PolicyAnalyzerServicer.Analyze). A Python
+# pack always reports version 0.0.1 there (the CLI shows PulumiPolicy.yaml's version elsewhere).
+SDK_PACK_VERSION = "0.0.1"
+
+
+def cannot_run(policy: str, error: UnknownValueError) -> str:
+    return (
+        f"can't run policy '{policy}' from policy pack '{guard.PACK_NAME}@v{SDK_PACK_VERSION}' "
+        f"during preview: {error.message}"
+    )
 
 
 def _run(result: Any) -> None:
@@ -197,8 +215,16 @@ def analyze(
 
                     try:
                         _run(policy.validate(args, report))
-                    except UnknownValueError:
-                        continue
+                    except UnknownValueError as error:
+                        violations.append(
+                            Violation(
+                                policy.name,
+                                EnforcementLevel.ADVISORY.value,
+                                resource.name,
+                                resource.resource_type,
+                                cannot_run(policy.name, error),
+                            )
+                        )
             elif isinstance(policy, StackValidationPolicy):
                 args = StackValidationArgs(outputs_view, settings)
 
@@ -214,7 +240,18 @@ def analyze(
                         )
                     )
 
-                _run(policy.validate(args, report_stack))
+                try:
+                    _run(policy.validate(args, report_stack))
+                except UnknownValueError as error:
+                    violations.append(
+                        Violation(
+                            policy.name,
+                            EnforcementLevel.ADVISORY.value,
+                            None,
+                            None,
+                            cannot_run(policy.name, error),
+                        )
+                    )
     finally:
         guard.STACK.reset(token)
     return violations

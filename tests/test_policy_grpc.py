@@ -150,9 +150,13 @@ class Pack:
                 )
             )
         self.info = self.stub.GetAnalyzerInfo(empty_pb2.Empty())
-        self.policy_config = reconciled_config(self.info, json.loads(EXAMPLE_CONFIG.read_text()))
+        self.configure(reconciled_config(self.info, json.loads(EXAMPLE_CONFIG.read_text())))
+
+    def configure(self, policy_config: dict[str, dict[str, Any]]) -> None:
+        assert self.stub is not None
+        self.policy_config = policy_config
         request = analyzer_pb2.ConfigureAnalyzerRequest()
-        for name, entry in self.policy_config.items():
+        for name, entry in policy_config.items():
             properties = struct_pb2.Struct()
             properties.update({k: v for k, v in entry.items() if k != "enforcementLevel"})
             request.policyConfig[name].CopyFrom(
@@ -400,3 +404,15 @@ def test_over_grpc_an_nlb_idle_timeout_of_60_s_is_flagged(packs):
     assert [(v.enforcement, v.message) for v in flagged] == [
         ("advisory", "tcpIdleTimeoutSeconds 60 is below 600 s: a silent, thinking answer is cut off")
     ]
+
+
+def test_over_grpc_the_policy_config_applies_and_its_numbers_print_as_integers(packs):
+    pack = packs[None]
+    example = pack.policy_config
+    try:
+        pack.configure({**example, "node-count": {"enforcementLevel": "mandatory", "minNodes": 3}})
+        refused = [v for v in pack.analyze("dev", rendered("dev")[0].resources) if v.policy == "node-count"]
+    finally:
+        pack.configure(example)
+    assert [v.enforcement for v in refused] == ["mandatory"]
+    assert refused[0].message.endswith("; the cluster needs at least 3 (4 or more recommended)")
