@@ -129,7 +129,11 @@ def bin_dir(plan: LabPlan) -> Path:
 
 def state_file(plan: LabPlan) -> Path:
     """The last applied render (and the config it came from): what the next apply diffs against."""
-    return state_dir(plan) / "applied.json"
+    return state_file_for(plan.label)
+
+
+def state_file_for(label: str) -> Path:
+    return Path(STATE_ROOT) / label / "applied.json"
 
 
 def host(plan: LabPlan, member: Member, options: Options) -> standins.Host:
@@ -152,12 +156,19 @@ def host(plan: LabPlan, member: Member, options: Options) -> standins.Host:
             "QCL_LAB_CLOCK": f"{options.clock_scale:g}",
             "QCL_LAB_TOKEN_DELAY": f"{options.token_delay:g}",
             "QCL_LAB_LOAD_DELAY": f"{options.model_load_seconds * options.clock_scale:.3f}",
+            **substitutions.environment(node_etc(member), state, str(bin_dir(plan))),
         },
     )
 
 
 def hosts(plan: LabPlan, options: Options) -> dict[str, standins.Host]:
     return {member.ip: host(plan, member, options) for member in plan.nodes}
+
+
+def plan_from_config(config: dict[str, Any], label: str) -> LabPlan:
+    from scripts.labkit import plan as lab_plan
+
+    return lab_plan.from_stack_config(config, label)
 
 
 def stack_config(plan: LabPlan) -> dict[str, Any]:
@@ -278,8 +289,10 @@ def apply(
         report.steps.append(holder(plan, member, rendered))
     previous = executor.load_state(state_file(plan))
     old = previous.render if previous else None
+    # A node that leaves is still there while its resources are deleted.
+    where = hosts(plan_from_config(previous.config, plan.label), options) if previous else {}
     engine = executor.Executor(
-        hosts(plan, options),
+        {**where, **hosts(plan, options)},
         workers=options.workers,
         log_dir=state_dir(plan) / "scripts",
         on_step=on_step,

@@ -80,6 +80,10 @@ def docker(args: list[str]) -> int:
             if inner[:3] == ["nginx", "-s", "reload"]:
                 print(standins.send(host, name, signal.SIGHUP), file=sys.stderr)
                 return 0
+            if inner[:1] == ["nginx"] and "-t" in inner:
+                done = standins.nginx_test(host, name)
+                sys.stderr.write(done.stderr)
+                return done.returncode
             print(f"lab docker: exec {' '.join(inner)} in {name} is not modelled", file=sys.stderr)
             return 126
         if command in ("restart", "start"):
@@ -150,7 +154,32 @@ def ray(args: list[str]) -> int:
     return 0
 
 
-HANDLERS = {"systemctl": systemctl, "timedatectl": timedatectl, "docker": docker, "vllm": vllm, "ray": ray}
+def nginx_ctl(args: list[str]) -> int:
+    """QWEN_NGINX_CTL test|reload: 3 when no nginx runs on this node, else nginx's own status."""
+    host = _host()
+    record = standins.running_kind(host, "nginx")
+    if record is None:
+        print("lab nginx-ctl: nginx is not running on this node", file=sys.stderr)
+        return 3
+    if args[:1] == ["test"]:
+        done = standins.nginx_test(host, record.name)
+        sys.stderr.write(done.stderr)
+        return done.returncode
+    if args[:1] == ["reload"]:
+        print(standins.send(host, record.name, signal.SIGHUP), file=sys.stderr)
+        return 0
+    print(f"lab nginx-ctl: test or reload, not {' '.join(args)}", file=sys.stderr)
+    return 2
+
+
+HANDLERS = {
+    "systemctl": systemctl,
+    "timedatectl": timedatectl,
+    "docker": docker,
+    "vllm": vllm,
+    "ray": ray,
+    "nginx-ctl": nginx_ctl,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

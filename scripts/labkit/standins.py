@@ -171,15 +171,33 @@ def nginx_conf_path(container: Container, host: Host) -> Path:
     return _run_dir(container, host) / "nginx.conf"
 
 
+def _in_host(path: str, mounts: dict[str, str]) -> str | None:
+    """Where a container path lives on the host: the longest mount that holds it."""
+    for container_path in sorted(mounts, key=len, reverse=True):
+        if path == container_path or path.startswith(container_path.rstrip("/") + "/"):
+            return mounts[container_path] + path[len(container_path) :]
+    return None
+
+
 def write_nginx_conf(container: Container, host: Host) -> Path:
-    """The delivered nginx.conf (uploaded or mounted), for a process outside the image."""
+    """The delivered nginx.conf (uploaded or mounted; `-c` in the command, else the image's
+    default), for a process outside the image. nginx resolves a relative include against the
+    directory of its -c file, so those become absolute paths on the host."""
     run_dir = _run_dir(container, host)
     (run_dir / "nginx").mkdir(parents=True, exist_ok=True)
     mounts = _mounts(container, host)
-    source = Path(mounts.get(NGINX_CONF, ""))
+    words = container.command
+    conf = next((words[i + 1] for i, word in enumerate(words[:-1]) if word == "-c"), NGINX_CONF)
+    source = Path(_in_host(conf, mounts) or "")
     if not source.is_file():
-        raise StandInError(f"{container.resource}: no {NGINX_CONF} is delivered (upload or volume)")
-    text = substitutions.nginx_conf(source.read_text(), run_dir=str(run_dir), mounts=mounts)
+        raise StandInError(f"{container.resource}: {conf} is not delivered (no upload or volume holds it)")
+    text = re.sub(
+        r"^(\s*include\s+)(?!/)([^;\s]+)\s*;",
+        lambda match: f"{match.group(1)}{source.parent}/{match.group(2)};",
+        source.read_text(),
+        flags=re.M,
+    )
+    text = substitutions.nginx_conf(text, run_dir=str(run_dir), mounts=mounts)
     path = nginx_conf_path(container, host)
     path.write_text(text)
     return path
@@ -202,7 +220,10 @@ def _nginx(container: Container, host: Host) -> Launch:
 
 
 def _nginx_ports(container: Container) -> list[int]:
-    return [int(port) for port in _LISTEN.findall(container.uploads.get(NGINX_CONF, ""))]
+    """The listen ports of an uploaded config; a mounted one is not known before it is written,
+    so the image's default (80) stands for it."""
+    uploaded = "".join(container.uploads.values())
+    return [int(port) for port in _LISTEN.findall(uploaded)] or [80]
 
 
 STAND_INS: tuple[StandIn, ...] = (
@@ -367,6 +388,30 @@ def stop(host: Host, name: str, *, grace: float = 0.0) -> str:
         time.sleep(0.02)
     record_path(host, name).unlink(missing_ok=True)
     return f"stopped pid {record.pid}"
+
+
+def nginx_test(host: Host, name: str) -> subprocess.CompletedProcess:
+    """`nginx -t` on the delivered config, as `docker exec NAME nginx -t` would run it."""
+    record = running(host, name)
+    if record is None:
+        raise StandInError(f"Error response from daemon: No such container: {name} (on {host.node})")
+    container = Container(**record.container)
+    path = write_nginx_conf(container, host)
+    run_dir = str(_run_dir(container, host))
+    return subprocess.run(
+        ["ip", "netns", "exec", host.namespace, "nginx", "-t", "-q", "-p", run_dir, "-c", str(path)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def running_kind(host: Host, kind: str) -> Record | None:
+    """The running container of a kind on this host (e.g. its nginx)."""
+    for path in sorted(host.containers.glob("*.json")):
+        record = running(host, path.stem)
+        if record is not None and record.kind == kind:
+            return record
+    return None
 
 
 def send(host: Host, name: str, sig: int) -> str:
