@@ -248,6 +248,7 @@ def references(resources: list[RecordedResource]) -> dict[str, RecordedResource]
                 marks[resource.outputs[key]] = resource
         if "name" in _COMPUTED.get(resource.type, {}) and "name" not in resource.inputs:
             marks[str(resource.outputs.get("name"))] = resource  # a name the engine chose
+    marks.pop(rpc.UNKNOWN, None)  # in a preview, unknown values name nothing
     return marks
 
 

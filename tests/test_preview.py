@@ -147,3 +147,8 @@ def test_the_deploy_order_follows_the_property_dependencies_the_sdk_sends():
     assert "gpu-nodes-placement" in dev["gpu-nodes-master-template"]
     onprem = update_of("onprem").dependencies()
     assert "master-model-image" in onprem["master-model-vllm"]
+
+
+@pytest.mark.parametrize("label", VARIANTS)
+def test_a_preview_orders_the_deploy_as_the_update_does(label):
+    assert preview_of(label).dependencies() == update_of(label).dependencies()
