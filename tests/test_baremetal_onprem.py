@@ -61,19 +61,28 @@ def test_nothing_disables_selinux(render):
     assert "SELINUX=disabled" not in everything
 
 
-def test_triggers_hold_the_script_hash_and_the_firewall_document(render):
-    import hashlib
+def test_triggers_hold_only_each_steps_identity(render):
+    """Triggers are replaceOnChanges in pulumi-command: anything that changes with the config
+    (a script, the firewall document) must not be in them, or every change replaces."""
+    for node, ip in NODES.items():
+        for step in STEPS:
+            expected = [ip, "ufw"] if step == "firewall" else [ip]
+            assert render.named(f"{node}-{step}").inputs["triggers"] == expected, (node, step)
+        assert render.named(f"{node}-verify").inputs["triggers"] == [ip]
+
+
+def test_the_firewall_script_carries_the_document_the_policy_pack_reads(render):
+    from components.render import firewall as fw
 
     firewall = render.named("worker-2-firewall")
-    digest, document = firewall.inputs["triggers"]
-    assert digest == hashlib.sha256(firewall.inputs["create"].encode()).hexdigest()
+    (text,) = fw.embedded_documents(firewall.inputs["create"])
+    document = json.loads(text)
     assert document["schema"] == "qwen-cluster/host-firewall@1"
     assert (document["host"], document["address"], document["role"]) == (
         "worker-2",
         "192.168.1.102",
         "gpu-node",
     )
-    # Pulumi drops null values from maps; the policy reads an absent key as null
     assert (document["loadBalancer"], document.get("listenerPort"), document["nicSpeedGbps"]) == (
         False,
         None,
@@ -94,12 +103,9 @@ def test_triggers_hold_the_script_hash_and_the_firewall_document(render):
         for source in r["sources"]
     }
     assert cluster_sources == {"192.168.1.100/31", "192.168.1.103/32"}  # exact blocks of the others
-    master = render.named("master-firewall").inputs["triggers"][1]
+    (master_text,) = fw.embedded_documents(render.named("master-firewall").inputs["create"])
+    master = json.loads(master_text)
     assert (master["loadBalancer"], master["listenerPort"]) == (True, 80)
-    assert (
-        render.named("master-sysctl").inputs["triggers"][0]
-        == hashlib.sha256(render.named("master-sysctl").inputs["create"].encode()).hexdigest()
-    )
 
 
 def test_reverts_are_wired_as_delete(render):
