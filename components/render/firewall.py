@@ -342,7 +342,7 @@ QWEN_ZONE_EOF
 install -m 0644 "$tmp" "$zone_file"
 firewall-cmd --check-config >/dev/null
 if firewall-cmd --get-zones | tr ' ' '\\n' | grep -qx {ZONE}; then
-  # The zone is live: change it in place. `--reload` would flush every zone and set the
+  # The zone is live: change it in place. A reload would flush every zone and set the
   # policy to DROP while it rebuilds (firewalld core/fw.py reload), so established flows
   # and every rule would be gone for that moment. New rich rules first, then the stale ones
   # go (the permanent zone file above already holds the new set for the next boot).
