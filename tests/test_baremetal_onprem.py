@@ -140,16 +140,32 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
         assert server.provider.split("::")[-1].startswith(f"{node}-model-docker")
 
 
-def test_nginx_runs_on_the_load_balancer_node_with_the_rendered_config(render):
+def test_nginx_runs_on_the_load_balancer_node_with_its_config_mounted_from_the_host(render):
     from components import stackfile
     from components.render import nginx
 
     lb = render.named("load-balancer-nginx")
     assert lb.provider.split("::")[-1].startswith("master-model-docker")
-    assert lb.inputs["uploads"] == [
-        {"file": "/etc/nginx/nginx.conf", "content": nginx.for_cluster(stackfile.load("onprem"))}
+    assert "uploads" not in lb.inputs  # ForceNew: every config change would be a new container
+    assert lb.inputs["volumes"] == [
+        {
+            "hostPath": "/etc/qwen-cluster/nginx",
+            "containerPath": "/etc/nginx/qwen",
+            "readOnly": True,
+            "selinuxRelabel": "Z",
+        }
     ]
+    assert lb.inputs["command"] == ["nginx", "-c", "/etc/nginx/qwen/nginx.conf", "-g", "daemon off;"]
     assert lb.inputs["networkMode"] == "host"
+    assert "load-balancer-config" in lb.depends_on
+
+    config = render.named("load-balancer-config")
+    assert config.inputs["connection"]["value"]["host"] == NODES["master"]
+    assert config.inputs["triggers"] == [NODES["master"]]
+    onprem = stackfile.load("onprem")
+    conf = nginx.for_cluster(onprem, upstream_file="upstream.conf")
+    assert config.inputs["create"] == nginx.install_script(conf, nginx.upstream_servers(onprem))
+    assert "include upstream.conf;" in conf and "server 192.168.1.101:5000" not in conf
 
 
 def test_master_verify_comes_last(render):

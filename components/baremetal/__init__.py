@@ -48,7 +48,9 @@ class Cluster(pulumi.ComponentResource):
         lb_node = cluster.load_balancer_node
         self.load_balancer = LoadBalancer(
             "load-balancer",
-            LoadBalancerArgs(cluster, self.servers[lb_node.name].provider, setup_done),
+            LoadBalancerArgs(
+                cluster, self.servers[lb_node.name].provider, connections[lb_node.name], setup_done
+            ),
             opts=child,
         )
         everything = [

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_docker as docker
+from pulumi_command import remote
 
 from components import catalog
 from components.config import ClusterConfig, Node
@@ -14,7 +15,6 @@ from components.render import nginx
 
 # Pinned: a moving tag would change the load balancer on the next `pulumi up`.
 NGINX_IMAGE = "nginx:1.27.3"
-NGINX_CONF = "/etc/nginx/nginx.conf"
 HF_CACHE = "/root/.cache/huggingface"
 UNLIMITED = -1
 
@@ -153,25 +153,61 @@ class ModelServer(pulumi.ComponentResource):
 class LoadBalancerArgs:
     cluster: ClusterConfig
     provider: docker.Provider
+    connection: remote.ConnectionArgs  # to bareMetal.loadBalancerNode
     depends_on: list[pulumi.Resource] = field(default_factory=list)
 
 
 class LoadBalancer(pulumi.ComponentResource):
-    """nginx on bareMetal.loadBalancerNode with the rendered config, host networking."""
+    """nginx on bareMetal.loadBalancerNode, host networking. Its configuration is a directory
+    on the host (nginx.CONF_DIR), written by a command and mounted read-only: a node joining
+    or leaving rewrites the upstream file and reloads nginx, and the container stays.
+
+    The command's `triggers` hold only the host: pulumi-command replaces on `triggers` alone
+    (common/inputs.go), so a changed config is an update, which runs `create` again
+    (remote/commandController.go `Update`). The container's inputs no longer carry the config:
+    `upload` is ForceNew in kreuzwerker/terraform-provider-docker (v4.5.0, the provider
+    pulumi-docker 5.x wraps; internal/provider/resource_docker_container.go), so a changed
+    upload meant a new container, and every stream in flight cut."""
 
     def __init__(self, name: str, args: LoadBalancerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:LoadBalancer", name, None, opts)
+        self.config_text = nginx.for_cluster(args.cluster, upstream_file=nginx.UPSTREAM_FILE)
+        self.config = remote.Command(
+            f"{name}-config",
+            connection=args.connection,
+            create=nginx.install_script(self.config_text, nginx.upstream_servers(args.cluster)),
+            delete=nginx.remove_script(),
+            triggers=[str(args.cluster.load_balancer_node.ip)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )
         on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
-        self.config_text = nginx.for_cluster(args.cluster)
         self.image = docker.RemoteImage(f"{name}-image", name=NGINX_IMAGE, keep_locally=True, opts=on_host)
         self.container = docker.Container(
             f"{name}-nginx",
-            name="qwen-nginx",
+            name=nginx.CONTAINER_NAME,
             image=self.image.name,  # the pinned tag; the Output orders the pull first
+            command=["nginx", "-c", f"{nginx.CONTAINER_CONF_DIR}/{nginx.CONF_FILE}", "-g", "daemon off;"],
             network_mode="host",
             restart="unless-stopped",
-            uploads=[docker.ContainerUploadArgs(file=NGINX_CONF, content=self.config_text)],
+            volumes=[
+                docker.ContainerVolumeArgs(
+                    host_path=nginx.CONF_DIR,
+                    container_path=nginx.CONTAINER_CONF_DIR,
+                    read_only=True,
+                    # SELinux hosts: the container's own label, so nginx may read the files
+                    # (new files written in the directory inherit it); elsewhere ignored.
+                    selinux_relabel="Z",
+                )
+            ],
             labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="load-balancer")],
-            opts=on_host,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=args.provider,
+                depends_on=[*args.depends_on, self.config],
+                # A fixed name and host ports: the old container must go first. pulumi-docker
+                # sets this for docker_container itself (provider/resources.go
+                # `DeleteBeforeReplace: true`); said here too, as the design depends on it.
+                delete_before_replace=True,
+            ),
         )
-        self.register_outputs({"container": self.container.id})
+        self.register_outputs({"container": self.container.id, "config": self.config.id})
