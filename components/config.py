@@ -40,6 +40,31 @@ DEFAULT_MODEL = "Qwen/Qwen3-32B"
 # Pinned: a moving tag would change every node on the next `pulumi up`.
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.11.0"
 MIN_BANDWIDTH_GBPS = 10
+# Extra `vllm serve` flags a Qwen3 deployment wants, per vLLM's docs for the pinned v0.11:
+# - `--reasoning-parser qwen3`: thinking text comes back in `reasoning_content`, apart from the
+#   answer (docs.vllm.ai/en/v0.11.0 features/reasoning_outputs, "Qwen3 series: qwen3";
+#   vllm/reasoning/qwen3_reasoning_parser.py registers the name "qwen3").
+# - `--max-model-len 32768`: Qwen3's pre-training context (QwenLM/Qwen3 docs, "The maximum
+#   context length in pre-training for Qwen3 models is 32,768 tokens"); longer needs YaRN.
+# `--served-model-name` defaults to model.name (components/render/vllm.py), so clients ask for
+# the model by the name in the stack file whatever path vLLM loads it from.
+DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
+    "--reasoning-parser": "qwen3",
+    "--max-model-len": 32768,
+}
+# Flags the program sets from the config itself; a second value would contradict the port
+# table, the topology or the memory plan (value: where the program takes it from).
+OWNED_VLLM_FLAGS: dict[str, str] = {
+    "--model": "model.name",
+    "--host": "the program (all interfaces; the firewall and security groups decide who reaches it)",
+    "--port": "ports (the clients entry)",
+    "--tensor-parallel-size": "model.tensorParallel",
+    "--pipeline-parallel-size": "model.pipelineParallel",
+    "--data-parallel-size": "nodes / model.pipelineParallel (one replica per head node)",
+    "--gpu-memory-utilization": "components/catalog.py GPU_MEMORY_UTILIZATION (the memory plan)",
+    "--distributed-executor-backend": "model.pipelineParallel (ray across nodes, else multiprocessing)",
+}
+_VLLM_FLAG = re.compile(r"^--[a-z0-9]+(-[a-z0-9]+)*$")
 # AWS: NLB TCP idle timeout (tcp.idle_timeout.seconds) is 60-6000 s. Bare metal: nginx
 # proxy_read_timeout / proxy_send_timeout, bounded here at one day.
 IDLE_TIMEOUT_LIMITS = {"aws": (60, 6000), "bare-metal": (1, 86400)}
@@ -140,11 +165,49 @@ def _pinned_image(value: object) -> object:
     return value
 
 
+VllmFlagValue = str | int | float | bool | None
+
+
+def _vllm_flags(value: object) -> object:
+    """Keys are long flags as vLLM spells them; the program's own flags are refused."""
+    if not isinstance(value, Mapping):
+        return value
+    errors = []
+    for key, val in value.items():
+        key_text = str(key)
+        if not _VLLM_FLAG.match(key_text):
+            hint = key_text.replace("_", "-")
+            hint = hint if hint.startswith("--") else f"--{hint.lstrip('-')}"
+            errors.append(f"{key_text!r} is not a long vLLM flag (write it as {hint!r})")
+        elif key_text in OWNED_VLLM_FLAGS:
+            errors.append(
+                f"{key_text} {val!r} is set by the program from {OWNED_VLLM_FLAGS[key_text]}; remove it"
+            )
+        elif isinstance(val, list | dict):
+            errors.append(f"{key_text} {val!r}: give one value (JSON arguments as a string)")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return value
+
+
 class Model(_Section):
     name: str = DEFAULT_MODEL
     image: Annotated[str, BeforeValidator(_pinned_image)] = DEFAULT_IMAGE
     tensor_parallel: int = Field(default=4, ge=1)
     pipeline_parallel: int = Field(default=1, ge=1)
+    # Extra `vllm serve` flags, merged over DEFAULT_VLLM_FLAGS: a value replaces the default,
+    # `true` is a bare switch, `false` or null drops the flag (a default too).
+    vllm_flags: Annotated[dict[str, VllmFlagValue], BeforeValidator(_vllm_flags)] = {}
+
+
+class Rollout(_Section):
+    """How a Day-2 change rolls over the replicas (both targets): each replica is drained for
+    at most drainTimeoutSeconds, then must answer vLLM's /health within healthTimeoutSeconds
+    (weights load from the local cache; a cold download of 64 GB takes longer) before the
+    next one starts."""
+
+    drain_timeout_seconds: int = Field(default=300, ge=0, le=3600)
+    health_timeout_seconds: int = Field(default=1800, ge=60, le=7200)
 
 
 _SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$")
@@ -164,6 +227,24 @@ def _sysctl_map(value: object) -> object:
         if bad:
             raise ValueError(f"{', '.join(bad)}: values are numbers or plain words")
     return value
+
+
+class Monitoring(_Section):
+    """Port 8000 on every node, and the cluster's own Prometheus + Alertmanager."""
+
+    # The per-node endpoint (ports entry `monitoring`): host, GPU, vLLM and peer-probe metrics.
+    exporters: bool = True
+    # Prometheus + Alertmanager (ports entries `prometheus`, `alertmanager`) on `node`.
+    prometheus: bool = True
+    node: str | None = None  # default: the master
+    scrape_interval_seconds: float = Field(default=15, ge=1, le=300)
+    # Alert bounds (per replica): requests queued in vLLM, and the 99th percentile of the
+    # time to first token over five minutes.
+    max_requests_waiting: int = Field(default=50, ge=1)
+    max_ttft_p99_seconds: float = Field(default=10.0, gt=0)
+    # Optional: where Alertmanager posts alerts (a webhook receiver); without it alerts are
+    # visible in Alertmanager's UI and to `scripts/doctor.py` only.
+    webhook_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
 
 
 class Tuning(_Section):
@@ -223,6 +304,8 @@ _SECTIONS: dict[str, tuple[str, Any, bool]] = {
     "loadBalancer": ("load_balancer", LoadBalancer, False),
     "model": ("model", Model, False),
     "tuning": ("tuning", Tuning, False),
+    "monitoring": ("monitoring", Monitoring, False),
+    "rollout": ("rollout", Rollout, False),
     "aws": ("aws", AwsTarget, False),
     "bareMetal": ("bare_metal", BareMetalTarget, False),
 }
@@ -240,6 +323,8 @@ class ClusterConfig(_Section):
     load_balancer: LoadBalancer = LoadBalancer()
     model: Model = Model()
     tuning: Tuning = Tuning()
+    monitoring: Monitoring = Monitoring()
+    rollout: Rollout = Rollout()
     aws: AwsTarget | None = None
     bare_metal: BareMetalTarget | None = None
 
@@ -298,6 +383,14 @@ class ClusterConfig(_Section):
         return self.bare_metal.nic_speed_gbps
 
     @property
+    def monitoring_node(self) -> Node | None:
+        """Where Prometheus and Alertmanager run; None when monitoring.prometheus is off."""
+        if not self.monitoring.prometheus:
+            return None
+        wanted = self.monitoring.node or self.master.name
+        return next(node for node in self.nodes if node.name == wanted)
+
+    @property
     def ssh_to_nodes(self) -> bool:
         """SSH reaches the nodes only over an admin path: always on bare metal, a bastion on AWS."""
         return self.target is Target.BARE_METAL or bool(self.aws and self.aws.bastion)
@@ -333,6 +426,7 @@ def cross_errors(sections: Mapping[str, Any], given: set[str] | None = None) -> 
     model: Model | None = sections.get("model")
     aws: AwsTarget | None = sections.get("aws")
     bare_metal: BareMetalTarget | None = sections.get("bare_metal")
+    monitoring: Monitoring | None = sections.get("monitoring")
 
     if nodes is not None:
         errors += _node_errors(nodes, network, target)
@@ -393,6 +487,9 @@ def cross_errors(sections: Mapping[str, Any], given: set[str] | None = None) -> 
             "access.adminCidrs is empty: the host firewall denies by default and would lock out "
             "SSH, pulumi's own connection included"
         )
+
+    if monitoring is not None:
+        errors += _monitoring_errors(monitoring, nodes, table)
 
     gpus, gpu_memory = None, None
     if target is Target.AWS and aws is not None and (kind := catalog.instance_type(aws.instance_type)):
@@ -499,6 +596,71 @@ def _bare_metal_errors(
     return errors
 
 
+def monitoring_rows(monitoring: Monitoring) -> list[tuple[str, str]]:
+    """(monitoring key, ports row name) of every table row the monitoring pieces need."""
+    rows = []
+    if monitoring.exporters:
+        rows.append(("exporters", port_table.MONITORING_ENDPOINT))
+    if monitoring.prometheus:
+        rows += [("prometheus", port_table.PROMETHEUS), ("prometheus", port_table.ALERTMANAGER)]
+    return rows
+
+
+def _has_row(table: list[port_table.PortEntry], name: str) -> bool:
+    return any(entry.name == name for entry in table)
+
+
+def _default_row(name: str) -> port_table.PortEntry:
+    return next(entry for entry in port_table.DEFAULT_PORTS if entry.name == name)
+
+
+def complete_ports(table: list[port_table.PortEntry], monitoring: Monitoring) -> list[port_table.PortEntry]:
+    """A written table that lacks a row monitoring needs gets it with the default port, unless
+    that port is taken (then _monitoring_errors says which row to write). The guide's table has
+    8000 only; Prometheus and Alertmanager are this project's, so a stack that copied the guide
+    keeps working. To move one, write its row; to have none, turn the piece off."""
+    result = list(table)
+    for _, name in monitoring_rows(monitoring):
+        default = _default_row(name)
+        if not _has_row(result, name) and not any(entry.port.overlaps(default.port) for entry in result):
+            result.append(default)
+    return result
+
+
+def _monitoring_errors(
+    monitoring: Monitoring, nodes: list[Node] | None, table: list[port_table.PortEntry] | None
+) -> list[str]:
+    errors: list[str] = []
+    if nodes is not None and monitoring.node is not None and monitoring.node not in {n.name for n in nodes}:
+        errors.append(f"monitoring.node {monitoring.node} is not one of the nodes")
+    if table is None:
+        return errors
+    for key, name in monitoring_rows(monitoring):
+        found = next(entry for entry in table if entry.name == name) if _has_row(table, name) else None
+        if found is None:
+            default = _default_row(name)
+            clash = next((entry for entry in table if entry.port.overlaps(default.port)), None)
+            errors.append(
+                f"monitoring.{key} is true but ports has no entry named {name} and its default port "
+                f"{default.port} is taken by {clash.name if clash else '?'} ({clash.port if clash else ''}); "
+                f"add {{name: {name}, port: <free port>, scope: monitoring, required: false}}"
+            )
+        elif found.scope is not port_table.Scope.MONITORING or found.port.size != 1:
+            errors.append(
+                f"ports entry {name} ({found.port}, scope {found.scope.value}) must be a single "
+                f"port with scope monitoring for monitoring.{key}"
+            )
+    # The exporters behind the endpoint listen on loopback; a table port there would collide.
+    for index, entry in enumerate(table):
+        for what, port in port_table.MONITORING_LOOPBACK_PORTS.items():
+            if (monitoring.exporters or monitoring.prometheus) and port in entry.port:
+                errors.append(
+                    f"ports[{index}].port {entry.port} ({entry.name}) includes {port}, where the "
+                    f"{what} listens on each node's loopback"
+                )
+    return errors
+
+
 def _model_errors(
     model: Model, nodes: list[Node] | None, gpus: int | None, gpu_memory: float | None, where: str
 ) -> list[str]:
@@ -580,6 +742,8 @@ def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> Cluste
         except ValidationError as exc:
             sections[attr] = None
             errors += [_format_error(key, error) for error in exc.errors()]
+    if "ports" in given and sections.get("ports") is not None and sections.get("monitoring") is not None:
+        sections["ports"] = complete_ports(sections["ports"], sections["monitoring"])
     errors += cross_errors(sections, given)
     chosen = sections.get("aws") if sections.get("target") is Target.AWS else None
     if aws_region and chosen is not None and chosen.region != aws_region:
@@ -587,7 +751,10 @@ def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> Cluste
         errors.append(f"aws.availabilityZone {chosen.availability_zone} is not in aws:region {aws_region}")
     if errors:
         raise ConfigError(errors)
-    return ClusterConfig.model_validate({key: raw[key] for key in _SECTIONS if raw.get(key) is not None})
+    chosen_raw = {key: raw[key] for key in _SECTIONS if raw.get(key) is not None}
+    if "ports" in chosen_raw:
+        chosen_raw["ports"] = [entry.model_dump(by_alias=True) for entry in sections["ports"]]
+    return ClusterConfig.model_validate(chosen_raw)
 
 
 def from_pulumi() -> tuple[ClusterConfig, Any]:

@@ -45,6 +45,10 @@ class RecordedResource:
     parent_type: str | None = None
     depends_on: list[str] = field(default_factory=list)  # explicit dependsOn names
     urn: str = ""
+    # The resource options that decide how a change is carried out (components/changes.py).
+    delete_before_replace: bool = False
+    ignore_changes: list[str] = field(default_factory=list)  # input property paths, camelCase
+    replace_on_changes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -215,6 +219,7 @@ def render(
     pulumi.runtime.set_mocks(mocks, project="qwen-cluster", stack=stack, preview=False)
 
     lineage: dict[tuple[str, str], tuple[str | None, str | None, list[str]]] = {}
+    options: dict[tuple[str, str], tuple[bool, list[str], list[str]]] = {}
 
     def remember(args: pulumi.ResourceTransformationArgs):
         opts = args.opts
@@ -227,6 +232,12 @@ def render(
             getattr(parent, "_type", None),
             [getattr(d, "_name", str(d)) for d in depends],
         )
+        if opts is not None:
+            options[(args.type_, args.name)] = (
+                bool(opts.delete_before_replace),
+                list(opts.ignore_changes or []),
+                list(opts.replace_on_changes or []),
+            )
         return None
 
     pulumi.runtime.register_stack_transformation(remember)
@@ -252,6 +263,12 @@ def render(
     for resource in mocks.resources:
         parent, parent_type, depends = lineage.get((resource.type, resource.name), (None, None, []))
         resource.parent, resource.parent_type, resource.depends_on = parent, parent_type, depends
+        dbr, ignored, replaced = options.get((resource.type, resource.name), (False, [], []))
+        resource.delete_before_replace, resource.ignore_changes, resource.replace_on_changes = (
+            dbr,
+            ignored,
+            replaced,
+        )
     return Render(stack, mocks.resources, outputs, mocks.invokes, error)
 
 

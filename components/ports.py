@@ -85,12 +85,33 @@ class PortEntry(BaseModel):
     required: bool = True
 
 
-# The guide's table (section 3.1), the project's default.
+# Rows the monitoring pieces look up by name (config `monitoring`): every node's metrics
+# endpoint, and the cluster's Prometheus and Alertmanager on `monitoring.node`.
+MONITORING_ENDPOINT = "monitoring"
+PROMETHEUS = "prometheus"
+ALERTMANAGER = "alertmanager"
+# Behind the endpoint, bound to 127.0.0.1 only, so not in the table (nothing outside the
+# node reaches them); the table must stay clear of them.
+MONITORING_LOOPBACK_PORTS = {
+    "node exporter": 9100,
+    "blackbox exporter": 9115,
+    "dcgm exporter": 9400,
+}
+
+# The guide's table (section 3.1), the project's default, plus where the cluster's own
+# Prometheus and Alertmanager answer (their usual ports), reached like 8000.
 DEFAULT_PORTS: tuple[PortEntry, ...] = (
     PortEntry(name="model-service", port=5000, scope=Scope.CLIENTS, required=True),
     PortEntry(name="inter-node", port="6000-6100", scope=Scope.CLUSTER, required=True),
-    PortEntry(name="monitoring", port=8000, scope=Scope.MONITORING, required=False),
+    PortEntry(name=MONITORING_ENDPOINT, port=8000, scope=Scope.MONITORING, required=False),
+    PortEntry(name=PROMETHEUS, port=9090, scope=Scope.MONITORING, required=False),
+    PortEntry(name=ALERTMANAGER, port=9093, scope=Scope.MONITORING, required=False),
 )
+
+
+def port_of(entries: list[PortEntry] | tuple[PortEntry, ...], name: str) -> int | None:
+    """The (single) port of the row named `name`, or None."""
+    return next((entry.port.low for entry in entries if entry.name == name), None)
 
 
 def table_errors(entries: list[PortEntry]) -> list[str]:

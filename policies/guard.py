@@ -10,7 +10,10 @@ stack config is readable, the project default otherwise), thresholds from the po
 from __future__ import annotations
 
 import contextvars
+import functools
 import ipaddress
+import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -99,6 +102,7 @@ SCHEMAS: dict[str, dict[str, dict[str, Any]]] = {
         }
     },
     "baseline-selinux": {},
+    "stack-config": {},
 }
 DEFAULTS: dict[str, dict[str, Any]] = {
     name: {key: spec["default"] for key, spec in schema.items() if "default" in spec}
@@ -107,12 +111,21 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def settings(name: str, given: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A policy's config with the schema defaults filled in."""
+    """A policy's config with the schema defaults filled in. Configure delivers it as a protobuf
+    Struct, so an integer property (minNodes: 3) arrives as 3.0: integers are made ints again."""
     merged = dict(DEFAULTS[name])
     for key, value in (given or {}).items():
         if key != "enforcementLevel":
-            merged[key] = value
+            merged[key] = _as_schema_type(SCHEMAS[name].get(key, {}), value)
     return merged
+
+
+def _as_schema_type(spec: Mapping[str, Any], value: Any) -> Any:
+    if spec.get("type") == "integer" and net.integral(value) is not None:
+        return net.integral(value)
+    if spec.get("type") == "array" and net.is_list(value):
+        return [_as_schema_type(spec.get("items", {}), item) for item in value]
+    return value
 
 
 # --- the stack's facts --------------------------------------------------------------------------
@@ -123,7 +136,8 @@ Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 @dataclass(frozen=True)
 class Facts:
     """What the stack intends: its port table, CIDRs and listener. Without a readable stack
-    config: the project's default table, no CIDRs (only members pass), the default listener."""
+    config (`known` false, `unknown_because` says why): the project's default table and listener,
+    no CIDRs; the checks that need the real ones are relaxed (see RELAXED_WITHOUT_CONFIG)."""
 
     ports: tuple[PortEntry, ...]
     listener_ports: tuple[int, ...]
@@ -134,6 +148,7 @@ class Facts:
     efa: bool | None = None
     heads: tuple[str, ...] | None = None  # load-balancer targets by node name
     known: bool = False  # read from the stack config
+    unknown_because: str = ""
 
     @property
     def model_port(self) -> int:
@@ -146,9 +161,32 @@ class Facts:
         return [entry for entry in self.ports if entry.port.overlaps(span)]
 
 
-def facts_for(cluster: config.ClusterConfig | None) -> Facts:
+# Why the pack can be without the stack config. The CLI hands a Python pack the stack config as
+# PULUMI_CONFIG, which the language host sets from the ConfigureStack call it awaits before starting
+# the pack (pulumi/pulumi sdk/python/cmd/pulumi-language-python/main.go RunPlugin, sdk/policy_proxy.go).
+# The engine sends ConfigureStack only when it has stack options
+# (pkg/resource/plugin/analyzer_plugin.go NewPolicyAnalyzer: `if opts != nil`); `pulumi policy
+# analyze` loads packs with none (pkg/cmd/pulumi/policy/policy_analyze.go).
+NO_CONFIG = "PULUMI_CONFIG is not set (the engine sent no stack config, as `pulumi policy analyze` does)"
+# What is relaxed without the stack config: these checks judge against facts only the config holds.
+RELAXED_WITHOUT_CONFIG = (
+    "port-exposure: everything but world exposure and all traffic from non-members (the port table, "
+    "the node, monitoring and admin CIDRs are unknown)",
+    "required-paths: the model port from the load balancer and the host firewall paths of the port "
+    "table (the table is unknown)",
+    "efa-placement: EFA devices are expected only where the stack declares EFA interfaces "
+    "(aws.efa is unknown)",
+    "bandwidth-class: only the policy's minBandwidthGbps applies (network.minBandwidthGbps is unknown)",
+)
+
+
+def facts_for(cluster: config.ClusterConfig | None, unknown_because: str = NO_CONFIG) -> Facts:
     if cluster is None:
-        return Facts(ports=DEFAULT_PORTS, listener_ports=(config.LoadBalancer().port,))
+        return Facts(
+            ports=DEFAULT_PORTS,
+            listener_ports=(config.LoadBalancer().port,),
+            unknown_because=unknown_because,
+        )
     return Facts(
         ports=tuple(cluster.ports),
         listener_ports=(cluster.load_balancer.port,),
@@ -163,33 +201,41 @@ def facts_for(cluster: config.ClusterConfig | None) -> Facts:
 
 
 _MISSING = object()
-# The offline harness sets the stack it analyzes here; under the CLI the stack config is read
-# from the engine (policy packs see the stack's config like programs do).
+# The offline harness sets the stack it analyzes here (None: no stack config); under the CLI the
+# stack config is read from PULUMI_CONFIG.
 STACK: contextvars.ContextVar[Any] = contextvars.ContextVar("qwen_cluster_stack", default=_MISSING)
 
 
 def current_facts() -> Facts:
     cluster = STACK.get()
-    if cluster is _MISSING:
-        cluster = _cluster_from_engine()
-    return facts_for(cluster)
+    if cluster is not _MISSING:
+        return facts_for(cluster)
+    import pulumi.runtime
+
+    values = dict(pulumi.runtime.config.CONFIG.get() or {})
+    values.update(pulumi.runtime.get_config_env())
+    present = "PULUMI_CONFIG" in os.environ or bool(values)
+    return _facts_from_engine(json.dumps(values, sort_keys=True), present)
 
 
-def _cluster_from_engine() -> config.ClusterConfig | None:
+@functools.lru_cache(maxsize=8)
+def _facts_from_engine(values_json: str, present: bool) -> Facts:
+    """The stack config the engine handed over, validated once per distinct config (every
+    Analyze call asks for it)."""
+    if not present:
+        return facts_for(None)
+    prefix = f"{config.NAMESPACE}:"
+    raw = {
+        key[len(prefix) :]: config.decode_value(value)
+        for key, value in json.loads(values_json).items()
+        if key.startswith(prefix) and key[len(prefix) :] not in config.SECRET_KEYS
+    }
+    if not raw:
+        return facts_for(None, f"PULUMI_CONFIG holds no {prefix} keys")
     try:
-        import pulumi.runtime
-
-        values = dict(pulumi.runtime.config.CONFIG.get() or {})
-        values.update(pulumi.runtime.get_config_env())
-        prefix = f"{config.NAMESPACE}:"
-        raw = {
-            key[len(prefix) :]: config.decode_value(value)
-            for key, value in values.items()
-            if key.startswith(prefix) and key[len(prefix) :] not in config.SECRET_KEYS
-        }
-        return config.validate(raw) if raw else None
-    except Exception:  # a stack config we cannot read leaves the project defaults in force
-        return None
+        return facts_for(config.validate(raw))
+    except ValueError as exc:  # ConfigError lists every problem
+        return facts_for(None, f"the stack config in PULUMI_CONFIG is not valid: {exc}")
 
 
 # --- the stack as an index ----------------------------------------------------------------------
@@ -293,7 +339,10 @@ class Stack:
 
 
 def _within(cidr: Net, blocks: tuple[Net, ...]) -> bool:
-    return any(cidr.version == block.version and cidr.subnet_of(block) for block in blocks)
+    """Is every address of `cidr` inside `blocks` taken together? (A host firewall admits its peers
+    as aggregated blocks: 192.168.1.102/31 is the hosts .102 and .103.)"""
+    same = [block for block in blocks if block.version == cidr.version]
+    return any(cidr.subnet_of(block) for block in ipaddress.collapse_addresses(same))  # type: ignore[arg-type]
 
 
 def _covered(span: PortRange, spans: list[PortRange]) -> bool:
@@ -333,6 +382,9 @@ def exposure_problems(
     `peer_role(peer)` says what a security-group peer is (node / lb / bastion / other); CIDR peers
     are judged here against the node CIDR (members), monitoring, admin CIDRs and the world. The
     nodes take SSH from the bastion's group, so the bastion itself takes SSH from adminCidrs only.
+
+    Without the stack config (`facts.known` false) only what needs none of it is judged: world
+    exposure, all traffic from a known non-member, and the bastion's non-SSH rules.
     """
     problems: list[str] = []
     cluster_spans = facts.spans(Scope.CLUSTER)
@@ -375,6 +427,8 @@ def exposure_problems(
             continue
         if target == "bastion":
             ssh_only = rule.protocol == "tcp" and rule.ports == PortRange(SSH_PORT, SSH_PORT)
+            if ssh_only and peer.kind == "cidr" and not facts.known:
+                continue  # adminCidrs unknown
             if not (ssh_only and peer.kind == "cidr" and _within(peer.cidr, facts.admin_cidrs)):
                 problems.append(
                     f"{rule.where} admits {peer} to {_ports(rule)}: the bastion takes SSH "
@@ -383,6 +437,8 @@ def exposure_problems(
             continue
         if role == "node":
             continue  # members reach every port of every member (the all-traffic rule)
+        if not facts.known and ((peer.kind == "cidr" and not members) or not rule.all_traffic):
+            continue  # a CIDR may be the node CIDR; ports are judged against the stack's table
         if rule.all_traffic or any(rule.overlaps(span) for span in cluster_spans):
             what = (
                 "all traffic"
@@ -442,7 +498,12 @@ def _validate_port_exposure(args: StackValidationArgs, report: ReportViolation) 
         members = tuple(
             ipaddress.ip_network(doc.address) for _, doc in firewalls if net.network(doc.address) is not None
         )
-    admin_ports = tuple(int(p) for p in cfg["adminPorts"])
+    admin_ports = tuple(cfg["adminPorts"])
+    listener_ports = facts.listener_ports
+    if not facts.known:
+        # No stack config: the listeners the stack declares are the ones the world may reach.
+        declared = {net.integral(get(r.props, "port")) for r in stack.of_type(net.LISTENER)}
+        listener_ports = tuple(sorted(p for p in declared if p is not None)) or listener_ports
     docs = {(r.name, doc.host): doc for r, doc in firewalls}
     for rule in stack.rules():
         if rule.direction != "ingress":
@@ -452,13 +513,11 @@ def _validate_port_exposure(args: StackValidationArgs, report: ReportViolation) 
             doc = docs.get((rule.resource, rule.host))
             target = "node"
             listener_here = doc is not None and doc.load_balancer
-            listeners = (
-                (doc.listener_port,) if doc is not None and doc.listener_port else facts.listener_ports
-            )
+            listeners = (doc.listener_port,) if doc is not None and doc.listener_port else listener_ports
         else:
             target = roles.get(rule.group or "", "other")
             listener_here = target == "lb"
-            listeners = facts.listener_ports
+            listeners = listener_ports
         problems = exposure_problems(
             rule,
             target,
@@ -534,27 +593,31 @@ def _validate_required_paths(args: StackValidationArgs, report: ReportViolation)
 
     if target_groups or lb_groups:
         for group in stack.of_type(net.TARGET_GROUP):
-            port = get(group.props, "port")
-            if isinstance(port, int) and port != model:
+            port = net.integral(get(group.props, "port"))
+            if facts.known and port is not None and port != model:
                 report(
                     f"target group {group.name} forwards to port {port}; the model listens on {model}",
                     group.urn,
                 )
         if not lb_groups:
-            report(f"no security group tagged {net.ROLE_TAG}={net.LB_SG}: no load balancer path to {model}")
+            report(
+                f"no security group tagged {net.ROLE_TAG}={net.LB_SG}: no load balancer path to "
+                + (f"{model}" if facts.known else "the model port")
+            )
         instances = {n.name: n for n in stack.gpu_nodes() if n.resource_type == net.INSTANCE}
         targets: list[PolicyResource] = []
         for attachment in stack.of_type(net.TARGET_GROUP_ATTACHMENT):
             found = stack.resolve(attachment, "targetId", get(attachment.props, "targetId"), (net.INSTANCE,))
             if found in instances:
                 targets.append(instances[found])
-            port = get(attachment.props, "port")
-            if isinstance(port, int) and port != model:
+            port = net.integral(get(attachment.props, "port"))
+            if facts.known and port is not None and port != model:
                 report(
                     f"{attachment.name} registers port {port}; the model service listens on {model}",
                     attachment.urn,
                 )
-        for target in targets or list(instances.values()):
+        # The model port comes from the stack's port table: without it, the path is not judged.
+        for target in (targets or list(instances.values())) if facts.known else []:
             groups = stack.groups_of(target) or set(node_groups)
             if lb_groups and not any(admits_model_from_lb(g) for g in groups):
                 report(
@@ -562,7 +625,7 @@ def _validate_required_paths(args: StackValidationArgs, report: ReportViolation)
                     f"{model}/tcp from the load balancer security group",
                     target.urn,
                 )
-        if not instances and lb_groups:
+        if not instances and lb_groups and facts.known:
             for group in node_groups:
                 if not admits_model_from_lb(group):
                     owner = stack.by_name[group]
@@ -594,7 +657,8 @@ def _validate_required_paths(args: StackValidationArgs, report: ReportViolation)
         lb_nets = [net.network(doc.address) for doc in lb_hosts if net.network(doc.address) is not None]
         addresses = {doc.host: net.network(doc.address) for _, doc in firewalls}
         cluster_spans = facts.spans(Scope.CLUSTER)
-        for resource, doc in firewalls:
+        # The paths of the port table: without the stack config, the table is not known.
+        for resource, doc in firewalls if facts.known else []:
             inbound = [r for r in doc.rules if r.direction == "ingress"]
 
             def reaches(source: Net, port_check: Callable[[net.FirewallRule], bool], rules=inbound) -> bool:
@@ -644,6 +708,7 @@ def _validate_efa_placement(args: StackValidationArgs, report: ReportViolation) 
     subnets: dict[str, set[str]] = {}
     zones: dict[str, set[str]] = {}
     launched = {id(t) for other in nodes if (t := stack.launch_template_of(other)) is not None}
+    efa_in_use = _efa_in_use(stack, facts)
     for node in nodes:
         if node.resource_type == net.LAUNCH_TEMPLATE and id(node) in launched:
             continue  # judged through the instances and groups launched from it
@@ -721,9 +786,13 @@ def _validate_efa_placement(args: StackValidationArgs, report: ReportViolation) 
         wanted = cfg["efa"]
         for kind_name in kinds[:1]:
             kind = catalog.instance_type(kind_name)
-            expected = wanted == "required" or (
-                wanted == "auto" and (facts.efa if facts.efa is not None else bool(kind and kind.efa))
-            )
+            if facts.efa is not None:
+                configured = facts.efa
+            elif facts.known:
+                configured = bool(kind and kind.efa)
+            else:  # aws.efa unknown: EFA is expected where the stack itself uses it
+                configured = efa_in_use
+            expected = wanted == "required" or (wanted == "auto" and configured)
             if not expected:
                 continue
             if kind is None or not kind.efa:
@@ -891,24 +960,32 @@ _UNIT_SECONDS = {None: 1, "s": 1, "ms": 0.001, "m": 60, "h": 3600, "d": 86400}
 
 
 def _validate_idle_timeout(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    floor = int(settings("baseline-idle-timeout", args.get_config())["minIdleTimeoutSeconds"])
+    floor = settings("baseline-idle-timeout", args.get_config())["minIdleTimeoutSeconds"]
     if args.resource_type == net.LISTENER:
         protocol = str(get(args.props, "protocol", default="")).upper()
         if protocol in ("TCP", "TLS", "TCP_UDP"):
-            value = get(args.props, "tcpIdleTimeoutSeconds", default=NLB_DEFAULT_IDLE_SECONDS)
-            if isinstance(value, int) and value < floor:
+            value = net.number(get(args.props, "tcpIdleTimeoutSeconds", default=NLB_DEFAULT_IDLE_SECONDS))
+            if value is not None and value < floor:
                 report(
-                    f"tcpIdleTimeoutSeconds {value} is below {floor} s: a silent, thinking answer is cut off"
+                    f"tcpIdleTimeoutSeconds {value:g} is below {floor} s: "
+                    "a silent, thinking answer is cut off"
                 )
     elif args.resource_type == net.LOAD_BALANCER:
         if str(get(args.props, "loadBalancerType", default="application")) == "application":
-            value = get(args.props, "idleTimeout", default=ALB_DEFAULT_IDLE_SECONDS)
-            if isinstance(value, int) and value < floor:
-                report(f"idleTimeout {value} is below {floor} s: a silent, thinking answer is cut off")
+            value = net.number(get(args.props, "idleTimeout", default=ALB_DEFAULT_IDLE_SECONDS))
+            if value is not None and value < floor:
+                report(f"idleTimeout {value:g} is below {floor} s: a silent, thinking answer is cut off")
     else:
         for where, text in net.texts_of(args.resource_type, args.props):
+            # Per directive, the longest value in the text: the one on the model's streams. A
+            # short one on another location (a health check) cuts no answer. The bare-metal
+            # load balancer's config travels in a command script (its install step).
+            longest: dict[str, tuple[float, re.Match[str]]] = {}
             for match in _NGINX_TIMEOUT.finditer(text):
                 seconds = int(match.group(2)) * _UNIT_SECONDS[match.group(3)]
+                if seconds >= longest.get(match.group(1), (-1.0, match))[0]:
+                    longest[match.group(1)] = (seconds, match)
+            for seconds, match in longest.values():
                 if seconds < floor:
                     report(
                         f"{where}: nginx {match.group(1)} {match.group(2)}{match.group(3) or ''} "
@@ -923,6 +1000,22 @@ def _validate_selinux(args: ResourceValidationArgs, report: ReportViolation) -> 
             report(
                 f"{where} runs {match.group(0)!r}: SELinux stays enforcing (write a policy module instead)"
             )
+
+
+# --- without the stack config -------------------------------------------------------------------
+
+
+def _validate_stack_config(args: StackValidationArgs, report: ReportViolation) -> None:
+    """Once per stack: without the stack config, which checks were relaxed (an advisory, so a
+    pack started without PULUMI_CONFIG never fails a stack on facts it cannot know)."""
+    facts = current_facts()
+    if facts.known:
+        return
+    report(
+        f"No stack config: {facts.unknown_because}. Relaxed, so they cannot fail the stack: "
+        + "; ".join(RELAXED_WITHOUT_CONFIG)
+        + ". World exposure, the EFA self rules and the baseline are enforced as always."
+    )
 
 
 # --- the pack -----------------------------------------------------------------------------------
@@ -1060,5 +1153,16 @@ POLICIES: list[ResourceValidationPolicy | StackValidationPolicy] = [
         severity=Severity.HIGH,
         remediation_steps="Keep SELinux enforcing; label what needs access (semanage, a policy module) "
         "instead of setenforce 0.",
+    ),
+    StackValidationPolicy(
+        name="stack-config",
+        description="The pack judges against the stack's own config; without it (PULUMI_CONFIG unset) "
+        "the checks that need it are relaxed, and this says which.",
+        validate=_validate_stack_config,
+        enforcement_level=ADVISORY,
+        config_schema=_schema("stack-config"),
+        severity=Severity.LOW,
+        remediation_steps="Run the pack with the stack: `pulumi preview --policy-pack policies` (the "
+        "engine then hands the pack the stack config), not `pulumi policy analyze` alone.",
     ),
 ]

@@ -6,6 +6,9 @@ property dependencies are rebuilt from the mock ids as the offline render does
 (`offline.references`): a property holding `<name>-id`, another resource's ARN or DNS name
 depends on that resource. Schema defaults are applied by the policies themselves
 (`guard.settings`), so a missing config here means the defaults, as with the CLI.
+
+Numbers reach the policies as the engine sends them: properties and policy config travel as
+protobuf Structs, whose numbers are doubles, so a port of 5000 is 5000.0 here too.
 """
 
 from __future__ import annotations
@@ -56,6 +59,19 @@ def _options(parent_urn: str | None) -> PolicyResourceOptions:
     return PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [], parent_urn)
 
 
+def as_sent(value: Any) -> Any:
+    """`value` as it arrives over gRPC (google.protobuf.Struct): every number a float, tuples lists."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {key: as_sent(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_sent(item) for item in value]
+    return value
+
+
 def policy_resources(stack: str, resources: list[RecordedResource], *, outputs: bool) -> list[PolicyResource]:
     """PolicyResources as the engine builds them: parent, dependencies, property dependencies."""
     refs = offline.references(resources)
@@ -67,7 +83,7 @@ def policy_resources(stack: str, resources: list[RecordedResource], *, outputs: 
         parent = by_name.get(resource.parent) if resource.parent else None
         built[id(resource)] = PolicyResource(
             resource_type=resource.type,
-            props=unknown_checking_proxy(dict(resource.outputs if outputs else resource.inputs)),
+            props=unknown_checking_proxy(as_sent(dict(resource.outputs if outputs else resource.inputs))),
             urn=urn_of(stack, resource),
             name=resource.name,
             opts=_options(urn_of(stack, parent) if parent else None),
@@ -121,8 +137,8 @@ def analyze(
     policies: list[Any] | None = None,
 ) -> list[Violation]:
     """Every violation of the pack over `resources`; `cluster` is the stack config the policies
-    judge against (None: the project defaults, as when the CLI cannot read the stack config)."""
-    policy_config = dict(policy_config or {})
+    judge against (None: none, as when the pack is started without PULUMI_CONFIG)."""
+    policy_config = as_sent(dict(policy_config or {}))
     policies = guard.POLICIES if policies is None else policies
     violations: list[Violation] = []
     token = guard.STACK.set(cluster)

@@ -83,6 +83,25 @@ def get(props: Any, *path: str | int, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def integral(value: Any) -> int | None:
+    """An integer as the engine sends it, else None. Properties travel as protobuf Structs, whose
+    numbers are doubles: a port of 5000 arrives as 5000.0. Booleans are not numbers here."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def number(value: Any) -> float | None:
+    """A real number (int or float, not bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def is_list(value: Any) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, str | bytes)
 
@@ -160,9 +179,9 @@ def node_count(resource_type: str, props: Any) -> int:
         return 1
     if resource_type == AUTOSCALING_GROUP:
         for key in ("desiredCapacity", "minSize"):
-            value = get(props, key)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return int(value)
+            value = integral(get(props, key))
+            if value is not None:
+                return value
     return 0
 
 
@@ -188,11 +207,10 @@ def port_span(protocol: str, from_port: Any, to_port: Any) -> PortRange | None:
     for value in (from_port, to_port):
         if value is None or value is UNKNOWN:
             numbers.append(None)
-            continue
-        try:
-            numbers.append(int(value))
-        except (TypeError, ValueError):
-            numbers.append(None)
+        elif isinstance(value, str):
+            numbers.append(int(value.strip()) if re.fullmatch(r"\s*-?\d+\s*", value) else None)
+        else:
+            numbers.append(integral(value))
     low, high = numbers
     if low is None and high is None:
         return None
@@ -464,6 +482,8 @@ def firewall_documents(props: Any) -> list[HostFirewall]:
             direction = "egress" if str(get(entry, "direction", default="in")).lower() == "out" else "ingress"
             protocol = protocol_name(get(entry, "protocol", default="tcp"))
             ports_value = get(entry, "ports")
+            if integral(ports_value) is not None:
+                ports_value = integral(ports_value)  # an object trigger's 5000 arrives as 5000.0
             try:
                 ports = None if ports_value is None or protocol == "all" else parse_port_range(ports_value)
             except ValueError as exc:
@@ -483,16 +503,15 @@ def firewall_documents(props: Any) -> list[HostFirewall]:
                     direction, protocol, ports, tuple(sources), str(get(entry, "description", default=""))
                 )
             )
-        speed = get(raw, "nicSpeedGbps")
-        listener = get(raw, "listenerPort")
+        speed = number(get(raw, "nicSpeedGbps"))
         documents.append(
             HostFirewall(
                 host=str(get(raw, "host", default="")),
                 address=str(get(raw, "address", default="")),
                 role=str(get(raw, "role", default=GPU_NODE)),
-                nic_speed_gbps=float(speed) if isinstance(speed, int | float) else None,
+                nic_speed_gbps=speed,
                 load_balancer=bool(truthy(get(raw, "loadBalancer"))),
-                listener_port=int(listener) if isinstance(listener, int) else None,
+                listener_port=integral(get(raw, "listenerPort")),
                 rules=tuple(rules),
                 problems=tuple(problems),
             )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and the lab run for real (nginx -t, shellcheck,
-# network namespaces, firewalls, probes). Skips what is already there; needs root for apt.
+# network namespaces, firewalls, probes, promtool, Prometheus and its exporters). Skips what
+# is already there; needs root for apt.
 set -euo pipefail
 
 # command -> Debian package
@@ -15,6 +16,11 @@ declare -A needed=(
   [dot]=graphviz
   [sysctl]=procps
   [wrk]=wrk
+  # Monitoring: promtool/amtool check what is rendered; the lab runs them for real.
+  [promtool]=prometheus
+  [prometheus-alertmanager]=prometheus-alertmanager
+  [prometheus-node-exporter]=prometheus-node-exporter
+  [prometheus-blackbox-exporter]=prometheus-blackbox-exporter
 )
 
 missing=()

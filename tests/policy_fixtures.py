@@ -13,6 +13,7 @@ from typing import Any
 
 from components.offline import RecordedResource
 from components.render import firewall
+from policies import harness
 from policies import network as net
 
 ROLE = net.ROLE_TAG
@@ -425,3 +426,23 @@ AWS_MUTATIONS = {
     "IMDSv1": (imdsv1, "baseline-imdsv2"),
     "egress self-rule missing": (without_egress_self_rule, "required-paths"),
 }
+
+
+def mutation_cases(stacks):
+    """(stack, label, mutate, policy) for every mutation that applies to each stack."""
+    for stack in stacks:
+        mutations = dict(MUTATIONS)
+        if stack != "onprem":
+            mutations.update(AWS_MUTATIONS)
+        for label, (mutate, policy) in mutations.items():
+            yield stack, label, mutate, policy
+
+
+_RENDERS: dict[str, Any] = {}
+
+
+def rendered(stack: str):
+    """(Render, violations) of a real stack under mocks, once per test session."""
+    if stack not in _RENDERS:
+        _RENDERS[stack] = harness.check_stack(stack)
+    return _RENDERS[stack]

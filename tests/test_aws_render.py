@@ -189,20 +189,6 @@ def test_user_data_starts_the_model_server_with_pinned_ports_and_interfaces(prod
     assert "--port=5000 --tensor-parallel-size=8 --pipeline-parallel-size=1" in prod_script
 
 
-def test_pipeline_parallel_heads_start_ray_head_and_workers_join_it():
-    cluster = cluster_of(variant("prod", model={"pipelineParallel": 2}))
-    pinned = cluster.topology.ports
-    head = cloudinit.server_command(cluster, "master")
-    worker = cloudinit.server_command(cluster, "worker-1")
-    assert head.startswith("ray start --node-ip-address=10.50.1.100 --head")
-    assert f"--port={pinned.gcs}" in head and "--distributed-executor-backend=ray" in head
-    assert f"--min-worker-port={pinned.workers.low}" in head
-    assert worker == (
-        "exec ray start --node-ip-address=10.50.1.101 --block "
-        + " ".join(pinned.ray_start_args(head=False, head_ip="10.50.1.100"))
-    )
-
-
 def test_user_data_holds_no_secret():
     cluster = stackfile.load("prod")
     for node in cluster.nodes:

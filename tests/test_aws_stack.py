@@ -163,6 +163,8 @@ def test_dev_security_group_rules_are_exactly_these(dev):
         ("nodes", "ingress", "tcp", 5000, 5000, "load-balancer"),
         ("load-balancer", "egress", "tcp", 5000, 5000, "nodes"),
         ("nodes", "ingress", "tcp", 8000, 8000, "10.20.0.0/16"),
+        ("nodes", "ingress", "tcp", 9090, 9090, "10.20.0.0/16"),
+        ("nodes", "ingress", "tcp", 9093, 9093, "10.20.0.0/16"),
         ("nodes", "egress", "tcp", 443, 443, "0.0.0.0/0"),
         ("load-balancer", "ingress", "tcp", 80, 80, "10.0.0.0/8"),
     }
@@ -419,7 +421,13 @@ def test_outputs(prod):
         "bastion": "security-bastion-id",
     }
     assert out["placementGroup"] == "gpu-nodes-placement-0123456"
-    assert [entry["name"] for entry in out["portTable"]] == ["model-service", "inter-node", "monitoring"]
+    assert [entry["name"] for entry in out["portTable"]] == [
+        "model-service",
+        "inter-node",
+        "monitoring",
+        "prometheus",
+        "alertmanager",
+    ]
     assert out["topology"]["heads"] == ["master", "worker-1", "worker-2", "worker-3"]
     assert "bastionPublicIp" in out
     assert "summary" in out

@@ -129,14 +129,14 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
         assert envs["VLLM_HOST_IP"] == NODES[node]
         assert envs["VLLM_PORT"] == "6009"  # pinned after Ray's nine fixed ports in 6000-6100
         script = args["command"][0]
-        assert "--port 5000" in script and "--tensor-parallel-size 4" in script
+        assert "--port=5000" in script and "--tensor-parallel-size=4" in script
         assert 'export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"' in script
         assert args["gpus"] == "all" and args["ipcMode"] == "host" and args["networkMode"] == "host"
         assert args["devices"] == [{"hostPath": "/dev/infiniband"}]
         assert args["capabilities"] == {"adds": ["IPC_LOCK"]}
         assert args["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1}]
         assert args["image"] == "vllm/vllm-openai:v0.11.0"
-        assert server.depends_on == [f"{n}-selinux" for n in NODES]
+        assert server.depends_on == [*(f"{n}-selinux" for n in NODES), f"{node}-drain"]
         assert server.provider.split("::")[-1].startswith(f"{node}-model-docker")
 
 
@@ -168,10 +168,21 @@ def test_nginx_runs_on_the_load_balancer_node_with_its_config_mounted_from_the_h
     assert "include upstream.conf;" in conf and "server 192.168.1.101:5000" not in conf
 
 
+def test_nginx_container_may_open_the_files_its_config_asks_for(render):
+    from components.render import nginx
+
+    lb = render.named("load-balancer-nginx")
+    limit = nginx.WORKER_RLIMIT_NOFILE
+    assert f"worker_rlimit_nofile {limit};" in render.named("load-balancer-config").inputs["create"]
+    assert lb.inputs["ulimits"] == [{"name": "nofile", "soft": limit, "hard": limit}]
+    assert render.named("load-balancer-image").inputs["name"] == "nginx:1.30.6"
+
+
 def test_master_verify_comes_last(render):
     final = render.named("master-verify")
     assert final.inputs["connection"]["value"]["host"] == NODES["master"]
     expected = {f"{n}-selinux" for n in NODES} | {f"{n}-model-vllm" for n in NODES} | {"load-balancer-nginx"}
+    expected |= {f"{n}-ready" for n in NODES}  # pipelineParallel 1: every node heads a replica
     expected |= {f"{n}-verify" for n in NODES if n != "master"}
     assert set(final.depends_on) == expected
     assert "max_latency_ms=1" in final.inputs["create"]
@@ -192,10 +203,11 @@ def test_pipeline_workers_run_ray_against_their_head():
     head = result.named("master-model-vllm").inputs
     worker = result.named("worker-1-model-vllm").inputs
     assert head["name"] == "qwen-head" and worker["name"] == "qwen-pipeline-worker"
-    assert "ray start --head --port=6000" in head["command"][0]
-    assert "--distributed-executor-backend ray" in head["command"][0]
+    assert "ray start --node-ip-address=192.168.1.100 --head --port=6000" in head["command"][0]
+    assert "--distributed-executor-backend=ray" in head["command"][0]
     assert (
-        "ray start --address=192.168.1.100:6000" in worker["command"][0] and "--block" in worker["command"][0]
+        "exec ray start --node-ip-address=192.168.1.101 --block --address=192.168.1.100:6000"
+        in worker["command"][0]
     )
     assert "--min-worker-port=6013" in worker["command"][0]
     assert result.outputs["modelServers"] == ["192.168.1.100:5000", "192.168.1.102:5000"]

@@ -29,7 +29,13 @@ def test_valid_aws_config_applies_defaults(aws_raw):
     assert cluster.load_balancer.idle_timeout_seconds == 3600
     assert cluster.model.name == "Qwen/Qwen3-32B"
     assert cluster.tuning.sysctl == config.DEFAULT_SYSCTL
-    assert [entry.name for entry in cluster.ports] == ["model-service", "inter-node", "monitoring"]
+    assert [entry.name for entry in cluster.ports] == [
+        "model-service",
+        "inter-node",
+        "monitoring",
+        "prometheus",
+        "alertmanager",
+    ]
     assert cluster.master.name == "master"
     assert cluster.model_port == 5000
     assert cluster.bandwidth_gbps == 100
@@ -51,10 +57,17 @@ def test_ports_accept_numbers_and_range_strings(aws_raw):
     aws_raw["ports"] = [
         {"name": "model", "port": "5000", "scope": "clients"},
         {"name": "mesh", "port": "7000-7100", "scope": "cluster"},
-        {"name": "ops", "port": 9100, "scope": "admin", "required": False},
+        {"name": "ops", "port": 9200, "scope": "admin", "required": False},
     ]
     cluster = validate(aws_raw)
-    assert [str(entry.port) for entry in cluster.ports] == ["5000", "7000-7100", "9100"]
+    assert [str(entry.port) for entry in cluster.ports] == [
+        "5000",
+        "7000-7100",
+        "9200",
+        "8000",
+        "9090",
+        "9093",
+    ]
 
 
 def test_ipv6_client_cidr_is_accepted(aws_raw):

@@ -100,5 +100,5 @@ def test_firewalld_is_refused_with_the_reason():
 
 
 def test_probe_ports_cover_every_expected_port(onprem):
-    assert onprem.probe_ports("worker-1") == [22, 5000, 6000, 6100, 8000]
+    assert onprem.probe_ports("worker-1") == [22, 5000, 6000, 6100, 8000, 9090, 9093]
     assert 80 in onprem.probe_ports("master")

@@ -171,3 +171,35 @@ def test_user_data_is_read_in_base64_too():
     encoded = base64.b64encode(b"#!/bin/sh\nsetenforce 0\n").decode()
     texts = dict(net.texts_of(net.LAUNCH_TEMPLATE, {"userData": encoded}))
     assert "setenforce 0" in texts["userData (base64-decoded)"]
+
+
+# --- numbers as the engine sends them (protobuf Struct: every number a double) ------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(5000, 5000), (5000.0, 5000), (5000.5, None), (True, None), ("5000", None), (None, None)],
+)
+def test_integral_accepts_any_integral_real_number(value, expected):
+    assert net.integral(value) == expected
+
+
+def test_port_spans_and_node_counts_read_doubles():
+    assert net.port_span("tcp", 6000.0, 6100.0) == PortRange(6000, 6100)
+    assert net.port_span("tcp", "22", "22") == PortRange(22, 22)
+    assert net.node_count(net.AUTOSCALING_GROUP, {"desiredCapacity": 3.0}) == 3
+
+
+def test_a_firewall_document_sent_as_an_object_reads_its_numbers():
+    document = {
+        "schema": net.FIREWALL_SCHEMA,
+        "host": "master",
+        "address": "192.168.1.100",
+        "nicSpeedGbps": 25.0,
+        "loadBalancer": True,
+        "listenerPort": 80.0,
+        "rules": [{"action": "allow", "protocol": "tcp", "ports": 5000.0, "sources": [], "description": "d"}],
+    }
+    (doc,) = net.firewall_documents({"triggers": [document]})
+    assert doc.listener_port == 80 and doc.nic_speed_gbps == 25.0 and doc.problems == ()
+    assert doc.rules[0].ports == PortRange(5000, 5000)

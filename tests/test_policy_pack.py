@@ -324,8 +324,70 @@ def test_port_exposure_applies_the_same_rules_to_host_firewalls():
     assert refused(bare_metal_stack() + fixtures, "port-exposure", ONPREM) == fail_names(fixtures)
 
 
-def test_without_a_stack_config_only_members_reach_monitoring():
-    assert refused(aws_stack(), "port-exposure", cluster=None) == {"dev-monitoring-in"}
+# Without the stack config only world exposure and all traffic from a known non-member are judged.
+WORLD_EXPOSURE = {
+    "fail_inline_mixed_cidrs",
+    "fail_cluster_world",
+    "fail_model_world_ipv6",
+    "fail_ssh_world_on_lb",
+    "fail_rdp_world_range",
+    "fail_listener_port_on_nodes_world",
+}
+
+
+def test_without_a_stack_config_port_exposure_refuses_world_exposure_only():
+    resources = aws_stack() + PORT_EXPOSURE_FIXTURES
+    assert refused(resources, "port-exposure", cluster=None) == WORLD_EXPOSURE
+
+
+def test_without_a_stack_config_all_traffic_from_a_non_member_group_is_still_refused():
+    others = [res(net.SECURITY_GROUP, "dev-other-sg", description="someone else's")]
+    resources = aws_stack() + [_bastion_sg(), *others] + BASTION_FIXTURES
+    assert refused(resources, "port-exposure", cluster=None) == {
+        "fail_all_from_bastion_sg",  # all traffic from the bastion's group: not a member
+        "fail_bastion_ssh_world",  # world
+        "fail_bastion_other_port_admin",  # the bastion takes SSH only, whoever asks
+    }
+
+
+def test_without_a_stack_config_the_world_may_reach_the_listeners_the_stack_declares():
+    resources = aws_stack()
+    listener = next(r for r in resources if r.name == "dev-listener")
+    listener.inputs["port"] = listener.outputs["port"] = 8080
+    fixtures = [
+        ingress(
+            "pass_world_8080", "dev-lb-sg", cidrIpv4="0.0.0.0/0", ipProtocol="tcp", fromPort=8080, toPort=8080
+        ),
+        ingress("fail_world_80", "dev-lb-sg", cidrIpv4="0.0.0.0/0", ipProtocol="tcp", fromPort=80, toPort=80),
+    ]
+    assert refused(resources + fixtures, "port-exposure", cluster=None) == {"fail_world_80"}
+
+
+def test_without_a_stack_config_host_members_are_the_hosts_addresses_even_aggregated():
+    fixtures = [
+        _host("pass_bm_two_hosts_as_one_block", {"protocol": "all", "sources": ["192.168.1.100/31"]}),
+        _host("fail_bm_whole_segment", {"protocol": "all", "sources": ["192.168.1.0/24"]}),
+        _host("pass_bm_monitoring_relaxed", {"protocol": "tcp", "ports": "8000", "sources": ["10.1.0.0/16"]}),
+    ]
+    assert refused(bare_metal_stack() + fixtures, "port-exposure", cluster=None) == {"fail_bm_whole_segment"}
+
+
+def test_without_a_stack_config_one_advisory_names_the_relaxed_checks():
+    violations = harness.analyze(aws_stack() + PORT_EXPOSURE_FIXTURES, cluster=None)
+    (notice,) = [v for v in violations if v.policy == "stack-config"]
+    assert notice.enforcement == "advisory" and notice.resource is None
+    assert "PULUMI_CONFIG is not set" in notice.message
+    for relaxed in ("port-exposure", "required-paths", "efa-placement", "bandwidth-class"):
+        assert f"{relaxed}:" in notice.message
+    assert not [v for v in harness.analyze(aws_stack(), cluster=DEV) if v.policy == "stack-config"]
+
+
+def test_without_a_stack_config_efa_devices_are_expected_only_where_the_stack_uses_efa():
+    resources = aws_stack()
+    template = next(r for r in resources if r.name == "dev-node-template")
+    template.outputs["networkInterfaces"][0]["interfaceType"] = "interface"
+    assert refused(resources, "efa-placement", cluster=DEV) == {"dev-master", "dev-worker-1"}  # aws.efa: true
+    assert refused(resources, "efa-placement", cluster=None) == set()
 
 
 # --- bandwidth-class ----------------------------------------------------------------------------
@@ -400,11 +462,23 @@ def test_required_paths_refuses_targets_the_load_balancer_cannot_reach():
     assert refused(resources, "required-paths") == {"dev-master", "dev-worker-1"}
 
 
-def test_required_paths_refuses_a_target_group_on_the_wrong_port():
+@pytest.mark.parametrize("port", [8000, 8000.0])
+def test_required_paths_refuses_a_target_group_on_the_wrong_port(port):
     resources = aws_stack()
     group = next(r for r in resources if r.name == "dev-model")
-    group.inputs["port"] = group.outputs["port"] = 8000
-    assert refused(resources, "required-paths") == {"dev-model"}
+    group.inputs["port"] = group.outputs["port"] = port
+    violations = harness.analyze(resources, cluster=DEV)
+    (message,) = [v.message for v in violations if v.policy == "required-paths"]
+    assert message == "target group dev-model forwards to port 8000; the model listens on 5000"
+
+
+def test_the_harness_hands_the_policies_numbers_as_the_engine_does():
+    assert harness.as_sent({"port": 5000, "ok": True, "ports": (22, 3389), "n": None}) == {
+        "port": 5000.0,
+        "ok": True,
+        "ports": [22.0, 3389.0],
+        "n": None,
+    }
 
 
 def test_required_paths_needs_no_self_rules_without_efa_when_configured_so():
@@ -579,10 +653,37 @@ def test_idle_timeout_is_advisory_and_refuses_exactly_the_fail_fixtures():
         res(net.LOAD_BALANCER, "pass_nlb", loadBalancerType="network"),
         res(net.REMOTE_COMMAND, "fail_nginx_60s", create="proxy_read_timeout 60s;"),
         res(net.REMOTE_COMMAND, "pass_nginx_hour", create="proxy_read_timeout 1h; proxy_send_timeout 3600;"),
+        # A short timeout on a health-check location beside the long one on the streams.
+        res(
+            net.REMOTE_COMMAND,
+            "pass_nginx_health_10s",
+            create="proxy_read_timeout 3600s; proxy_read_timeout 10s;",
+        ),
+        res(
+            net.REMOTE_COMMAND,
+            "fail_nginx_all_short",
+            create="proxy_read_timeout 60s; proxy_read_timeout 10s;",
+        ),
     ]
     violations = harness.analyze(fixtures, cluster=None)
     assert {v.resource for v in violations if v.policy == "baseline-idle-timeout"} == fail_names(fixtures)
     assert {v.enforcement for v in violations if v.policy == "baseline-idle-timeout"} == {"advisory"}
+
+
+def test_an_nlb_idle_timeout_of_60_s_is_flagged_and_printed_as_an_integer():
+    fixtures = [res(net.LISTENER, "nlb", protocol="TCP", tcpIdleTimeoutSeconds=60.0)]
+    violations = harness.analyze(
+        fixtures, policy_config={"baseline-idle-timeout": {"minIdleTimeoutSeconds": 900}}
+    )
+    assert [v.message for v in violations if v.policy == "baseline-idle-timeout"] == [
+        "tcpIdleTimeoutSeconds 60 is below 900 s: a silent, thinking answer is cut off"
+    ]
+
+
+def test_config_numbers_are_printed_as_integers():
+    config = {"node-count": {"minNodes": 3.0}}
+    (violation,) = [v for v in harness.analyze(one_node(aws_stack()), cluster=DEV, policy_config=config)]
+    assert "the cluster needs at least 3 (4 or more recommended)" in violation.message
 
 
 def test_selinux_refuses_exactly_the_fail_fixtures():

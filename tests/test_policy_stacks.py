@@ -8,15 +8,7 @@ import pytest
 
 from components import stackfile
 from policies import guard, harness
-from tests.policy_fixtures import AWS_MUTATIONS, MUTATIONS, aws_stack, bare_metal_stack
-
-_RENDERS: dict[str, object] = {}
-
-
-def rendered(stack: str):
-    if stack not in _RENDERS:
-        _RENDERS[stack] = harness.check_stack(stack)
-    return _RENDERS[stack]
+from tests.policy_fixtures import aws_stack, bare_metal_stack, mutation_cases, rendered
 
 
 def mandatory_policies(resources, stack: str) -> set[str]:
@@ -31,18 +23,9 @@ def test_the_real_stacks_produce_no_mandatory_violation(stack):
     assert harness.mandatory(violations) == []
 
 
-def _cases(stacks):
-    for stack in stacks:
-        mutations = dict(MUTATIONS)
-        if stack != "onprem":
-            mutations.update(AWS_MUTATIONS)
-        for label, (mutate, policy) in mutations.items():
-            yield stack, label, mutate, policy
-
-
 @pytest.mark.parametrize(
     ("stack", "label", "mutate", "policy"),
-    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in _cases(stackfile.STACKS)],
+    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in mutation_cases(stackfile.STACKS)],
 )
 def test_a_mutated_real_stack_is_refused_by_the_named_policy(stack, label, mutate, policy):
     render, _ = rendered(stack)
@@ -52,12 +35,31 @@ def test_a_mutated_real_stack_is_refused_by_the_named_policy(stack, label, mutat
 
 @pytest.mark.parametrize(
     ("stack", "label", "mutate", "policy"),
-    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in _cases(("dev", "onprem"))],
+    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in mutation_cases(("dev", "onprem"))],
 )
 def test_a_mutated_fixture_stack_is_refused_by_the_named_policy(stack, label, mutate, policy):
     resources = aws_stack() if stack == "dev" else bare_metal_stack()
     assert mandatory_policies(resources, stack) == set()
     assert policy in mandatory_policies(mutate(resources), stack)
+
+
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_without_a_stack_config_the_real_stacks_pass_with_one_advisory(stack):
+    render, _ = rendered(stack)
+    violations = harness.analyze_render(render, cluster=None)
+    assert harness.mandatory(violations) == []
+    assert [v.policy for v in violations if v.enforcement == "advisory"] == ["stack-config"]
+
+
+@pytest.mark.parametrize(
+    ("stack", "label", "mutate", "policy"),
+    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in mutation_cases(stackfile.STACKS)],
+)
+def test_without_a_stack_config_a_mutated_real_stack_is_still_refused(stack, label, mutate, policy):
+    """World exposure, the EFA self rules and the baseline need no stack config."""
+    render, _ = rendered(stack)
+    violations = harness.analyze(mutate(render.resources), stack=stack, cluster=None)
+    assert policy in {v.policy for v in harness.mandatory(violations)}
 
 
 def test_check_config_renders_and_analyzes_a_stack_config():

@@ -28,17 +28,26 @@ def test_parse_port_range_refuses(bad):
         ports.parse_port_range(bad)
 
 
-def test_default_table_is_the_guides():
+def test_default_table_is_the_guides_plus_prometheus_and_alertmanager():
     assert [(e.name, str(e.port), e.scope.value, e.required) for e in ports.DEFAULT_PORTS] == [
         ("model-service", "5000", "clients", True),
         ("inter-node", "6000-6100", "cluster", True),
         ("monitoring", "8000", "monitoring", False),
+        ("prometheus", "9090", "monitoring", False),
+        ("alertmanager", "9093", "monitoring", False),
     ]
 
 
 def test_exposure_is_members_only_between_nodes_and_lb_only_for_the_model(aws_raw):
     rules = {rule.name: rule for rule in validate(aws_raw).exposures()}
-    assert set(rules) == {"cluster-all", "model-service", "monitoring", "listener"}
+    assert set(rules) == {
+        "cluster-all",
+        "model-service",
+        "monitoring",
+        "prometheus",
+        "alertmanager",
+        "listener",
+    }
     assert rules["cluster-all"].peer is Peer.NODES and rules["cluster-all"].all_traffic
     assert rules["model-service"].peer is Peer.LOAD_BALANCER and rules["model-service"].ports == PortRange(
         5000, 5000

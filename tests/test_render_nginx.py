@@ -1,5 +1,9 @@
+import json
 import re
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +75,41 @@ def test_passes_nginx_t_under_a_temporary_prefix(tmp_path):
 def test_request_bodies_are_buffered_so_a_dead_replica_can_be_retried(conf):
     # With proxy_request_buffering off nginx cannot pass a request on once the body is sent.
     assert "proxy_request_buffering off" not in conf
+
+
+def directive(conf: str, name: str) -> int:
+    (value,) = re.findall(rf"^\s*{name}\s+(\d+);", conf, re.MULTILINE)
+    return int(value)
+
+
+def test_workers_may_open_twice_as_many_files_as_connections(conf):
+    # Each proxied request holds a client and an upstream connection (gixy-ng's rule).
+    assert directive(conf, "worker_rlimit_nofile") >= 2 * directive(conf, "worker_connections")
+
+
+def pinned_nginx_version() -> str:
+    from components.baremetal.serving import NGINX_IMAGE
+
+    version = NGINX_IMAGE.removeprefix("nginx:")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), f"NGINX_IMAGE {NGINX_IMAGE} is not a pinned release"
+    return version
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [{}, {"runtime_dir": "state", "log_dir": "logs", "pid_file": "nginx.pid", "user": None}],
+    ids=["deployed", "lab"],
+)
+def test_gixy_ng_finds_nothing_for_the_pinned_nginx(tmp_path, paths):
+    gixy = shutil.which("gixy", path=str(Path(sys.executable).parent))
+    assert gixy, "gixy-ng is installed from requirements.txt"
+    (tmp_path / "nginx.conf").write_text(nginx.for_cluster(ONPREM, **paths))
+    # --nginx-version: gixy-ng also reports the known CVEs of the release the container runs.
+    result = subprocess.run(
+        [gixy, "-f", "json", "--nginx-version", pinned_nginx_version(), str(tmp_path / "nginx.conf")],
+        capture_output=True,
+        text=True,
+    )
+    findings = json.loads(result.stdout or "null")
+    assert findings == [], json.dumps(findings, indent=2) + result.stderr
+    assert result.returncode == 0, result.stderr

@@ -26,8 +26,8 @@ def test_selinux_labels_ports_and_never_disables():
     text = selinux.apply_script(selinux.service_ports(ONPREM, "master"))
     assert "semanage port -a -t http_port_t" in text
     assert "setenforce" not in text and "SELINUX=disabled" not in text
-    assert "5000\n8000\n80\n" in text
-    assert selinux.service_ports(ONPREM, "worker-1") == ["5000", "8000"]
+    assert "5000\n8000\n9090\n9093\n80\n" in text
+    assert selinux.service_ports(ONPREM, "worker-1") == ["5000", "8000", "9090", "9093"]
 
 
 def test_preflight_checks_speed_against_both_floors():

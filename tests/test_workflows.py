@@ -1,7 +1,9 @@
-"""The pull-request and deploy workflows: valid for GitHub (actionlint) and wired as promised."""
+"""The pull-request and deploy workflows: valid for GitHub (actionlint), clean for zizmor, pinned,
+and wired as promised (pull-request code never holds what can deploy or decrypt the SSH key)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -22,13 +24,60 @@ def steps_using(job: dict, action: str) -> list[dict]:
     return [step for step in job["steps"] if step.get("uses", "").startswith(action + "@")]
 
 
+def venv_tool(name: str) -> str:
+    tool = shutil.which(name, path=str(Path(sys.executable).parent))
+    assert tool, f"{name} is installed from requirements.txt"
+    return tool
+
+
+def every_workflow() -> list[str]:
+    return sorted(map(str, WORKFLOWS.glob("*.yml")))
+
+
 def test_actionlint_passes_on_every_workflow():
-    actionlint = shutil.which("actionlint", path=str(Path(sys.executable).parent))
-    assert actionlint, "actionlint is installed from requirements.txt"
+    result = subprocess.run([venv_tool("actionlint"), *every_workflow()], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_zizmor_finds_nothing_at_the_default_persona():
+    # --offline: no GitHub API (CI has none); the online-only audits are skipped, the rest run.
     result = subprocess.run(
-        [actionlint, *sorted(map(str, WORKFLOWS.glob("*.yml")))], capture_output=True, text=True
+        [venv_tool("zizmor"), "--offline", "--no-progress", "--format", "plain", *every_workflow()],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "No findings to report" in result.stdout, result.stdout
+
+
+USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>\S+)(?P<comment>.*)$")
+
+
+def test_every_action_is_pinned_to_a_commit_sha_with_its_version_in_a_comment():
+    refs = []
+    for path in WORKFLOWS.glob("*.yml"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if match := USES.match(line):
+                where = f"{path.name}:{number}"
+                action, _, ref = match["ref"].partition("@")
+                assert re.fullmatch(r"[0-9a-f]{40}", ref), f"{where}: {action}@{ref} is not a commit SHA"
+                assert re.fullmatch(r"\s+# v\d+\.\d+\.\d+", match["comment"]), (
+                    f"{where}: {action}@{ref} says not which release it is: {match['comment']!r}"
+                )
+                refs.append((action, ref, match["comment"].strip()))
+    assert len(refs) >= 10
+    # One release per action everywhere: a bump is one edit per action, not a mix of versions.
+    by_action: dict[str, set] = {}
+    for action, ref, version in refs:
+        by_action.setdefault(action, set()).add((ref, version))
+    assert all(len(pins) == 1 for pins in by_action.values()), by_action
+
+
+def test_checkouts_keep_no_credentials():
+    for name in ("preview.yml", "up.yml"):
+        for job_name, job in load(name)["jobs"].items():
+            for step in steps_using(job, "actions/checkout"):
+                assert step.get("with", {}).get("persist-credentials") is False, f"{name} {job_name}"
 
 
 def test_preview_runs_the_tests_then_every_stack_with_the_policy_pack():
@@ -39,7 +88,10 @@ def test_preview_runs_the_tests_then_every_stack_with_the_policy_pack():
     preview = jobs["preview"]
     assert preview["needs"] == "test"
     stacks = {entry["stack"] for entry in preview["strategy"]["matrix"]["include"]}
-    assert stacks == set(stackfile.STACKS)
+    # The stacks a pull request may preview with the real CLI: those whose config holds no
+    # secret. onprem's sshPrivateKey stays out of reach; its preview is the offline one.
+    assert stacks == {stack for stack in stackfile.STACKS if stackfile.load(stack).target == "aws"}
+    assert stacks == {"dev", "prod"}
     (pulumi,) = steps_using(preview, "pulumi/actions")
     assert pulumi["with"]["command"] == "preview"
     assert pulumi["with"]["policyPacks"] == "policies"
@@ -48,6 +100,24 @@ def test_preview_runs_the_tests_then_every_stack_with_the_policy_pack():
     assert preview["permissions"]["id-token"] == "write"
     (aws,) = steps_using(preview, "aws-actions/configure-aws-credentials")
     assert "role-to-assume" in aws["with"] and "aws-access-key-id" not in aws["with"]
+
+
+def test_the_preview_runs_pull_request_code_without_the_deploying_role_or_production_secrets():
+    preview = load("preview.yml")["jobs"]["preview"]
+    up = load("up.yml")["jobs"]["up"]
+    # Separate environments: each job sees its own environment's secrets, and the OIDC subject
+    # (repo:<owner>/<repo>:environment:<name>) is what the roles' trust policies match.
+    assert preview["environment"] == "preview"
+    assert up["environment"] == "production"
+    (preview_role,) = steps_using(preview, "aws-actions/configure-aws-credentials")
+    (deploy_role,) = steps_using(up, "aws-actions/configure-aws-credentials")
+    assert preview_role["with"]["role-to-assume"] == "${{ vars.AWS_PREVIEW_ROLE_ARN }}"
+    assert deploy_role["with"]["role-to-assume"] == "${{ vars.AWS_DEPLOY_ROLE_ARN }}"
+    assert "AWS_DEPLOY_ROLE_ARN" not in (WORKFLOWS / "preview.yml").read_text()
+    # Nothing in the pull-request workflow can write to the repository or deploy.
+    test_job = load("preview.yml")["jobs"]["test"]
+    assert "environment" not in test_job and "env" not in test_job
+    assert load("preview.yml")["permissions"] == {"contents": "read"}
 
 
 def test_up_deploys_prod_from_main_behind_a_protected_environment():

@@ -3,8 +3,9 @@
     build(cluster: ClusterConfig, ssh_private_key: Output[str] | None) -> dict[str, Any]
 
 Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
-ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; and the verify commands,
-the master's last of all. Returns the stack outputs.
+ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; the Rollout chain that
+starts (and on Day 2 replaces) the model containers one replica at a time; and the verify
+commands, the master's last of all. Returns the stack outputs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pulumi_command import remote
 
 from components.baremetal import connection
 from components.baremetal.host import HostSetup, HostSetupArgs
+from components.baremetal.rollout import Rollout, RolloutArgs
 from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
 from components.config import ClusterConfig
 from components.render import verify
@@ -53,10 +55,18 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
+        # The model containers start through the rollout chain: one replica after another,
+        # each drained before its container is replaced and healthy before the next starts.
+        self.rollout = Rollout(
+            "rollout",
+            RolloutArgs(cluster, self.servers, self.load_balancer, connections[lb_node.name], setup_done),
+            opts=child,
+        )
         everything = [
             *setup_done,
-            *(s.container for s in self.servers.values()),
+            *(s.container for s in self.servers.values() if s.container is not None),
             self.load_balancer.container,
+            *self.rollout.gates.values(),
         ]
         script = verify.for_cluster(cluster, service_wait_seconds=SERVICE_WAIT_SECONDS)
         worker_checks = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 
 from components.config import ClusterConfig
+from components.render import vllm
 from components.render.sysctl import DROPIN_PATH, dropin
 
 # Jumbo frames inside a VPC (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/network_mtu.html).
@@ -24,31 +25,6 @@ HF_CACHE = "/opt/qwen-cluster/huggingface"
 USER_DATA_LIMIT = 16 * 1024
 
 
-def server_command(cluster: ClusterConfig, node_name: str) -> str:
-    """The shell command the container runs: vLLM on a replica head (after the Ray head when
-    a replica spans nodes), a blocking Ray worker on the other members of a replica."""
-    topology = cluster.topology
-    replica = topology.replica_of(node_name)
-    node_ip = next(member.ip for member in replica.members if member.name == node_name)
-    serve = [
-        "vllm",
-        "serve",
-        cluster.model.name,
-        "--host=0.0.0.0",
-        f"--port={topology.model_port}",
-        f"--tensor-parallel-size={topology.tensor_parallel}",
-        f"--pipeline-parallel-size={topology.pipeline_parallel}",
-    ]
-    if topology.pipeline_parallel == 1:
-        return f"exec {shlex.join(serve)}"  # one node per replica: vLLM's own multiprocessing
-    ray = ["ray", "start", f"--node-ip-address={node_ip}"]
-    if replica.head.name == node_name:
-        head = [*ray, *topology.ports.ray_start_args(head=True)]
-        return f"{shlex.join(head)} && exec {shlex.join([*serve, '--distributed-executor-backend=ray'])}"
-    worker = [*ray, "--block", *topology.ports.ray_start_args(head=False, head_ip=replica.head.ip)]
-    return f"exec {shlex.join(worker)}"
-
-
 def user_data(cluster: ClusterConfig, node_name: str) -> str:
     """The node's first-boot script: sysctl drop-in, MTU, EFA check, the model server."""
     node = next(node for node in cluster.nodes if node.name == node_name)
@@ -57,11 +33,7 @@ def user_data(cluster: ClusterConfig, node_name: str) -> str:
     replica = topology.replica_of(node_name)
     efa = bool(cluster.aws and cluster.aws.efa)
     role = "head" if replica.head.name == node_name else "worker"
-    env = {
-        "VLLM_HOST_IP": ip,
-        "VLLM_PORT": str(topology.ports.vllm.low),
-        "HF_HOME": "/root/.cache/huggingface",
-    }
+    env = {**vllm.environment(cluster, node_name), "HF_HOME": "/root/.cache/huggingface"}
     if efa:
         env |= {"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": EFA_LIBRARY_PATH}
     docker = [
@@ -71,7 +43,7 @@ def user_data(cluster: ClusterConfig, node_name: str) -> str:
     ]  # fmt: skip
     if efa:
         docker += ["--device=/dev/infiniband", "--volume=/opt/amazon:/opt/amazon:ro"]
-    docker += ["--entrypoint=/bin/bash", cluster.model.image, "-c", server_command(cluster, node_name)]
+    docker += ["--entrypoint=/bin/bash", cluster.model.image, "-c", vllm.server_script(cluster, node_name)]
 
     lines = [
         "#!/bin/bash",

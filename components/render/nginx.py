@@ -42,6 +42,12 @@ CONF_FILE = "nginx.conf"
 # nginx.conf finds it in the container and wherever a lab keeps the files.
 UPSTREAM_FILE = "upstream.conf"
 CONTAINER_NAME = "qwen-nginx"
+WORKER_CONNECTIONS = 4096
+# A proxied request holds two descriptors (client and upstream connection), and worker_connections
+# counts both, plus log and temp files: twice worker_connections per worker (gixy-ng's
+# worker_rlimit_nofile_vs_connections). The container's nofile ulimit must allow it too
+# (components/baremetal/serving.py): without CAP_SYS_RESOURCE nginx cannot raise its hard limit.
+WORKER_RLIMIT_NOFILE = 2 * WORKER_CONNECTIONS
 
 
 def upstream_servers(cluster) -> list[tuple[str, int]]:
@@ -71,11 +77,12 @@ def render(
     timeout = f"{idle_timeout_seconds}s"
     return f"""# Managed by qwen-cluster: load balancer over the replica heads' model port.
 {user_line}worker_processes auto;
+worker_rlimit_nofile {WORKER_RLIMIT_NOFILE};
 pid {pid_file};
 error_log {log_dir}/error.log warn;
 
 events {{
-    worker_connections 4096;
+    worker_connections {WORKER_CONNECTIONS};
 }}
 
 http {{

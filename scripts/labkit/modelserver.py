@@ -21,6 +21,28 @@ from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
 MAX_BODY = 1 << 20
+# vLLM's bounds for vllm:time_to_first_token_seconds (a subset; +Inf is the count).
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+# The stand-in's "KV cache": this many concurrent requests fill it.
+KV_SLOTS = 64
 WORDS = ("the", "cluster", "answers", "every", "prompt", "token", "by", "token", "through", "nginx")
 
 
@@ -39,6 +61,17 @@ class Stats:
     requests: Counter = field(default_factory=Counter)  # (path, status) -> count
     tokens: int = 0
     running: int = 0
+    # Time to first token, as vLLM's histogram: cumulative counts per bucket bound, sum, count.
+    ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+
+    def first_token(self, seconds: float) -> None:
+        for index, bound in enumerate(TTFT_BUCKETS):
+            if seconds <= bound:
+                self.ttft_buckets[index] += 1
+        self.ttft_sum += seconds
+        self.ttft_count += 1
 
 
 def completion_tokens(prompt: str, count: int) -> list[str]:
@@ -148,6 +181,7 @@ class ModelServer:
     async def _complete(self, writer, request, think, delay, keep_alive) -> None:
         tokens = self._tokens(request)
         await asyncio.sleep(think + delay * len(tokens))
+        self.stats.first_token(think + delay)
         self.stats.tokens += len(tokens)
         answer = {
             **self._envelope("chat.completion"),
@@ -185,11 +219,14 @@ class ModelServer:
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
             return json.dumps({**self._envelope("chat.completion.chunk"), "choices": [choice]})
 
+        started = time.monotonic()
         await event(chunk({"role": "assistant", "content": ""}))
         await asyncio.sleep(think)  # silent: no byte until the first token
-        for token in self._tokens(request):
+        for index, token in enumerate(self._tokens(request)):
             await asyncio.sleep(delay)
             await event(chunk({"content": token}))
+            if index == 0:
+                self.stats.first_token(time.monotonic() - started)
             self.stats.tokens += 1
         await event(chunk({}, "stop"))
         await event("[DONE]")
@@ -221,13 +258,32 @@ class ModelServer:
         ]
         for (path, status), count in sorted(self.stats.requests.items()):
             lines.append(f'lab_requests_total{{node="{node}",path="{path}",status="{status}"}} {count}')
+        # vLLM's own names and types (docs.vllm.ai, "Production Metrics"), so the cluster's
+        # alert rules read the stand-in as they read vLLM.
+        model = f'model_name="{self.settings.model}"'
+        stats = self.stats
         lines += [
             "# HELP vllm:generation_tokens_total Tokens generated.",
             "# TYPE vllm:generation_tokens_total counter",
-            f'vllm:generation_tokens_total{{model_name="{self.settings.model}"}} {self.stats.tokens}',
+            f"vllm:generation_tokens_total{{{model}}} {stats.tokens}",
             "# HELP vllm:num_requests_running Requests being answered now.",
             "# TYPE vllm:num_requests_running gauge",
-            f'vllm:num_requests_running{{model_name="{self.settings.model}"}} {self.stats.running}',
+            f"vllm:num_requests_running{{{model}}} {stats.running}",
+            "# HELP vllm:num_requests_waiting Requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{model}}} {max(0, stats.running - KV_SLOTS)}",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{model}}} {min(stats.running, KV_SLOTS) / KV_SLOTS:g}",
+            "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+            "# TYPE vllm:time_to_first_token_seconds histogram",
+            *(
+                f'vllm:time_to_first_token_seconds_bucket{{{model},le="{bound}"}} {count}'
+                for bound, count in zip(TTFT_BUCKETS, stats.ttft_buckets, strict=True)
+            ),
+            f'vllm:time_to_first_token_seconds_bucket{{{model},le="+Inf"}} {stats.ttft_count}',
+            f"vllm:time_to_first_token_seconds_sum{{{model}}} {stats.ttft_sum:.6f}",
+            f"vllm:time_to_first_token_seconds_count{{{model}}} {stats.ttft_count}",
             "# HELP process_start_time_seconds Start time of the process.",
             "# TYPE process_start_time_seconds gauge",
             f"process_start_time_seconds {self.stats.started:.3f}",

@@ -1,0 +1,532 @@
+"""Monitoring, rendered from the stack config: every node's :8000 endpoint, the cluster's
+Prometheus (scrape config, alert rules) and Alertmanager. Pure: text and data, no Pulumi.
+
+The pieces and why:
+- Host: node_exporter (Debian's prometheus-node-exporter, `prom/node-exporter` in a
+  container), with its default `infiniband` collector, which reads the EFA devices' counters
+  under /sys/class/infiniband as AWS's HyperPod observability stack does, and `netclass`
+  for the NIC speed.
+- GPUs: NVIDIA's dcgm-exporter, a pinned image run with `--gpus all` (only where the node
+  has GPUs), with a counters file that enables `DCGM_EXP_XID_ERRORS_COUNT`: XID errors
+  counted over a window by the exporter, not `DCGM_FI_DEV_XID_ERRORS`, the last XID seen,
+  which a scrape can miss.
+- vLLM: its own `/metrics` on the model port (heads only: a pipeline worker runs Ray).
+- Peers: blackbox_exporter probes from this node, ICMP to every other member and TCP
+  connect to each member's model port and the pinned inter-node ports that listen there.
+- One port: `scripts/nodemetrics.py`, a small stdlib aggregator on :8000 that fetches all
+  of the above from loopback and serves them as one `/metrics`, every sample labelled with
+  `qwen_source`, and `qwen_source_up{qwen_source}` for each source, so a dead exporter is
+  an alert, never a silent gap. exporter_exporter (Debian's prometheus-exporter-exporter)
+  was the other candidate; it serves one module per `/proxy?module=` URL and refuses by
+  design to merge them ("merging of module outputs into one query ... would break up
+  behaviour", its README), so `GET :8000/metrics` could not be the node's metrics and the
+  probes of each peer would be one scrape job per peer and port.
+
+Durations scale with the lab's clock like the thinking pause: `scale=1` is production.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlencode
+
+import yaml
+
+from components import ports as port_table
+
+# Pinned: the versions Debian bookworm ships, so the configs promtool and amtool check in
+# the tests (Debian's packages) are read by the same versions on the nodes.
+NODE_EXPORTER_IMAGE = "prom/node-exporter:v1.5.0"
+BLACKBOX_EXPORTER_IMAGE = "prom/blackbox-exporter:v0.23.0"
+PROMETHEUS_IMAGE = "prom/prometheus:v2.42.0"
+ALERTMANAGER_IMAGE = "prom/alertmanager:v0.25.0"
+# NVIDIA's README quick start pins this tag (github.com/NVIDIA/dcgm-exporter).
+DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"
+# The aggregator is stdlib-only Python; any pinned CPython image runs it.
+AGGREGATOR_IMAGE = "python:3.12.7-slim-bookworm"
+
+LOOPBACK = "127.0.0.1"
+NODE_EXPORTER_PORT = port_table.MONITORING_LOOPBACK_PORTS["node exporter"]
+BLACKBOX_PORT = port_table.MONITORING_LOOPBACK_PORTS["blackbox exporter"]
+DCGM_PORT = port_table.MONITORING_LOOPBACK_PORTS["dcgm exporter"]
+JOB = "qwen-node"
+# Where an XID counts: the exporter's window and the alert's look-back.
+XID_WINDOW_SECONDS = 600
+KV_CACHE_FULL = 0.95
+
+
+def duration(seconds: float, scale: float = 1.0) -> str:
+    """A Prometheus duration for `seconds` on a clock running at `scale` (at least 100 ms)."""
+    millis = max(100, round(seconds * scale * 1000))
+    if millis % 60000 == 0:
+        return f"{millis // 60000}m"
+    if millis % 1000 == 0:
+        return f"{millis // 1000}s"
+    return f"{millis}ms"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Every interval and timeout of the monitoring pieces on one clock."""
+
+    scrape: float  # seconds
+    scale: float
+
+    @property
+    def scrape_timeout(self) -> float:
+        return round(self.scrape * 0.8, 3)
+
+    @property
+    def probe_timeout(self) -> float:
+        """Each source and probe behind :8000 gets this, so one scrape of :8000 (all of them in
+        parallel) ends before Prometheus's scrape timeout even when a peer is gone."""
+        return round(min(2.0, self.scrape * 0.4), 3)
+
+
+def timing(cluster, scale: float = 1.0) -> Timing:
+    # The lab's clock shortens everything, but a scrape more often than every second would
+    # be its own load on two shared cores.
+    return Timing(scrape=max(1.0, cluster.monitoring.scrape_interval_seconds * scale), scale=scale)
+
+
+# ---------------------------------------------------------------- the node endpoint
+
+
+def endpoint_port(cluster) -> int:
+    return port_table.port_of(cluster.ports, port_table.MONITORING_ENDPOINT)
+
+
+def prometheus_port(cluster) -> int:
+    return port_table.port_of(cluster.ports, port_table.PROMETHEUS)
+
+
+def alertmanager_port(cluster) -> int:
+    return port_table.port_of(cluster.ports, port_table.ALERTMANAGER)
+
+
+def listening_ports(cluster, node_name: str) -> list[tuple[str, int]]:
+    """(name, port) of what listens on `node_name` for the other members: the model port
+    on a replica head; with pipeline parallelism the Ray ports pinned in the cluster range
+    (GCS on the head; node and object manager on every member)."""
+    topology = cluster.topology
+    found: list[tuple[str, int]] = []
+    if topology.is_head(node_name):
+        found.append(
+            (next(e.name for e in cluster.ports if e.scope is port_table.Scope.CLIENTS), cluster.model_port)
+        )
+    if topology.pipeline_parallel > 1:
+        pinned = topology.ports
+        if topology.is_head(node_name):
+            found.append(("ray-gcs", pinned.gcs))
+        found += [("ray-node-manager", pinned.node_manager), ("ray-object-manager", pinned.object_manager)]
+    return found
+
+
+@dataclass(frozen=True)
+class Probe:
+    peer: str
+    peer_ip: str
+    module: str  # blackbox module: icmp | tcp_connect
+    port: int | None = None
+    port_name: str = ""
+
+    def url(self) -> str:
+        target = self.peer_ip if self.port is None else f"{self.peer_ip}:{self.port}"
+        return f"http://{LOOPBACK}:{BLACKBOX_PORT}/probe?" + urlencode(
+            {"module": self.module, "target": target}
+        )
+
+    def labels(self) -> dict[str, str]:
+        labels = {"peer": self.peer, "peer_ip": self.peer_ip, "module": self.module}
+        if self.port is not None:
+            labels |= {"port": str(self.port), "port_name": self.port_name}
+        return labels
+
+
+def probes(
+    cluster, node_name: str, listening: Mapping[str, list[tuple[str, int]]] | None = None
+) -> list[Probe]:
+    """From `node_name` to every other member: ICMP, and TCP to what listens there
+    (`listening` overrides per peer, e.g. the lab's stand-ins that hold other ports)."""
+    result: list[Probe] = []
+    for peer in cluster.nodes:
+        if peer.name == node_name:
+            continue
+        ip = str(peer.ip)
+        result.append(Probe(peer.name, ip, "icmp"))
+        ports = (
+            listening[peer.name]
+            if listening and peer.name in listening
+            else listening_ports(cluster, peer.name)
+        )
+        result += [Probe(peer.name, ip, "tcp_connect", port, name) for name, port in ports]
+    return result
+
+
+def aggregator_config(
+    cluster,
+    node_name: str,
+    *,
+    scale: float = 1.0,
+    gpu: bool | None = None,
+    listening: Mapping[str, list[tuple[str, int]]] | None = None,
+) -> dict:
+    """What `scripts/nodemetrics.py` on `node_name` fetches and serves on the endpoint port.
+    `gpu` defaults to whether the nodes have GPUs (the lab's stand-ins have none)."""
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    gpu = cluster.gpus_per_node > 0 if gpu is None else gpu
+    clock = timing(cluster, scale)
+    sources = [{"name": "node", "url": f"http://{LOOPBACK}:{NODE_EXPORTER_PORT}/metrics"}]
+    if gpu:
+        sources.append({"name": "gpu", "url": f"http://{LOOPBACK}:{DCGM_PORT}/metrics"})
+    if cluster.topology.is_head(node_name):
+        sources.append({"name": "vllm", "url": f"http://{LOOPBACK}:{cluster.model_port}/metrics"})
+    return {
+        "node": node_name,
+        "node_ip": str(node.ip),
+        "listen": f"0.0.0.0:{endpoint_port(cluster)}",
+        "timeout": clock.probe_timeout,
+        "sources": sources,
+        "probes": [
+            {"url": probe.url(), "labels": probe.labels()} for probe in probes(cluster, node_name, listening)
+        ],
+    }
+
+
+def aggregator_json(cluster, node_name: str, **kwargs) -> str:
+    return json.dumps(aggregator_config(cluster, node_name, **kwargs), indent=2, sort_keys=True) + "\n"
+
+
+def blackbox_config(cluster, scale: float = 1.0) -> str:
+    timeout = duration(timing(cluster, scale).probe_timeout)
+    modules = {
+        "icmp": {"prober": "icmp", "timeout": timeout, "icmp": {"preferred_ip_protocol": "ip4"}},
+        "tcp_connect": {"prober": "tcp", "timeout": timeout, "tcp": {"preferred_ip_protocol": "ip4"}},
+    }
+    return yaml.safe_dump({"modules": modules}, sort_keys=False)
+
+
+# Enabled on top of what dcgm-exporter's defaults watch: the windowed XID count the alert
+# reads (dcgm-exporter's own field, `--xid-count-window-size`), and the usual health rows.
+DCGM_COUNTERS = """\
+# DCGM field, Prometheus type, help (dcgm-exporter counters file; rendered by qwen-cluster)
+DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).
+DCGM_FI_DEV_FB_FREE, gauge, Framebuffer memory free (in MiB).
+DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).
+DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).
+DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).
+DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered.
+DCGM_EXP_XID_ERRORS_COUNT, gauge, XID errors counted over --xid-count-window-size.
+"""
+
+
+def dcgm_args(counters_path: str) -> list[str]:
+    return [
+        "-f",
+        counters_path,
+        "-a",
+        f"{LOOPBACK}:{DCGM_PORT}",
+        f"--xid-count-window-size={XID_WINDOW_SECONDS * 1000}",
+    ]
+
+
+def node_exporter_args(*, rootfs: str | None = "/host") -> list[str]:
+    args = [f"--web.listen-address={LOOPBACK}:{NODE_EXPORTER_PORT}"]
+    if rootfs:
+        # In a container: the host's filesystem mounted read-only at /host (node_exporter's
+        # README, "Docker"); /proc and /sys are read through it.
+        args.append(f"--path.rootfs={rootfs}")
+    return args
+
+
+def blackbox_args(config_path: str) -> list[str]:
+    return [f"--config.file={config_path}", f"--web.listen-address={LOOPBACK}:{BLACKBOX_PORT}"]
+
+
+# ---------------------------------------------------------------- Prometheus
+
+
+def scrape_targets(cluster) -> list[dict]:
+    """One static target per node: its endpoint, labelled with what the rules group by."""
+    topology = cluster.topology
+    port = endpoint_port(cluster)
+    targets = []
+    for node in cluster.nodes:
+        replica = topology.replica_of(node.name)
+        targets.append(
+            {
+                "targets": [f"{node.ip}:{port}"],
+                "labels": {
+                    "node": node.name,
+                    "replica": str(replica.index),
+                    "replica_head": replica.head.name,
+                    "role": "head" if replica.head.name == node.name else "pipeline-worker",
+                },
+            }
+        )
+    return targets
+
+
+def prometheus_config(
+    cluster, *, rules_path: str, scale: float = 1.0, cluster_name: str = "qwen-cluster"
+) -> str:
+    clock = timing(cluster, scale)
+    am_port = alertmanager_port(cluster)
+    config = {
+        "global": {
+            "scrape_interval": duration(clock.scrape),
+            "scrape_timeout": duration(clock.scrape_timeout),
+            "evaluation_interval": duration(clock.scrape),
+            "external_labels": {"cluster": cluster_name},
+        },
+        "rule_files": [rules_path],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"{LOOPBACK}:{am_port}"]}]}]},
+        "scrape_configs": [
+            {"job_name": JOB, "static_configs": scrape_targets(cluster)},
+            {
+                "job_name": "prometheus",
+                "static_configs": [{"targets": [f"{LOOPBACK}:{prometheus_port(cluster)}"]}],
+            },
+            {"job_name": "alertmanager", "static_configs": [{"targets": [f"{LOOPBACK}:{am_port}"]}]},
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def prometheus_args(cluster, *, config_path: str, data_path: str) -> list[str]:
+    return [
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={data_path}",
+        f"--web.listen-address=0.0.0.0:{prometheus_port(cluster)}",
+        # SIGHUP or POST /-/reload re-reads the rules: a new alert bound needs no restart.
+        "--web.enable-lifecycle",
+    ]
+
+
+def alertmanager_args(cluster, *, config_path: str, data_path: str) -> list[str]:
+    return [
+        f"--config.file={config_path}",
+        f"--storage.path={data_path}",
+        f"--web.listen-address=0.0.0.0:{alertmanager_port(cluster)}",
+        # One Alertmanager: no gossip listener on 9094 (a port that is in no table).
+        "--cluster.listen-address=",
+    ]
+
+
+# ---------------------------------------------------------------- alert rules
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert: its rule, and how `doctor` tells it in the guide's terms."""
+
+    name: str
+    severity: str
+    expr: str
+    for_seconds: float
+    summary: str  # Prometheus template, also what doctor prints as `what`
+    cause: str
+    fix: str
+    where: tuple[str, ...] = ("node",)  # labels naming the node(s)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _budget_seconds(cluster) -> float:
+    return cluster.network.max_latency_ms / 1000
+
+
+def alerts(cluster, scale: float = 1.0) -> list[Alert]:
+    """The guide's requirements as alerts, bounds from the stack config."""
+    net = cluster.network
+    mon = cluster.monitoring
+    unreachable_peer = 'label_replace(qwen:peer_reachable == 0, "node", "$1", "peer", "(.*)")'
+    rate_window = duration(300, scale)
+    return [
+        Alert(
+            "QwenReplicaDown",
+            "critical",
+            "qwen:replica_up == 0",
+            60,
+            "replica {{ $labels.replica }} (head {{ $labels.replica_head }}) is not serving",
+            "the model server on {{ $labels.replica_head }} does not answer /metrics, or a member of the "
+            "replica cannot be scraped (node down, link cut, container stopped)",
+            "check the node (ping, route -n) and its container: docker logs qwen-head",
+            where=("replica_head",),
+        ),
+        Alert(
+            "QwenAllReplicasDown",
+            "critical",
+            "max(qwen:replica_up) == 0",
+            60,
+            "no replica is serving: the load balancer has no healthy upstream",
+            "every model server is down or unreachable",
+            "start with the first replica's head: ping it, then docker logs qwen-head",
+            where=(),
+        ),
+        Alert(
+            "QwenNodeUnreachable",
+            "critical",
+            unreachable_peer,
+            60,
+            "node {{ $labels.node }} does not answer ping from any other member",
+            "the node is down, its link is cut, or a route is missing",
+            "ping {{ $labels.node }} from another node; check `route -n` and the link (ip link)",
+        ),
+        Alert(
+            "QwenNodeLatencyHigh",
+            "warning",
+            'max by (node, peer) (probe_icmp_duration_seconds{phase="rtt"})'
+            f" > {_budget_seconds(cluster):g}",
+            60,
+            "latency {{ $labels.node }} to {{ $labels.peer }} is "
+            f"{{{{ $value | humanizeDuration }}}}, over network.maxLatencyMs {net.max_latency_ms:g} ms",
+            "a congested or long path between the nodes (a switch hop, a shaped link, another segment)",
+            "ping -c 20 between the two; keep the nodes on one switch (a cluster placement group on AWS)",
+            where=("node", "peer"),
+        ),
+        Alert(
+            "QwenInterNodePortUnreachable",
+            "critical",
+            'probe_success{module="tcp_connect"} == 0 unless on(peer) (qwen:peer_reachable == 0)',
+            60,
+            "{{ $labels.node }} cannot connect to {{ $labels.peer }} port {{ $labels.port }} "
+            "({{ $labels.port_name }})",
+            "a firewall port closed between {{ $labels.node }} and {{ $labels.peer }}, or nothing listens "
+            "there (the service on {{ $labels.peer }} is down)",
+            "telnet {{ $labels.peer_ip }} {{ $labels.port }} from {{ $labels.node }}; check the host "
+            "firewall (ufw status / nft list ruleset) and the security group",
+            where=("node", "peer"),
+        ),
+        Alert(
+            "QwenNicBelowFloor",
+            "warning",
+            "(node_network_speed_bytes * on(instance, device) group_left() qwen_node_nic_info) * 8 / 1e9"
+            f" < {net.min_bandwidth_gbps:g}",
+            300,
+            "NIC {{ $labels.device }} on {{ $labels.node }} runs at {{ $value }} Gbit/s, below "
+            f"network.minBandwidthGbps {net.min_bandwidth_gbps:g}",
+            "the link negotiated a lower speed (cable, transceiver, switch port) or the wrong NIC carries "
+            "the node IP",
+            "ethtool {{ $labels.device }}; check the cable and the switch port",
+        ),
+        Alert(
+            "QwenKvCacheFull",
+            "warning",
+            f"max by (node, replica) (vllm:kv_cache_usage_perc) > {KV_CACHE_FULL:g}",
+            300,
+            "KV cache on {{ $labels.node }} is {{ $value | humanizePercentage }} full",
+            "more concurrent tokens than the replica holds: requests queue and get preempted",
+            "add replicas (nodes), lower max_model_len, or raise tensorParallel",
+        ),
+        Alert(
+            "QwenRequestsWaiting",
+            "warning",
+            f"sum by (node, replica) (vllm:num_requests_waiting) > {mon.max_requests_waiting}",
+            120,
+            "{{ $value }} requests waiting on {{ $labels.node }}, over monitoring.maxRequestsWaiting "
+            f"{mon.max_requests_waiting}",
+            "more load than the replicas serve",
+            "add replicas, or check that the load balancer spreads requests (every upstream up)",
+        ),
+        Alert(
+            "QwenTtftP99High",
+            "warning",
+            "histogram_quantile(0.99, sum by (node, replica, le) "
+            f"(rate(vllm:time_to_first_token_seconds_bucket[{rate_window}]))) > {mon.max_ttft_p99_seconds:g}",
+            300,
+            "TTFT p99 on {{ $labels.node }} is {{ $value | humanizeDuration }}, over "
+            f"monitoring.maxTtftP99Seconds {mon.max_ttft_p99_seconds:g} s",
+            "requests queue before prefill (load, KV cache full) or prompts are very long",
+            "look at QwenRequestsWaiting and QwenKvCacheFull on the same node; add replicas",
+        ),
+        Alert(
+            "QwenGpuXidErrors",
+            "critical",
+            "max by (node, gpu, xid) "
+            f"(max_over_time(DCGM_EXP_XID_ERRORS_COUNT[{duration(XID_WINDOW_SECONDS, scale)}])) > 0",
+            0,
+            "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID {{ $labels.xid }} "
+            "({{ $value }} in the window)",
+            "a GPU hardware, driver or application fault (see NVIDIA's XID catalogue)",
+            "dmesg | grep -i xid on {{ $labels.node }}; drain the node if it repeats",
+        ),
+        Alert(
+            "QwenMonitoringEndpointDown",
+            "warning",
+            f'up{{job="{JOB}"}} == 0 unless on(node) {unreachable_peer}',
+            60,
+            "Prometheus cannot scrape {{ $labels.node }}'s monitoring endpoint ({{ $labels.instance }})",
+            "the endpoint container is stopped, or the firewall closes the monitoring port to the "
+            "Prometheus node",
+            "curl {{ $labels.instance }}/metrics from the Prometheus node; docker logs qwen-nodemetrics",
+        ),
+        Alert(
+            "QwenMonitoringSourceDown",
+            "warning",
+            "qwen_source_up == 0",
+            60,
+            "{{ $labels.qwen_source }} metrics on {{ $labels.node }} are missing",
+            "that exporter is stopped or not answering on loopback",
+            "docker ps on {{ $labels.node }}; restart the {{ $labels.qwen_source }} exporter container",
+        ),
+    ]
+
+
+def recording_rules() -> list[dict]:
+    return [
+        {
+            # A member serves when Prometheus scrapes it and, where it runs vLLM, vLLM answers.
+            "record": "qwen:member_serving",
+            "expr": f'up{{job="{JOB}"}} * on(instance) group_left() qwen_source_up{{qwen_source="vllm"}}'
+            f' or up{{job="{JOB}"}}',
+        },
+        {"record": "qwen:replica_up", "expr": "min by (replica, replica_head) (qwen:member_serving)"},
+        # A node is reachable while any other member's ping reaches it.
+        {"record": "qwen:peer_reachable", "expr": 'max by (peer) (probe_success{module="icmp"})'},
+    ]
+
+
+def rules(cluster, scale: float = 1.0) -> str:
+    """The rule file: recording rules, then the alerts."""
+    alert_rules = []
+    for alert in alerts(cluster, scale):
+        rule = {"alert": alert.name, "expr": alert.expr}
+        if alert.for_seconds:
+            rule["for"] = duration(alert.for_seconds, scale)
+        rule["labels"] = {"severity": alert.severity, **alert.labels}
+        rule["annotations"] = {"summary": alert.summary, "cause": alert.cause, "fix": alert.fix}
+        alert_rules.append(rule)
+    groups = [
+        {"name": "qwen-cluster-records", "rules": recording_rules()},
+        {"name": "qwen-cluster-alerts", "rules": alert_rules},
+    ]
+    return yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000)
+
+
+# ---------------------------------------------------------------- Alertmanager
+
+
+def alertmanager_config(cluster, scale: float = 1.0) -> str:
+    receiver: dict = {"name": "default"}
+    if cluster.monitoring.webhook_url:
+        receiver["webhook_configs"] = [{"url": cluster.monitoring.webhook_url, "send_resolved": True}]
+    config = {
+        "route": {
+            "receiver": "default",
+            "group_by": ["alertname", "node", "replica"],
+            "group_wait": duration(30, scale),
+            "group_interval": duration(300, scale),
+            "repeat_interval": "4h",
+        },
+        "receivers": [receiver],
+        "inhibit_rules": [
+            {
+                # One page for "nothing serves", not one per replica as well.
+                "source_matchers": ['alertname="QwenAllReplicasDown"'],
+                "target_matchers": ['alertname="QwenReplicaDown"'],
+            }
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)

@@ -1,0 +1,132 @@
+"""The one vLLM command (components/render/vllm.py) and its config: `model.vllmFlags`, `rollout`."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from components import config, stackfile
+from components.baremetal import serving
+from components.config import ConfigError
+from components.render import cloudinit, vllm
+from tests.aws_stacks import variant
+
+
+def cluster_of(stack_config) -> config.ClusterConfig:
+    return config.validate(stackfile.cluster_keys(stack_config))
+
+
+def with_flags(flags, stack: str = "dev") -> dict:
+    return variant(stack, model={"vllmFlags": flags})
+
+
+def errors_of(stack_config) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        cluster_of(stack_config)
+    return caught.value.errors
+
+
+def test_qwen3_defaults_separate_thinking_and_bound_the_context():
+    argv = vllm.serve_argv(stackfile.load("dev"))
+    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-32B"]
+    assert "--reasoning-parser=qwen3" in argv
+    assert "--max-model-len=32768" in argv
+    assert "--served-model-name=Qwen/Qwen3-32B" in argv
+
+
+def test_owned_flags_come_from_the_config():
+    argv = vllm.serve_argv(stackfile.load("prod"))
+    assert argv[3:8] == [
+        "--host=0.0.0.0",
+        "--port=5000",
+        "--tensor-parallel-size=8",
+        "--pipeline-parallel-size=1",
+        "--gpu-memory-utilization=0.9",
+    ]
+    assert not any(arg.startswith("--distributed-executor-backend") for arg in argv)
+
+
+def test_stack_flags_override_defaults_add_switches_and_drop_with_false():
+    cluster = cluster_of(
+        with_flags({"--max-model-len": 16384, "--enable-prefix-caching": True, "--reasoning-parser": False})
+    )
+    argv = vllm.serve_argv(cluster)
+    assert "--max-model-len=16384" in argv and "--max-model-len=32768" not in argv
+    assert "--enable-prefix-caching" in argv
+    assert not any(arg.startswith("--reasoning-parser") for arg in argv)
+
+
+def test_flag_values_survive_the_shell():
+    cluster = cluster_of(with_flags({"--hf-overrides": '{"rope_parameters": {"factor": 4.0}}'}))
+    script = vllm.server_script(cluster, "master")
+    assert '--hf-overrides={"rope_parameters": {"factor": 4.0}}' in shlex.split(script.removeprefix("exec "))
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "source"),
+    [
+        ("--port", 8080, "ports (the clients entry)"),
+        ("--host", "127.0.0.1", "the program"),
+        ("--tensor-parallel-size", 2, "model.tensorParallel"),
+        ("--pipeline-parallel-size", 2, "model.pipelineParallel"),
+        ("--gpu-memory-utilization", 0.95, "GPU_MEMORY_UTILIZATION"),
+        ("--distributed-executor-backend", "mp", "model.pipelineParallel"),
+    ],
+)
+def test_owned_flags_are_refused_naming_key_and_value(flag, value, source):
+    (error,) = errors_of(with_flags({flag: value}))
+    assert error.startswith(f"model.vllmFlags {flag} {value!r} is set by the program from ")
+    assert source in error
+
+
+def test_flags_are_long_dashed_names():
+    (error,) = errors_of(with_flags({"max_model_len": 4096}))
+    assert error == "model.vllmFlags 'max_model_len' is not a long vLLM flag (write it as '--max-model-len')"
+
+
+def test_a_flag_takes_one_value():
+    (error,) = errors_of(with_flags({"--allowed-origins": ["a", "b"]}))
+    assert "--allowed-origins ['a', 'b']: give one value" in error
+
+
+def test_both_targets_run_the_same_command():
+    onprem = stackfile.load("onprem")
+    node = onprem.nodes[1]
+    script, env = serving.server_command(onprem, node)
+    assert script.endswith(vllm.server_script(onprem, node.name))
+    assert env["VLLM_HOST_IP"] == str(node.ip) and env["VLLM_PORT"] == "6009"
+    prod = stackfile.load("prod")
+    assert shlex.quote(vllm.server_script(prod, "worker-1")) in cloudinit.user_data(prod, "worker-1")
+
+
+def test_a_flag_change_changes_the_command_on_both_targets():
+    for stack in ("dev", "onprem"):
+        before = stackfile.load(stack)
+        after = cluster_of(with_flags({"--enable-prefix-caching": True}, stack))
+        assert vllm.server_script(before, "master") != vllm.server_script(after, "master")
+
+
+def test_pipeline_parallel_heads_start_ray_head_and_workers_join_it():
+    cluster = cluster_of(variant("prod", model={"pipelineParallel": 2}))
+    pinned = cluster.topology.ports
+    head = vllm.server_script(cluster, "master")
+    worker = vllm.server_script(cluster, "worker-1")
+    assert head.startswith("ray start --node-ip-address=10.50.1.100 --head")
+    assert f"--port={pinned.gcs}" in head and "--distributed-executor-backend=ray" in head
+    assert " && exec vllm serve " in head  # vLLM only once the Ray head is up
+    assert f"--min-worker-port={pinned.workers.low}" in head
+    assert worker == (
+        "exec ray start --node-ip-address=10.50.1.101 --block "
+        + " ".join(pinned.ray_start_args(head=False, head_ip="10.50.1.100"))
+    )
+    assert vllm.environment(cluster, "worker-1")["RAY_ADDRESS"] == f"10.50.1.100:{pinned.gcs}"
+
+
+def test_rollout_defaults_and_bounds():
+    cluster = stackfile.load("dev")
+    assert (cluster.rollout.drain_timeout_seconds, cluster.rollout.health_timeout_seconds) == (300, 1800)
+    (error,) = errors_of(variant("dev", rollout={"healthTimeoutSeconds": 10}))
+    assert error.startswith("rollout.healthTimeoutSeconds 10: ")
+    (error,) = errors_of(variant("dev", rollout={"drainTimeout": 10}))
+    assert error == "rollout.drainTimeout is not a known key"
