@@ -19,7 +19,9 @@ from typing import Any
 
 import pulumi
 import pulumi.runtime
-from pulumi.runtime import settings
+from pulumi.output import Unknown
+from pulumi.runtime import rpc, settings
+from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import wait_for_rpcs
 from pulumi.runtime.sync_await import _sync_await
 
@@ -49,6 +51,9 @@ class RecordedResource:
     delete_before_replace: bool = False
     ignore_changes: list[str] = field(default_factory=list)  # input property paths, camelCase
     replace_on_changes: list[str] = field(default_factory=list)
+    # Input property -> names of the resources it depends on, as the SDK tells the engine (the
+    # engine hands them to the policy pack); None where not recorded (hand-written fixtures).
+    property_dependencies: dict[str, list[str]] | None = None
 
 
 @dataclass
@@ -118,14 +123,27 @@ _COMPUTED: dict[str, dict[str, Any]] = {
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    """Mocks that echo inputs as outputs, add ids/ARNs, and answer invokes plausibly."""
+    """Mocks that echo inputs as outputs, add ids/ARNs, and answer invokes plausibly.
 
-    def __init__(self, invoke_results: dict[str, dict[str, Any]] | None = None):
+    `preview`: answer like the engine in a preview of a new stack: a new resource's id and
+    whatever its provider computes (ARN, DNS name, ...) are unknown; inputs stay known."""
+
+    def __init__(self, invoke_results: dict[str, dict[str, Any]] | None = None, *, preview: bool = False):
         self.resources: list[RecordedResource] = []
         self.invokes: list[tuple[str, dict[str, Any]]] = []
         self.invoke_results = invoke_results or {}
+        self.preview = preview
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        if self.preview:
+            inputs = _as_sent(dict(args.inputs))
+            outputs = dict(inputs)
+            for key in (*_COMPUTED.get(args.typ, {}), "arn"):
+                outputs.setdefault(key, rpc.UNKNOWN)
+            self.resources.append(
+                RecordedResource(args.typ, args.name, inputs, outputs, args.custom, args.provider or None)
+            )
+            return [None, outputs]
         outputs = dict(args.inputs)
         for key, template in _COMPUTED.get(args.typ, {}).items():
             if not isinstance(template, str):
@@ -170,6 +188,34 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
+def _as_sent(value: Any) -> Any:
+    """Unknown inputs as the engine hands them on (the SDK's unknown sentinel string)."""
+    if isinstance(value, Unknown):
+        return rpc.UNKNOWN
+    if isinstance(value, Mapping):
+        return {key: _as_sent(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_sent(item) for item in value]
+    return value
+
+
+class _RecordingMonitor(MockMonitor):
+    """The mock monitor, also keeping each registration's property dependencies (URNs)."""
+
+    def __init__(self, mocks: pulumi.runtime.Mocks):
+        super().__init__(mocks)
+        self.names: dict[str, str] = {}  # urn -> resource name
+        self.property_dependencies: dict[tuple[str, str], dict[str, list[str]]] = {}
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        self.names[response.urn] = request.name
+        self.property_dependencies[(request.type, request.name)] = {
+            key: list(deps.urns) for key, deps in request.propertyDependencies.items() if deps.urns
+        }
+        return response
+
+
 def strings(value: Any) -> Iterator[str]:
     """Every string inside a nested input value."""
     if isinstance(value, str):
@@ -206,17 +252,20 @@ def render(
     program: Path = PROGRAM,
     ssh_private_key: str | None = OFFLINE_SSH_KEY,
     invoke_results: dict[str, dict[str, Any]] | None = None,
+    preview: bool = False,
 ) -> Render:
-    """Run `program` with `stack_config` (the `config:` map of a stack file) under mocks."""
+    """Run `program` with `stack_config` (the `config:` map of a stack file) under mocks;
+    `preview`: as `pulumi preview` of a new stack (ids and computed outputs unknown)."""
     values, secret_keys = stackfile.as_pulumi_config(stack_config)
     key_name = "qwen-cluster:sshPrivateKey"
     if ssh_private_key is not None and key_name not in values:
         values[key_name] = ssh_private_key
         secret_keys.append(key_name)
-    mocks = RecordingMocks(invoke_results)
+    mocks = RecordingMocks(invoke_results, preview=preview)
     settings.ROOT.set(None)
     pulumi.runtime.set_all_config(values, secret_keys)
-    pulumi.runtime.set_mocks(mocks, project="qwen-cluster", stack=stack, preview=False)
+    monitor = _RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="qwen-cluster", stack=stack, preview=preview, monitor=monitor)
 
     lineage: dict[tuple[str, str], tuple[str | None, str | None, list[str]]] = {}
     options: dict[tuple[str, str], tuple[bool, list[str], list[str]]] = {}
@@ -269,6 +318,10 @@ def render(
             ignored,
             replaced,
         )
+        urns = monitor.property_dependencies.get((resource.type, resource.name), {})
+        resource.property_dependencies = {
+            key: [monitor.names[urn] for urn in deps if urn in monitor.names] for key, deps in urns.items()
+        }
     return Render(stack, mocks.resources, outputs, mocks.invokes, error)
 
 

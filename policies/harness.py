@@ -2,13 +2,17 @@
 
 Resource policies see each resource's inputs, stack policies every resource's outputs, as the
 engine hands them over (wrapped in pulumi_policy's unknown-checking proxies). The engine's
-property dependencies are rebuilt from the mock ids as the offline render does
-(`offline.references`): a property holding `<name>-id`, another resource's ARN or DNS name
-depends on that resource. Schema defaults are applied by the policies themselves
-(`guard.settings`), so a missing config here means the defaults, as with the CLI.
+property dependencies are the ones the SDK sent with each registration, as the offline render
+recorded them (in a preview, ids are unknown and only these tell which group a rule belongs
+to); for hand-written fixtures they are rebuilt from the mock ids (`offline.references`): a
+property holding `<name>-id`, another resource's ARN or DNS name depends on that resource.
+Schema defaults are applied by the policies themselves (`guard.settings`), so a missing config
+here means the defaults, as with the CLI.
 
 Numbers reach the policies as the engine sends them: properties and policy config travel as
-protobuf Structs, whose numbers are doubles, so a port of 5000 is 5000.0 here too.
+protobuf Structs, whose numbers are doubles, so a port of 5000 is 5000.0 here too. Secrets are
+unwrapped as pulumi_policy's analyzer unwraps them, and a policy that reads a value unknown in
+a preview gets the analyzer's advisory in place of its verdict.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pulumi_policy import (
     StackValidationArgs,
     StackValidationPolicy,
 )
+from pulumi_policy.deserialize import deserialize_properties
 from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
 
 from components import config, offline, stackfile
@@ -53,6 +58,30 @@ class Violation:
 
 def urn_of(stack: str, resource: RecordedResource) -> str:
     return f"urn:pulumi:{stack}::{PROJECT}::{resource.type}::{resource.name}"
+
+
+def _property_dependencies(
+    resource: RecordedResource,
+    refs: Mapping[str, RecordedResource],
+    by_name: Mapping[str, RecordedResource],
+) -> dict[str, list[RecordedResource]]:
+    """Input property -> the resources it depends on: as the SDK told the engine when the render
+    recorded it (ids may be unknown in a preview), else rebuilt from the mock ids in the inputs."""
+    if resource.property_dependencies is not None:
+        return {
+            key: [by_name[name] for name in names if name in by_name]
+            for key, names in resource.property_dependencies.items()
+        }
+    found: dict[str, list[RecordedResource]] = {}
+    for key, value in resource.inputs.items():
+        deps: list[RecordedResource] = []
+        for text in offline.strings(value):
+            target = refs.get(text)
+            if target is not None and target is not resource and all(d is not target for d in deps):
+                deps.append(target)
+        if deps:
+            found[key] = deps
+    return found
 
 
 def _options(parent_urn: str | None) -> PolicyResourceOptions:
@@ -83,7 +112,9 @@ def policy_resources(stack: str, resources: list[RecordedResource], *, outputs: 
         parent = by_name.get(resource.parent) if resource.parent else None
         built[id(resource)] = PolicyResource(
             resource_type=resource.type,
-            props=unknown_checking_proxy(as_sent(dict(resource.outputs if outputs else resource.inputs))),
+            props=unknown_checking_proxy(
+                deserialize_properties(as_sent(dict(resource.outputs if outputs else resource.inputs)))
+            ),
             urn=urn_of(stack, resource),
             name=resource.name,
             opts=_options(urn_of(stack, parent) if parent else None),
@@ -97,15 +128,9 @@ def policy_resources(stack: str, resources: list[RecordedResource], *, outputs: 
         parent = by_name.get(resource.parent) if resource.parent else None
         policy_resource.parent = built[id(parent)] if parent else None
         seen: list[PolicyResource] = []
-        for key, value in resource.inputs.items():
-            deps = []
-            for text in offline.strings(value):
-                target = refs.get(text)
-                if target is not None and target is not resource and built[id(target)] not in deps:
-                    deps.append(built[id(target)])
-            if deps:
-                policy_resource.property_dependencies[key] = deps
-                seen += [d for d in deps if d not in seen]
+        for key, deps in _property_dependencies(resource, refs, by_name).items():
+            policy_resource.property_dependencies[key] = [built[id(d)] for d in deps]
+            seen += [built[id(d)] for d in deps if built[id(d)] not in seen]
         for name in resource.depends_on:
             target = by_name.get(name)
             if target is not None and built[id(target)] not in seen:
@@ -121,6 +146,19 @@ def _level(policy: Any, policy_config: Mapping[str, Any]) -> EnforcementLevel:
     if isinstance(given, str):
         return EnforcementLevel(given)
     return policy.enforcement_level or EnforcementLevel.MANDATORY
+
+
+# What pulumi_policy's analyzer reports when a policy reads a value unknown in a preview (an
+# advisory in place of the policy's verdict; policy.py _PolicyAnalyzerServicer.Analyze). A Python
+# pack always reports version 0.0.1 there (the CLI shows PulumiPolicy.yaml's version elsewhere).
+SDK_PACK_VERSION = "0.0.1"
+
+
+def cannot_run(policy: str, error: UnknownValueError) -> str:
+    return (
+        f"can't run policy '{policy}' from policy pack '{guard.PACK_NAME}@v{SDK_PACK_VERSION}' "
+        f"during preview: {error.message}"
+    )
 
 
 def _run(result: Any) -> None:
@@ -177,8 +215,16 @@ def analyze(
 
                     try:
                         _run(policy.validate(args, report))
-                    except UnknownValueError:
-                        continue
+                    except UnknownValueError as error:
+                        violations.append(
+                            Violation(
+                                policy.name,
+                                EnforcementLevel.ADVISORY.value,
+                                resource.name,
+                                resource.resource_type,
+                                cannot_run(policy.name, error),
+                            )
+                        )
             elif isinstance(policy, StackValidationPolicy):
                 args = StackValidationArgs(outputs_view, settings)
 
@@ -194,7 +240,18 @@ def analyze(
                         )
                     )
 
-                _run(policy.validate(args, report_stack))
+                try:
+                    _run(policy.validate(args, report_stack))
+                except UnknownValueError as error:
+                    violations.append(
+                        Violation(
+                            policy.name,
+                            EnforcementLevel.ADVISORY.value,
+                            None,
+                            None,
+                            cannot_run(policy.name, error),
+                        )
+                    )
     finally:
         guard.STACK.reset(token)
     return violations

@@ -386,15 +386,25 @@ def imdsv1(resources: list[RecordedResource]) -> list[RecordedResource]:
     return resources
 
 
+def _resolver(resource: RecordedResource):
+    """A referenced resource's name: from the recorded property dependencies (a preview's ids are
+    unknown), else from the mock id `<name>-id`."""
+    recorded = resource.property_dependencies or {}
+
+    def resolve(prop: str, value: Any) -> str:
+        names = recorded.get(prop.split(".", 1)[0], [])
+        return names[0] if len(names) == 1 else str(value).removesuffix("-id")
+
+    return resolve
+
+
 def without_egress_self_rule(resources: list[RecordedResource]) -> list[RecordedResource]:
     """Drop the node security group's all-traffic egress rule to itself (standalone or inline)."""
     resources = copy.deepcopy(resources)
     groups = {g.name for g in _node_groups(resources)}
     kept = []
     for resource in resources:
-        rules = net.rules_of(
-            resource.type, resource.name, resource.inputs, lambda prop, v: str(v).removesuffix("-id")
-        )
+        rules = net.rules_of(resource.type, resource.name, resource.inputs, _resolver(resource))
         if resource.type in (net.EGRESS_RULE, net.SECURITY_GROUP_RULE) and any(
             r.direction == "egress"
             and r.group in groups
@@ -446,3 +456,15 @@ def rendered(stack: str):
     if stack not in _RENDERS:
         _RENDERS[stack] = harness.check_stack(stack)
     return _RENDERS[stack]
+
+
+_PREVIEWS: dict[str, Any] = {}
+
+
+def previewed(stack: str):
+    """A real stack rendered as `pulumi preview` of a new stack sees it, once per test session."""
+    from components import offline
+
+    if stack not in _PREVIEWS:
+        _PREVIEWS[stack] = offline.render_stack(stack, preview=True)
+    return _PREVIEWS[stack]

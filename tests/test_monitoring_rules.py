@@ -94,16 +94,22 @@ def test_prometheus_config_and_rules_pass_promtool_check(tmp_path):
     rules = tmp_path / "rules.yml"
     rules.write_text(monitoring.rules(ONPREM))
     config = tmp_path / "prometheus.yml"
-    config.write_text(monitoring.prometheus_config(ONPREM, rules_path=str(rules)))
+    config.write_text(monitoring.prometheus_config(ONPREM))
     checked = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"SUCCESS: {len(monitoring.alerts(ONPREM)) + 3} rules found" in checked.stdout
 
 
-@pytest.mark.parametrize("scale", [1.0, 1 / 30])
-def test_rules_pass_promtool_check_on_every_clock(tmp_path, scale):
+def lab_clock(seconds: float = 1):
+    return ONPREM.model_copy(
+        update={"monitoring": ONPREM.monitoring.model_copy(update={"scrape_interval_seconds": seconds})}
+    )
+
+
+@pytest.mark.parametrize("scrape", [15, 1, 60])
+def test_rules_pass_promtool_check_on_every_clock(tmp_path, scrape):
     rules = tmp_path / "rules.yml"
-    rules.write_text(monitoring.rules(ONPREM, scale))
+    rules.write_text(monitoring.rules(lab_clock(scrape)))
     checked = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -487,10 +493,28 @@ def test_the_latency_budget_and_bandwidth_floor_come_from_the_network_section():
     assert exprs["QwenNicBelowFloor"].endswith("< 25")
 
 
-def test_durations_scale_with_the_lab_clock():
-    text = monitoring.rules(ONPREM, 1 / 30)
+def test_durations_follow_the_scrape_interval():
+    text = monitoring.rules(lab_clock(1))
     loaded = yaml.safe_load(text)["groups"][1]["rules"]
     fors = {rule["alert"]: rule.get("for") for rule in loaded}
-    assert fors["QwenReplicaDown"] == "2s" and fors["QwenKvCacheFull"] == "10s"
-    assert "[10s]" in next(r["expr"] for r in loaded if r["alert"] == "QwenTtftP99High")
+    assert fors["QwenReplicaDown"] == "4s" and fors["QwenKvCacheFull"] == "20s"
+    assert "[20s]" in next(r["expr"] for r in loaded if r["alert"] == "QwenTtftP99High")
     assert monitoring.duration(15, 1 / 30) == "500ms" and monitoring.duration(600) == "10m"
+    prometheus = yaml.safe_load(monitoring.prometheus_config(lab_clock(1)))["global"]
+    assert prometheus["scrape_interval"] == "1s" and prometheus["scrape_timeout"] == "800ms"
+
+
+def test_the_grafana_dashboards_queries_parse(tmp_path):
+    """Every panel query of dashboards/qwen-cluster.json, parsed by promtool as a recording rule."""
+    import json
+
+    dashboard = json.loads(
+        (Path(__file__).resolve().parents[1] / "dashboards" / "qwen-cluster.json").read_text()
+    )
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert exprs and all(panel["datasource"]["uid"] == "${datasource}" for panel in dashboard["panels"])
+    rules = [{"record": f"dashboard:query{index}", "expr": expr} for index, expr in enumerate(exprs)]
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    checked = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

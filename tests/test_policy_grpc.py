@@ -46,7 +46,7 @@ from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, engine_pb2, en
 from components import stackfile
 from components.offline import RecordedResource
 from policies import guard, harness
-from tests.policy_fixtures import mutation_cases, rendered
+from tests.policy_fixtures import mutation_cases, previewed, rendered
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 EXAMPLE_CONFIG = POLICIES_DIR / "config.example.json"
@@ -150,9 +150,13 @@ class Pack:
                 )
             )
         self.info = self.stub.GetAnalyzerInfo(empty_pb2.Empty())
-        self.policy_config = reconciled_config(self.info, json.loads(EXAMPLE_CONFIG.read_text()))
+        self.configure(reconciled_config(self.info, json.loads(EXAMPLE_CONFIG.read_text())))
+
+    def configure(self, policy_config: dict[str, dict[str, Any]]) -> None:
+        assert self.stub is not None
+        self.policy_config = policy_config
         request = analyzer_pb2.ConfigureAnalyzerRequest()
-        for name, entry in self.policy_config.items():
+        for name, entry in policy_config.items():
             properties = struct_pb2.Struct()
             properties.update({k: v for k, v in entry.items() if k != "enforcementLevel"})
             request.policyConfig[name].CopyFrom(
@@ -346,6 +350,32 @@ def test_a_refused_mutation_gets_the_same_verdicts_over_grpc(packs, stack, label
     assert policy in {v.policy for v in harness.mandatory(over_grpc)}
 
 
+@pytest.mark.parametrize("configured", [True, False], ids=["with PULUMI_CONFIG", "without PULUMI_CONFIG"])
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_a_preview_gets_the_same_verdicts_over_grpc(packs, stack, configured):
+    """Ids and computed outputs unknown (sentinel strings on the wire), property dependencies
+    as the SDK sent them: the pack resolves references through those, as under the CLI."""
+    pack = packs[stack if configured else None]
+    preview = previewed(stack)
+    over_grpc = pack.analyze(stack, preview.resources)
+    assert ordered(over_grpc) == ordered(direct(stack, preview.resources, configured, pack))
+    assert harness.mandatory(over_grpc) == []
+
+
+@pytest.mark.parametrize(
+    ("stack", "label", "mutate", "policy"),
+    [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in mutation_cases(stackfile.STACKS)],
+)
+def test_a_refused_mutation_of_a_preview_gets_the_same_verdicts_over_grpc(
+    packs, stack, label, mutate, policy
+):
+    pack = packs[stack]
+    resources = mutate(previewed(stack).resources)
+    over_grpc = pack.analyze(stack, resources)
+    assert ordered(over_grpc) == ordered(direct(stack, resources, True, pack))
+    assert policy in {v.policy for v in harness.mandatory(over_grpc)}
+
+
 def _dev_with(type_: str, **changes: Any) -> list[RecordedResource]:
     render, _ = rendered("dev")
     resources = []
@@ -374,3 +404,15 @@ def test_over_grpc_an_nlb_idle_timeout_of_60_s_is_flagged(packs):
     assert [(v.enforcement, v.message) for v in flagged] == [
         ("advisory", "tcpIdleTimeoutSeconds 60 is below 600 s: a silent, thinking answer is cut off")
     ]
+
+
+def test_over_grpc_the_policy_config_applies_and_its_numbers_print_as_integers(packs):
+    pack = packs[None]
+    example = pack.policy_config
+    try:
+        pack.configure({**example, "node-count": {"enforcementLevel": "mandatory", "minNodes": 3}})
+        refused = [v for v in pack.analyze("dev", rendered("dev")[0].resources) if v.policy == "node-count"]
+    finally:
+        pack.configure(example)
+    assert [v.enforcement for v in refused] == ["mandatory"]
+    assert refused[0].message.endswith("; the cluster needs at least 3 (4 or more recommended)")

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
+from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
 from components import stackfile
 from policies import guard, harness
@@ -382,6 +384,19 @@ def test_without_a_stack_config_one_advisory_names_the_relaxed_checks():
     assert not [v for v in harness.analyze(aws_stack(), cluster=DEV) if v.policy == "stack-config"]
 
 
+def test_the_stack_config_from_the_engine_is_validated_or_says_why_it_is_missing():
+    def facts(values, present=True):
+        return guard._facts_from_engine(json.dumps(values, sort_keys=True), present)
+
+    values, _ = stackfile.as_pulumi_config(stackfile.read("dev"))
+    assert facts(values).known and facts(values).listener_ports == (80,)
+    assert facts({}, present=False).unknown_because == guard.NO_CONFIG
+    assert facts({"aws:region": "us-west-2"}).unknown_because == "PULUMI_CONFIG holds no qwen-cluster: keys"
+    broken = {**values, "qwen-cluster:nodes": "[]"}
+    assert facts(broken).unknown_because.startswith("the stack config in PULUMI_CONFIG is not valid: ")
+    assert not facts(broken).known
+
+
 def test_without_a_stack_config_efa_devices_are_expected_only_where_the_stack_uses_efa():
     resources = aws_stack()
     template = next(r for r in resources if r.name == "dev-node-template")
@@ -678,6 +693,34 @@ def test_an_nlb_idle_timeout_of_60_s_is_flagged_and_printed_as_an_integer():
     assert [v.message for v in violations if v.policy == "baseline-idle-timeout"] == [
         "tcpIdleTimeoutSeconds 60 is below 900 s: a silent, thinking answer is cut off"
     ]
+
+
+def test_a_policy_that_reads_an_unknown_value_gets_the_analyzers_preview_advisory():
+    def read_group(args, report):
+        report(str(args.props["securityGroupId"]))
+
+    def read_first_group(args, report):
+        report(str(args.resources[0].props["securityGroupId"]))
+
+    policies = [
+        ResourceValidationPolicy(name="reads", description="d", validate=read_group),
+        StackValidationPolicy(name="reads-stack", description="d", validate=read_first_group),
+    ]
+    rule = ingress("rule", "g", ipProtocol="-1")
+    rule.inputs["securityGroupId"] = rule.outputs["securityGroupId"] = UNKNOWN_STRING_VALUE
+    violations = harness.analyze([rule], policies=policies)
+    pack = "from policy pack 'qwen-cluster-guard@v0.0.1' during preview"
+    unknown = "string value at .securityGroupId can't be known during preview"
+    assert [(v.policy, v.enforcement, v.resource, v.message) for v in violations] == [
+        ("reads", "advisory", "rule", f"can't run policy 'reads' {pack}: {unknown}"),
+        ("reads-stack", "advisory", None, f"can't run policy 'reads-stack' {pack}: {unknown}"),
+    ]
+
+
+def test_a_secret_script_is_judged_on_its_plain_text():
+    secret = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "value": "setenforce 0"}
+    fixtures = [res(net.REMOTE_COMMAND, "fail_secret_script", create=secret)]
+    assert refused(fixtures, "baseline-selinux", cluster=None) == {"fail_secret_script"}
 
 
 def test_config_numbers_are_printed_as_integers():

@@ -16,6 +16,7 @@ import pulumi
 from pulumi_command import remote
 
 from components.baremetal import connection
+from components.baremetal import monitoring as node_monitoring
 from components.baremetal.host import HostSetup, HostSetupArgs
 from components.baremetal.rollout import Rollout, RolloutArgs
 from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
@@ -47,6 +48,7 @@ class Cluster(pulumi.ComponentResource):
                 ModelServerArgs(cluster, node, docker_host, ssh_opts, setup_done),
                 opts=child,
             )
+        self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child)
         lb_node = cluster.load_balancer_node
         self.load_balancer = LoadBalancer(
             "load-balancer",
@@ -91,6 +93,21 @@ class Cluster(pulumi.ComponentResource):
         self.register_outputs({"verify": self.verify.stdout})
 
 
+def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi.ComponentResource]:
+    """The monitoring pieces (components/baremetal/monitoring.py), beside the model servers."""
+    built: list[pulumi.ComponentResource] = []
+    if cluster.monitoring.exporters:
+        for node in cluster.nodes:
+            args = node_monitoring.NodeMonitoringArgs(cluster, node, servers[node.name].provider, setup_done)
+            built.append(node_monitoring.NodeMonitoring(f"{node.name}-monitoring", args, opts=child))
+    if (where := cluster.monitoring_node) is not None:
+        args = node_monitoring.ClusterMonitoringArgs(
+            cluster, servers[where.name].provider, connections[where.name], setup_done
+        )
+        built.append(node_monitoring.ClusterMonitoring("monitoring", args, opts=child))
+    return built
+
+
 def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
     connection.check_credentials(ssh_private_key)
     built = Cluster("bare-metal", cluster, ssh_private_key)
@@ -102,4 +119,5 @@ def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
         "firewall": cluster.bare_metal.firewall,
         "hosts": {name: str(node.ip) for name, node in ((n.name, n) for n in cluster.nodes)},
         "verify": built.verify.stdout,
+        **node_monitoring.outputs(cluster),
     }

@@ -22,7 +22,10 @@ The pieces and why:
   behaviour", its README), so `GET :8000/metrics` could not be the node's metrics and the
   probes of each peer would be one scrape job per peer and port.
 
-Durations scale with the lab's clock like the thinking pause: `scale=1` is production.
+One clock: every duration (alert `for:`, rate and XID windows, Alertmanager's grouping) is
+written for the default 15 s scrape and scales with `monitoring.scrapeIntervalSeconds` (an
+alert waits four scrapes, not a fixed minute). The lab puts that key on its clock like the
+thinking pause, and the whole monitoring stack runs at the lab's pace.
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ XID_WINDOW_SECONDS = 600
 KV_CACHE_FULL = 0.95
 
 
+DEFAULT_SCRAPE_SECONDS = 15
+
+
+def clock(cluster) -> float:
+    """How much faster or slower than the default every monitoring duration runs."""
+    return cluster.monitoring.scrape_interval_seconds / DEFAULT_SCRAPE_SECONDS
+
+
 def duration(seconds: float, scale: float = 1.0) -> str:
     """A Prometheus duration for `seconds` on a clock running at `scale` (at least 100 ms)."""
     millis = max(100, round(seconds * scale * 1000))
@@ -69,10 +80,9 @@ def duration(seconds: float, scale: float = 1.0) -> str:
 
 @dataclass(frozen=True)
 class Timing:
-    """Every interval and timeout of the monitoring pieces on one clock."""
+    """The scrape interval and the timeouts that must fit inside it."""
 
     scrape: float  # seconds
-    scale: float
 
     @property
     def scrape_timeout(self) -> float:
@@ -85,10 +95,8 @@ class Timing:
         return round(min(2.0, self.scrape * 0.4), 3)
 
 
-def timing(cluster, scale: float = 1.0) -> Timing:
-    # The lab's clock shortens everything, but a scrape more often than every second would
-    # be its own load on two shared cores.
-    return Timing(scrape=max(1.0, cluster.monitoring.scrape_interval_seconds * scale), scale=scale)
+def timing(cluster) -> Timing:
+    return Timing(scrape=cluster.monitoring.scrape_interval_seconds)
 
 
 # ---------------------------------------------------------------- the node endpoint
@@ -169,7 +177,6 @@ def aggregator_config(
     cluster,
     node_name: str,
     *,
-    scale: float = 1.0,
     gpu: bool | None = None,
     listening: Mapping[str, list[tuple[str, int]]] | None = None,
 ) -> dict:
@@ -177,7 +184,7 @@ def aggregator_config(
     `gpu` defaults to whether the nodes have GPUs (the lab's stand-ins have none)."""
     node = next(n for n in cluster.nodes if n.name == node_name)
     gpu = cluster.gpus_per_node > 0 if gpu is None else gpu
-    clock = timing(cluster, scale)
+    times = timing(cluster)
     sources = [{"name": "node", "url": f"http://{LOOPBACK}:{NODE_EXPORTER_PORT}/metrics"}]
     if gpu:
         sources.append({"name": "gpu", "url": f"http://{LOOPBACK}:{DCGM_PORT}/metrics"})
@@ -187,7 +194,7 @@ def aggregator_config(
         "node": node_name,
         "node_ip": str(node.ip),
         "listen": f"0.0.0.0:{endpoint_port(cluster)}",
-        "timeout": clock.probe_timeout,
+        "timeout": times.probe_timeout,
         "sources": sources,
         "probes": [
             {"url": probe.url(), "labels": probe.labels()} for probe in probes(cluster, node_name, listening)
@@ -199,8 +206,8 @@ def aggregator_json(cluster, node_name: str, **kwargs) -> str:
     return json.dumps(aggregator_config(cluster, node_name, **kwargs), indent=2, sort_keys=True) + "\n"
 
 
-def blackbox_config(cluster, scale: float = 1.0) -> str:
-    timeout = duration(timing(cluster, scale).probe_timeout)
+def blackbox_config(cluster) -> str:
+    timeout = duration(timing(cluster).probe_timeout)
     modules = {
         "icmp": {"prober": "icmp", "timeout": timeout, "icmp": {"preferred_ip_protocol": "ip4"}},
         "tcp_connect": {"prober": "tcp", "timeout": timeout, "tcp": {"preferred_ip_protocol": "ip4"}},
@@ -269,16 +276,16 @@ def scrape_targets(cluster) -> list[dict]:
     return targets
 
 
-def prometheus_config(
-    cluster, *, rules_path: str, scale: float = 1.0, cluster_name: str = "qwen-cluster"
-) -> str:
-    clock = timing(cluster, scale)
+def prometheus_config(cluster, *, rules_path: str = "rules.yml", cluster_name: str = "qwen-cluster") -> str:
+    """`rules_path` relative to the config file's directory (Prometheus resolves it there), so
+    the pair can be moved together (the lab runs them from its own directory)."""
+    times = timing(cluster)
     am_port = alertmanager_port(cluster)
     config = {
         "global": {
-            "scrape_interval": duration(clock.scrape),
-            "scrape_timeout": duration(clock.scrape_timeout),
-            "evaluation_interval": duration(clock.scrape),
+            "scrape_interval": duration(times.scrape),
+            "scrape_timeout": duration(times.scrape_timeout),
+            "evaluation_interval": duration(times.scrape),
             "external_labels": {"cluster": cluster_name},
         },
         "rule_files": [rules_path],
@@ -337,8 +344,10 @@ def _budget_seconds(cluster) -> float:
     return cluster.network.max_latency_ms / 1000
 
 
-def alerts(cluster, scale: float = 1.0) -> list[Alert]:
-    """The guide's requirements as alerts, bounds from the stack config."""
+def alerts(cluster) -> list[Alert]:
+    """The guide's requirements as alerts, bounds from the stack config. `for_seconds` is
+    written for the default scrape; `rules` puts it on the cluster's clock."""
+    scale = clock(cluster)
     net = cluster.network
     mon = cluster.monitoring
     unreachable_peer = 'label_replace(qwen:peer_reachable == 0, "node", "$1", "peer", "(.*)")'
@@ -488,13 +497,13 @@ def recording_rules() -> list[dict]:
     ]
 
 
-def rules(cluster, scale: float = 1.0) -> str:
+def rules(cluster) -> str:
     """The rule file: recording rules, then the alerts."""
     alert_rules = []
-    for alert in alerts(cluster, scale):
+    for alert in alerts(cluster):
         rule = {"alert": alert.name, "expr": alert.expr}
         if alert.for_seconds:
-            rule["for"] = duration(alert.for_seconds, scale)
+            rule["for"] = duration(alert.for_seconds, clock(cluster))
         rule["labels"] = {"severity": alert.severity, **alert.labels}
         rule["annotations"] = {"summary": alert.summary, "cause": alert.cause, "fix": alert.fix}
         alert_rules.append(rule)
@@ -508,7 +517,8 @@ def rules(cluster, scale: float = 1.0) -> str:
 # ---------------------------------------------------------------- Alertmanager
 
 
-def alertmanager_config(cluster, scale: float = 1.0) -> str:
+def alertmanager_config(cluster) -> str:
+    scale = clock(cluster)
     receiver: dict = {"name": "default"}
     if cluster.monitoring.webhook_url:
         receiver["webhook_configs"] = [{"url": cluster.monitoring.webhook_url, "send_resolved": True}]
@@ -530,3 +540,52 @@ def alertmanager_config(cluster, scale: float = 1.0) -> str:
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+# ---------------------------------------------------------------- on the Prometheus node
+
+HOST_CONFIG_DIR = "/etc/qwen-cluster/monitoring"
+HOST_DATA_DIR = "/var/lib/qwen-cluster"
+CONTAINER_CONFIG_DIR = "/etc/qwen-monitoring"
+PROMETHEUS_CONTAINER = "qwen-prometheus"
+ALERTMANAGER_CONTAINER = "qwen-alertmanager"
+# prom/prometheus and prom/alertmanager run as nobody (their Dockerfiles: USER nobody).
+CONTAINER_UID = 65534
+
+
+def server_files(cluster) -> dict[str, str]:
+    """File name (in HOST_CONFIG_DIR, mounted at CONTAINER_CONFIG_DIR) -> text."""
+    return {
+        "prometheus.yml": prometheus_config(cluster, rules_path="rules.yml"),
+        "rules.yml": rules(cluster),
+        "alertmanager.yml": alertmanager_config(cluster),
+    }
+
+
+def server_files_script(files: Mapping[str, str], *, config_dir: str = HOST_CONFIG_DIR) -> str:
+    """Write the Prometheus/Alertmanager files atomically (temp file + rename in the same
+    directory), then ask the running servers to re-read them: SIGHUP reloads Prometheus's
+    config and rules and Alertmanager's config in place, no restart, no gap in the data.
+    On the first run the containers do not exist yet and read the files when they start."""
+    from components.render.shell import quote, script
+
+    writes = []
+    for name, text in sorted(files.items()):
+        marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
+        writes.append(
+            f"cat >{quote(config_dir)}/.{name}.new <<'{marker}'\n{text.rstrip()}\n{marker}\n"
+            f"mv -f {quote(config_dir)}/.{name}.new {quote(config_dir)}/{name}\n"
+        )
+    body = f"""
+install -d -m 0755 {quote(config_dir)}
+install -d -m 0750 -o {CONTAINER_UID} -g {CONTAINER_UID} {quote(HOST_DATA_DIR + "/prometheus")} \\
+  {quote(HOST_DATA_DIR + "/alertmanager")}
+{"".join(writes)}chmod 0644 {quote(config_dir)}/*.yml
+for name in {PROMETHEUS_CONTAINER} {ALERTMANAGER_CONTAINER}; do
+  if docker inspect -f '{{{{.State.Running}}}}' "$name" 2>/dev/null | grep -qx true; then
+    docker kill --signal HUP "$name" >/dev/null
+    echo "monitoring: $name re-reads its configuration"
+  fi
+done
+"""
+    return script("Prometheus and Alertmanager configuration (reloaded in place)", body)

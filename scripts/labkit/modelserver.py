@@ -7,6 +7,11 @@ spreads requests. A streamed answer sends its first chunk at once, then stays si
 the "thinking" pause (Qwen3's thinking mode), then sends one token per `token_delay`.
 Requests may override both with `X-Lab-Think` / `X-Lab-Token-Delay` headers (seconds).
 
+Held to the protocol by the real `openai` client (tests/test_lab_openai.py), where it answers
+as vLLM does: a model it does not serve is a 404 `NotFoundError`; `max_completion_tokens` (the
+client's name) counts like `max_tokens`; `stream_options.include_usage` ends the stream with a
+usage chunk with empty `choices`; model cards carry `created`; usage counts the prompt's words.
+
 Run: python -m scripts.labkit.modelserver --node master --port 5000 [--hold 22,6000]
 """
 
@@ -131,10 +136,14 @@ class ModelServer:
         elif not api:
             await self._send_json(writer, 200, {"held": True, "node": self.settings.node}, keep_alive, path)
         elif path == "/v1/models" and method == "GET":
-            models = {
-                "object": "list",
-                "data": [{"id": self.settings.model, "object": "model", "owned_by": "qwen-cluster-lab"}],
+            card = {
+                "id": self.settings.model,
+                "object": "model",
+                "created": int(self.stats.started),  # required by the OpenAI schema
+                "owned_by": "qwen-cluster-lab",
+                "root": self.settings.model,
             }
+            models = {"object": "list", "data": [card]}
             await self._send_json(writer, 200, models, keep_alive, path)
         elif path == "/v1/chat/completions" and method == "POST":
             try:
@@ -146,6 +155,19 @@ class ModelServer:
                     "error": {"message": "body must be JSON with a messages list", "type": "invalid_request"}
                 }
                 await self._send_json(writer, 400, error, keep_alive, path)
+                return keep_alive
+            model = request.get("model") or self.settings.model  # vLLM: omitted = the served one
+            if model != self.settings.model:
+                # vLLM's OpenAIServing._check_model: same message, type and status.
+                error = {
+                    "error": {
+                        "message": f"The model `{model}` does not exist.",
+                        "type": "NotFoundError",
+                        "param": None,
+                        "code": 404,
+                    }
+                }
+                await self._send_json(writer, 404, error, keep_alive, path)
                 return keep_alive
             think = float(headers.get("x-lab-think", self.settings.think))
             delay = float(headers.get("x-lab-token-delay", self.settings.token_delay))
@@ -166,8 +188,19 @@ class ModelServer:
     def _tokens(self, request: dict) -> list[str]:
         messages = request.get("messages") or [{}]
         prompt = str(messages[-1].get("content", "")) if isinstance(messages[-1], dict) else ""
-        count = int(request.get("max_tokens") or self.settings.tokens)
+        limit = request.get("max_completion_tokens") or request.get("max_tokens")
+        count = int(limit or self.settings.tokens)
         return completion_tokens(prompt, max(1, min(count, 4096)))
+
+    @staticmethod
+    def _usage(request: dict, completion: int) -> dict:
+        """Words stand in for tokens: the prompt's count grows with the prompt, as a tokenizer's does."""
+        prompt = sum(
+            len(str(message.get("content") or "").split())
+            for message in request.get("messages") or []
+            if isinstance(message, dict)
+        )
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _envelope(self, kind: str) -> dict:
         return {
@@ -192,7 +225,7 @@ class ModelServer:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens), "total_tokens": len(tokens) + 1},
+            "usage": self._usage(request, len(tokens)),
         }
         await self._send_json(writer, 200, answer, keep_alive, "/v1/chat/completions")
 
@@ -215,20 +248,28 @@ class ModelServer:
             writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n" if chunked else payload)
             await writer.drain()
 
+        options = request.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        envelope = self._envelope("chat.completion.chunk")  # one id for the whole stream
+
         def chunk(delta: dict, finish: str | None = None) -> str:
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            return json.dumps({**self._envelope("chat.completion.chunk"), "choices": [choice]})
+            extra = {"usage": None} if include_usage else {}
+            return json.dumps({**envelope, "choices": [choice], **extra})
 
+        tokens = self._tokens(request)
         started = time.monotonic()
         await event(chunk({"role": "assistant", "content": ""}))
         await asyncio.sleep(think)  # silent: no byte until the first token
-        for index, token in enumerate(self._tokens(request)):
+        for index, token in enumerate(tokens):
             await asyncio.sleep(delay)
             await event(chunk({"content": token}))
             if index == 0:
                 self.stats.first_token(time.monotonic() - started)
             self.stats.tokens += 1
-        await event(chunk({}, "stop"))
+        await event(chunk({"content": ""}, "stop"))
+        if include_usage:
+            await event(json.dumps({**envelope, "choices": [], "usage": self._usage(request, len(tokens))}))
         await event("[DONE]")
         if chunked:
             writer.write(b"0\r\n\r\n")

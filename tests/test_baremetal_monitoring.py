@@ -1,0 +1,82 @@
+"""Monitoring on bare metal, as the program registers it (offline render under mocks), and
+what a day-2 change does to it (components/changes.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from components import changes, offline, stackfile
+from components.render import monitoring
+
+CONTAINER = "docker:index/container:Container"
+
+
+@pytest.fixture(scope="module")
+def onprem() -> offline.Render:
+    render = offline.render(stackfile.read("onprem"), "onprem")
+    assert render.error is None, render.error
+    return render
+
+
+def containers(render: offline.Render) -> dict[str, dict]:
+    return {r.name: r.inputs for r in render.of_type(CONTAINER)}
+
+
+def test_every_node_runs_its_endpoint_and_exporters_pinned_on_host_networking(onprem):
+    found = containers(onprem)
+    for node in ("master", "worker-1", "worker-2", "worker-3"):
+        for role in ("node-exporter", "blackbox-exporter", "dcgm-exporter", "nodemetrics"):
+            inputs = found[f"{node}-monitoring-{role}"]
+            assert inputs["networkMode"] == "host"
+            assert inputs["restart"] == "unless-stopped"
+    images = {r.inputs["name"] for r in onprem.of_type("docker:index/remoteImage:RemoteImage")}
+    assert {
+        monitoring.PROMETHEUS_IMAGE,
+        monitoring.NODE_EXPORTER_IMAGE,
+        monitoring.DCGM_EXPORTER_IMAGE,
+    } <= images
+    assert all(":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest") for image in images)
+
+
+def test_exporters_bind_loopback_and_the_gpu_exporter_gets_the_gpus(onprem):
+    found = containers(onprem)
+    assert "--web.listen-address=127.0.0.1:9100" in found["worker-1-monitoring-node-exporter"]["command"]
+    assert "--web.listen-address=127.0.0.1:9115" in found["worker-1-monitoring-blackbox-exporter"]["command"]
+    dcgm = found["worker-1-monitoring-dcgm-exporter"]
+    assert dcgm["gpus"] == "all" and "127.0.0.1:9400" in dcgm["command"]
+    uploads = {u["file"]: u["content"] for u in found["worker-1-monitoring-nodemetrics"]["uploads"]}
+    config = next(text for name, text in uploads.items() if name.endswith(".json"))
+    assert '"listen": "0.0.0.0:8000"' in config and '"node": "worker-1"' in config
+
+
+def test_prometheus_and_alertmanager_run_on_the_monitoring_node_only(onprem):
+    found = containers(onprem)
+    assert {name for name in found if name.startswith("monitoring-")} == {
+        "monitoring-prometheus",
+        "monitoring-alertmanager",
+    }
+    providers = {r.name: r.provider for r in onprem.of_type(CONTAINER)}
+    assert providers["monitoring-prometheus"] == providers["master-model-vllm"]
+    assert "--web.listen-address=0.0.0.0:9090" in found["monitoring-prometheus"]["command"]
+    assert "--cluster.listen-address=" in found["monitoring-alertmanager"]["command"]
+    assert onprem.outputs["prometheus"] == "http://192.168.1.100:9090"
+    assert onprem.outputs["monitoringEndpoints"]["worker-2"] == "http://192.168.1.102:8000/metrics"
+
+
+def _diff(onprem: offline.Render, *edits: str) -> list[changes.Change]:
+    new = offline.render(changes.apply_changes(stackfile.read("onprem"), list(edits)), "onprem")
+    assert new.error is None, new.error
+    return [change for change in changes.diff(onprem, new) if change.action != "same"]
+
+
+def test_a_new_alert_bound_reloads_prometheus_and_restarts_nothing(onprem):
+    moved = _diff(onprem, "monitoring.maxRequestsWaiting=80", "monitoring.maxTtftP99Seconds=20")
+    assert [(c.type, c.name, c.action) for c in moved] == [
+        ("command:remote:Command", "monitoring-config", "update")
+    ]
+
+
+def test_monitoring_off_leaves_the_model_servers_alone(onprem):
+    moved = _diff(onprem, 'monitoring={"exporters": false, "prometheus": false}')
+    assert moved and {c.action for c in moved} == {"delete"}
+    assert not [c for c in moved if "model" in c.name or "load-balancer" in c.name]
