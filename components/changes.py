@@ -315,7 +315,9 @@ _ENDPOINT_TYPES = (
     "aws:lb/targetGroup:TargetGroup",
 )
 _SERVER_LABELS = ("head", "pipeline-worker")
-_MODEL_SERVER_DOCUMENT_PARAMETER = "ServerScript"  # the SSM parameter only model-server documents take
+# The model-server document's parameters (components/render/ssm.py): a run restarts the
+# container only when the hash of what it runs changed, or on a new instance (targets).
+_SERVER_CONFIG_PARAMETER = "ConfigHash"
 
 
 class UnknownResourceType(KeyError):
@@ -576,7 +578,7 @@ def owners(render: Render) -> dict[str, str]:
     return owner
 
 
-def _impact(resource: RecordedResource, change: Change) -> str | None:
+def _impact(resource: RecordedResource, change: Change, before: RecordedResource | None) -> str | None:
     """machine / server / endpoint, or None when the change leaves serving alone."""
     action = change.action
     tags = resource.inputs.get("tags") or {}
@@ -592,9 +594,11 @@ def _impact(resource: RecordedResource, change: Change) -> str | None:
         return None
     if resource.type == "aws:ssm/association:Association":
         parameters = resource.inputs.get("parameters") or {}
-        if _MODEL_SERVER_DOCUMENT_PARAMETER in parameters and action in ("replace", "update"):
-            return "server"
-        return None
+        if _SERVER_CONFIG_PARAMETER not in parameters or action not in ("replace", "update"):
+            return None
+        old_parameters = (before.inputs.get("parameters") or {}) if before else {}
+        restarts = old_parameters.get(_SERVER_CONFIG_PARAMETER) != parameters[_SERVER_CONFIG_PARAMETER]
+        return "server" if restarts or "targets" in change.keys else None
     if resource.type == "command:remote:Command" and resource.name.endswith(
         SERVER_COMMAND_SUFFIXES or ("\0",)
     ):
@@ -655,7 +659,7 @@ def rollout(old: Render, new: Render, changes: Sequence[Change] | None = None) -
     servers: set[str] = set()
     for change in changes:
         resource = new_by.get(change.name) or old_by.get(change.name)
-        impact = _impact(resource, change)
+        impact = _impact(resource, change, old_by.get(change.name))
         node = owner.get(change.name)
         replica = replica_of.get(node) if node else None
         if impact == "endpoint":

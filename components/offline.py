@@ -119,6 +119,9 @@ _COMPUTED: dict[str, dict[str, Any]] = {
     "aws:ec2/instance:Instance": {"privateIp": "{privateIp}"},
     "aws:ec2/launchTemplate:LaunchTemplate": {"latestVersion": 1},
     "aws:ec2/placementGroup:PlacementGroup": {"name": "{name}-0123456"},  # auto-named by the engine
+    "aws:iam/role:Role": {"name": "{name}-0123456"},
+    "aws:iam/instanceProfile:InstanceProfile": {"name": "{name}-0123456"},
+    "aws:ssm/document:Document": {"name": "{name}-0123456"},
 }
 
 
@@ -229,15 +232,18 @@ def strings(value: Any) -> Iterator[str]:
 
 
 def references(resources: list[RecordedResource]) -> dict[str, RecordedResource]:
-    """Values that name one of `resources` under these mocks: its id (`<name>-id`), its ARN and
-    its DNS name. An input holding one of them came from that resource's output, which is how
-    the engine's dependencies (and the policy pack's property dependencies) are rebuilt."""
+    """Values that name one of `resources` under these mocks: its id (`<name>-id`), its ARN, its
+    DNS name and a name the engine chose for it. An input holding one of them came from that
+    resource's output, which is how the engine's dependencies (and the policy pack's property
+    dependencies) are rebuilt."""
     marks: dict[str, RecordedResource] = {}
     for resource in resources:
         marks[f"{resource.name}-id"] = resource
         for key in ("arn", "dnsName"):
             if isinstance(resource.outputs.get(key), str):
                 marks[resource.outputs[key]] = resource
+        if "name" in _COMPUTED.get(resource.type, {}) and "name" not in resource.inputs:
+            marks[str(resource.outputs.get("name"))] = resource  # a name the engine chose
     return marks
 
 
