@@ -141,7 +141,10 @@ def document() -> str:
                 {
                     "action": "aws:runShellScript",
                     "name": "modelServer",
-                    "inputs": {"runCommand": run_script().splitlines(), "timeoutSeconds": str(RUN_TIMEOUT_SECONDS)},
+                    "inputs": {
+                        "runCommand": run_script().splitlines(),
+                        "timeoutSeconds": str(RUN_TIMEOUT_SECONDS),
+                    },
                 }
             ],
         },
