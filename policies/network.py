@@ -560,8 +560,9 @@ def texts_of(resource_type: str, props: Any) -> list[tuple[str, str]]:
                     texts.append((f"mainSteps[{index}].runCommand", "\n".join(map(str, commands))))
     elif resource_type == SSM_ASSOCIATION:
         parameters = get(props, "parameters")
-        for key, value in parameters.items() if isinstance(parameters, Mapping) else []:
-            for item in value if is_list(value) else [value]:
+        for key in list(parameters) if isinstance(parameters, Mapping) else []:
+            value = get(parameters, key)  # UNKNOWN in a preview when it comes from an output
+            for item in items(parameters, key) if is_list(value) else [value]:
                 if not isinstance(item, str):
                     continue
                 texts.append((f"parameters.{key}", item))
