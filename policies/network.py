@@ -412,10 +412,10 @@ def rules_of(
 # --- bare-metal host firewalls ----------------------------------------------------------------
 
 FIREWALL_SCHEMA = firewall.DOCUMENT_SCHEMA
-"""The document a bare-metal firewall `command:remote:Command` carries in its `triggers`
-(`components.render.firewall.policy_document` writes it from the rules the script installs).
-
-One element of `triggers` is this document, as an object or as its JSON text:
+"""The document a bare-metal firewall `command:remote:Command` carries: one element of its
+`triggers` (as an object or as its JSON text), or a `<<'QWEN_FIREWALL_DOCUMENT'` heredoc in its
+`create`/`update` script, which is where the bare-metal target puts it
+(`components.render.firewall.policy_document` writes it from the rules the script installs):
 
     {
       "schema": "qwen-cluster/host-firewall@1",
@@ -459,7 +459,11 @@ class HostFirewall:
 
 
 def _document_candidates(props: Any) -> Iterator[Any]:
-    for trigger in items(props, "triggers"):
+    # The bare-metal target writes the document into the firewall script (a heredoc the
+    # script leaves on the host), not into `triggers`, which would make every change of it a
+    # replacement (components/render/firewall.py embedded_documents).
+    embedded = [text for key in ("create", "update") for text in firewall.embedded_documents(get(props, key))]
+    for trigger in [*items(props, "triggers"), *embedded]:
         if isinstance(trigger, str):
             try:
                 trigger = json.loads(trigger)
