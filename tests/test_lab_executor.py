@@ -18,8 +18,7 @@ def test_the_render_puts_the_stack_on_the_lab_clock_and_hosts(onprem):
     rendered, made = onprem
     assert "loadBalancer.idleTimeoutSeconds 3600 -> 120 (lab clock)" in made
     assert any(line.startswith("tuning.rdma true -> false") for line in made)
-    nginx = standins.Container.from_inputs("lb", rendered.named("load-balancer-nginx").inputs)
-    assert "proxy_read_timeout 120s;" in nginx.uploads["/etc/nginx/nginx.conf"]
+    assert "proxy_read_timeout 120s;" in rendered.named("load-balancer-config").inputs["create"]
 
 
 def test_every_resource_follows_what_it_waits_for(onprem):
