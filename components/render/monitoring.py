@@ -90,9 +90,15 @@ class Timing:
 
     @property
     def probe_timeout(self) -> float:
-        """Each source and probe behind :8000 gets this, so one scrape of :8000 (all of them in
-        parallel) ends before Prometheus's scrape timeout even when a peer is gone."""
+        """blackbox_exporter's module timeout: a probe of a peer that is gone ends here."""
         return round(min(2.0, self.scrape * 0.4), 3)
+
+    @property
+    def fetch_timeout(self) -> float:
+        """How long the endpoint waits for each source and probe (all in parallel): longer
+        than a probe, so a failed probe arrives as probe_success 0 (not as a silent blackbox),
+        and shorter than Prometheus's scrape timeout, so the scrape still succeeds."""
+        return round(min(self.probe_timeout + 1.0, self.scrape * 0.7), 3)
 
 
 def timing(cluster) -> Timing:
@@ -194,7 +200,7 @@ def aggregator_config(
         "node": node_name,
         "node_ip": str(node.ip),
         "listen": f"0.0.0.0:{endpoint_port(cluster)}",
-        "timeout": times.probe_timeout,
+        "timeout": times.fetch_timeout,
         "sources": sources,
         "probes": [
             {"url": probe.url(), "labels": probe.labels()} for probe in probes(cluster, node_name, listening)
