@@ -301,7 +301,11 @@ PROVIDER_RULE_SOURCE = (
 
 # Names of bare-metal commands that restart a model server / wait for it (issue 11 extends).
 SERVER_COMMAND_SUFFIXES: tuple[str, ...] = ()
-HEALTH_GATE_SUFFIXES: tuple[str, ...] = ()
+# components/baremetal/rollout.py: `<head>-ready` waits for the replica's /health (create only
+# for a server marked down, update always) before the next replica's drain starts.
+HEALTH_GATE_SUFFIXES: tuple[str, ...] = ("-ready",)
+# Rollout steps run on the load balancer's host but belong to the replica named by their head.
+ROLLOUT_STEP_SUFFIXES: tuple[str, ...] = ("-drain", "-ready")
 
 _NODE_TAG = "qwen-cluster:node"
 _ROLE_TAG = "qwen-cluster:role"
@@ -311,7 +315,9 @@ _ENDPOINT_TYPES = (
     "aws:lb/targetGroup:TargetGroup",
 )
 _SERVER_LABELS = ("head", "pipeline-worker")
-_MODEL_SERVER_DOCUMENT_PARAMETER = "ServerScript"  # the SSM parameter only model-server documents take
+# The model-server document's parameters (components/render/ssm.py): a run restarts the
+# container only when the hash of what it runs changed, or on a new instance (targets).
+_SERVER_CONFIG_PARAMETER = "ConfigHash"
 
 
 class UnknownResourceType(KeyError):
@@ -542,6 +548,12 @@ def owners(render: Render) -> dict[str, str]:
     providers = {r.name: r for r in render.resources if r.type.startswith("pulumi:providers:")}
     owner: dict[str, str] = {}
     for resource in render.custom_resources:
+        named = next(
+            (resource.name.removesuffix(s) for s in ROLLOUT_STEP_SUFFIXES if resource.name.endswith(s)), ""
+        )
+        if resource.type == "command:remote:Command" and named in by_ip.values():
+            owner[resource.name] = named
+            continue
         tags = resource.inputs.get("tags") or {}
         if isinstance(tags, Mapping) and tags.get(_NODE_TAG):
             owner[resource.name] = str(tags[_NODE_TAG])
@@ -566,7 +578,7 @@ def owners(render: Render) -> dict[str, str]:
     return owner
 
 
-def _impact(resource: RecordedResource, change: Change) -> str | None:
+def _impact(resource: RecordedResource, change: Change, before: RecordedResource | None) -> str | None:
     """machine / server / endpoint, or None when the change leaves serving alone."""
     action = change.action
     tags = resource.inputs.get("tags") or {}
@@ -582,9 +594,11 @@ def _impact(resource: RecordedResource, change: Change) -> str | None:
         return None
     if resource.type == "aws:ssm/association:Association":
         parameters = resource.inputs.get("parameters") or {}
-        if _MODEL_SERVER_DOCUMENT_PARAMETER in parameters and action in ("replace", "update"):
-            return "server"
-        return None
+        if _SERVER_CONFIG_PARAMETER not in parameters or action not in ("replace", "update"):
+            return None
+        old_parameters = (before.inputs.get("parameters") or {}) if before else {}
+        restarts = old_parameters.get(_SERVER_CONFIG_PARAMETER) != parameters[_SERVER_CONFIG_PARAMETER]
+        return "server" if restarts or "targets" in change.keys else None
     if resource.type == "command:remote:Command" and resource.name.endswith(
         SERVER_COMMAND_SUFFIXES or ("\0",)
     ):
@@ -645,7 +659,7 @@ def rollout(old: Render, new: Render, changes: Sequence[Change] | None = None) -
     servers: set[str] = set()
     for change in changes:
         resource = new_by.get(change.name) or old_by.get(change.name)
-        impact = _impact(resource, change)
+        impact = _impact(resource, change, old_by.get(change.name))
         node = owner.get(change.name)
         replica = replica_of.get(node) if node else None
         if impact == "endpoint":

@@ -157,11 +157,19 @@ def prod_script() -> str:
     return cloudinit.user_data(stackfile.load("prod"), "worker-1")
 
 
-def test_user_data_writes_the_sysctl_dropin_then_reloads(prod_script):
-    assert f"cat > {DROPIN_PATH} <<'SYSCTL'" in prod_script
-    for line in ("net.core.rmem_max = 16777216", "net.core.wmem_max = 16777216", "net.ipv4.tcp_fastopen = 3"):
-        assert line in prod_script
-    assert prod_script.index("SYSCTL\nsysctl --system") > prod_script.index(DROPIN_PATH)
+def test_user_data_is_the_machine_only_so_model_and_tuning_changes_never_touch_it():
+    base = stackfile.read("prod")
+    changed = variant(
+        "prod",
+        model={"image": "vllm/vllm-openai:v0.11.1", "vllmFlags": {"--enable-prefix-caching": True}},
+        tuning={"sysctl": {"net.core.rmem_max": 33554432}},
+        rollout={"healthTimeoutSeconds": 600},
+    )
+    for node in ("master", "worker-1"):
+        assert cloudinit.user_data(cluster_of(base), node) == cloudinit.user_data(cluster_of(changed), node)
+    script = cloudinit.user_data(cluster_of(base), "master")
+    for absent in ("vllm", "docker", "sysctl", DROPIN_PATH):
+        assert absent not in script
 
 
 def test_user_data_sets_mtu_9001_on_the_interface_holding_the_node_ip(prod_script):
@@ -174,19 +182,6 @@ def test_user_data_checks_efa_only_when_efa_is_on(prod_script):
     cluster = cluster_of(variant("dev", aws={"efa": False}))
     script = cloudinit.user_data(cluster, "master")
     assert "fi_info" not in script and "FI_PROVIDER" not in script and "/dev/infiniband" not in script
-
-
-def test_user_data_starts_the_model_server_with_pinned_ports_and_interfaces(prod_script):
-    for line in (
-        "VLLM_HOST_IP=10.50.1.101",
-        "VLLM_PORT=6009",
-        "NCCL_SOCKET_IFNAME=$IFACE",
-        "GLOO_SOCKET_IFNAME=$IFACE",
-        "FI_PROVIDER=efa",
-    ):
-        assert line in prod_script.splitlines()
-    assert "vllm/vllm-openai:v0.11.0" in prod_script
-    assert "--port=5000 --tensor-parallel-size=8 --pipeline-parallel-size=1" in prod_script
 
 
 def test_user_data_holds_no_secret():

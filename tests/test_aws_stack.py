@@ -48,6 +48,8 @@ def test_components_have_aws_type_tokens_and_children_are_parented(prod):
         "qwen-cluster:aws:GpuNodeGroup",
         "qwen-cluster:aws:ModelLoadBalancer",
         "qwen-cluster:aws:Bastion",
+        "qwen-cluster:aws:NodeRole",
+        "qwen-cluster:aws:ModelServerDocument",
     }
     for resource in prod.custom_resources:
         assert resource.parent_type and resource.parent_type.startswith("qwen-cluster:aws:"), resource.name
@@ -362,7 +364,7 @@ def test_configured_ami_and_capacity_reservation_are_used():
 def test_user_data_is_the_rendered_first_boot_script(prod):
     script = base64.b64decode(templates(prod)["worker-2"].inputs["userData"]).decode()
     assert script.startswith("#!/bin/bash\n")
-    assert "VLLM_HOST_IP=10.50.1.102" in script
+    assert "NODE_IP=10.50.1.102" in script
     assert "/opt/amazon/efa/bin/fi_info -p efa" in script
     assert "PRIVATE KEY" not in script
 

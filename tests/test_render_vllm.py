@@ -9,7 +9,7 @@ import pytest
 from components import config, stackfile
 from components.baremetal import serving
 from components.config import ConfigError
-from components.render import cloudinit, vllm
+from components.render import ssm, vllm
 from tests.aws_stacks import variant
 
 
@@ -97,7 +97,8 @@ def test_both_targets_run_the_same_command():
     assert script.endswith(vllm.server_script(onprem, node.name))
     assert env["VLLM_HOST_IP"] == str(node.ip) and env["VLLM_PORT"] == "6009"
     prod = stackfile.load("prod")
-    assert shlex.quote(vllm.server_script(prod, "worker-1")) in cloudinit.user_data(prod, "worker-1")
+    parameters = ssm.parameters(prod, "worker-1")
+    assert ssm.decoded(parameters["ServerScript"]) == vllm.server_script(prod, "worker-1")
 
 
 def test_a_flag_change_changes_the_command_on_both_targets():

@@ -17,6 +17,7 @@ from .loadbalancer import ModelLoadBalancer, ModelLoadBalancerArgs
 from .network import Network, NetworkArgs
 from .nodes import GpuNodeGroup, GpuNodeGroupArgs
 from .security import SecurityGroups, SecurityGroupsArgs
+from .serving import ModelServerDocument, ModelServerDocumentArgs, NodeRole, NodeRoleArgs
 
 __all__ = ["build"]
 
@@ -61,15 +62,6 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
         "security",
         SecurityGroupsArgs(vpc_id=network.vpc_id, rules=sg_rules.rules(cluster.exposures()), tags=tags),
     )
-    nodes = GpuNodeGroup(
-        "gpu-nodes",
-        GpuNodeGroupArgs(
-            cluster=cluster,
-            subnet_id=network.node_subnet_id,
-            security_group_id=security.group_ids[Group.NODES],
-            tags=tags,
-        ),
-    )
     topology = cluster.topology
     load_balancer = ModelLoadBalancer(
         "model-lb",
@@ -83,8 +75,28 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             listener_port=cluster.load_balancer.port,
             model_port=cluster.model_port,
             idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
-            targets={head.name: nodes.instance_ids[head.name] for head in topology.heads},
             tags=tags,
+        ),
+    )
+    role = NodeRole("gpu-node-role", NodeRoleArgs(tags=tags))
+    serving = ModelServerDocument(
+        "model-server",
+        ModelServerDocumentArgs(
+            role_name=role.role_name, target_group_arn=load_balancer.target_group_arn, tags=tags
+        ),
+    )
+    nodes = GpuNodeGroup(
+        "gpu-nodes",
+        GpuNodeGroupArgs(
+            cluster=cluster,
+            subnet_id=network.node_subnet_id,
+            security_group_id=security.group_ids[Group.NODES],
+            tags=tags,
+            instance_profile_name=role.instance_profile_name,
+            document_name=serving.document_name,
+            target_group_arn=load_balancer.target_group_arn,
+            attach=load_balancer.attach,
+            ready=[serving.drain_policy],
         ),
     )
     data = summary.summary(cluster)
@@ -103,6 +115,17 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
         "nodeIps": [str(node.ip) for node in cluster.nodes],
         "securityGroupIds": {str(group): sg_id for group, sg_id in security.group_ids.items()},
         "placementGroup": nodes.placement_group_name,
+        # The image each node was launched from: a looked-up DLAMI is kept (ignoreChanges), so
+        # this is what runs, not what the lookup answers today.
+        "ami": {
+            "source": "aws.amiId" if aws_target.ami_id else "looked up once, kept (set aws.amiId to upgrade)",
+            "ids": nodes.image_ids,
+        },
+        "rollout": {
+            "order": nodes.rollout_order,
+            "drainTimeoutSeconds": cluster.rollout.drain_timeout_seconds,
+            "healthTimeoutSeconds": cluster.rollout.health_timeout_seconds,
+        },
         "vpcId": network.vpc_id,
         "portTable": data["ports"],
         "topology": data["topology"],

@@ -31,7 +31,6 @@ class Bastion(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: BastionArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:aws:Bastion", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         image = aws.ec2.get_ami_output(
             owners=[UBUNTU_OWNER],
             most_recent=True,
@@ -52,7 +51,9 @@ class Bastion(pulumi.ComponentResource):
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required"},
             root_block_device={"volume_type": "gp3", "encrypted": True},
             tags={**args.tags, "Name": f"{name}-host", ROLE_TAG: BASTION},
-            opts=child,
+            # ami is ForceNew (ec2_instance.go) and the lookup answers the newest Ubuntu: keep
+            # the image the bastion was launched with, or every Ubuntu release replaces it.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["ami"]),
         )
         self.public_ip = instance.public_ip
         self.instance_id = instance.id

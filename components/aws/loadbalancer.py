@@ -23,12 +23,9 @@ class ModelLoadBalancerArgs:
     listener_port: int
     model_port: int
     idle_timeout_seconds: int
-    targets: dict[str, pulumi.Input[str]]  # node name -> instance id (the replica heads)
     tags: dict[str, str]
 
     def validate(self) -> None:
-        if not self.targets:
-            raise ValueError("the load balancer needs at least one target")
         if not self.subnet_ids:
             raise ValueError("the load balancer needs a subnet")
         if not 60 <= self.idle_timeout_seconds <= 6000:
@@ -48,6 +45,7 @@ class ModelLoadBalancer(pulumi.ComponentResource):
     dns_name: pulumi.Output[str]
     arn: pulumi.Output[str]
     endpoint: pulumi.Output[str]
+    target_group_arn: pulumi.Output[str]
 
     def __init__(self, name: str, args: ModelLoadBalancerArgs, opts: pulumi.ResourceOptions | None = None):
         args.validate()
@@ -98,15 +96,21 @@ class ModelLoadBalancer(pulumi.ComponentResource):
             tags={**args.tags, "Name": f"{name}-listener"},
             opts=child,
         )
-        for node_name, instance_id in args.targets.items():
-            aws.lb.TargetGroupAttachment(
-                f"{name}-{node_name}",
-                target_group_arn=target_group.arn,
-                target_id=instance_id,
-                port=args.model_port,
-                opts=child,
-            )
+        self._name, self._model_port = name, args.model_port
+        self.target_group_arn = target_group.arn
         self.dns_name = load_balancer.dns_name
         self.arn = load_balancer.arn
         self.endpoint = load_balancer.dns_name.apply(lambda dns: f"http://{dns}:{args.listener_port}")
         self.register_outputs({"dnsName": self.dns_name, "endpoint": self.endpoint})
+
+    def attach(self, node_name: str, instance_id: pulumi.Input[str]) -> aws.lb.TargetGroupAttachment:
+        """Register a replica head. Called by the node group as each head's instance is
+        declared (the nodes' rollout chain needs the target group first). Every attachment
+        field is ForceNew (elbv2/target_group_attachment.go): a new instance, a new attachment."""
+        return aws.lb.TargetGroupAttachment(
+            f"{self._name}-{node_name}",
+            target_group_arn=self.target_group_arn,
+            target_id=instance_id,
+            port=self._model_port,
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -1,16 +1,39 @@
-"""GpuNodeGroup: a cluster placement group and one EFA instance per configured node."""
+"""GpuNodeGroup: a cluster placement group, one EFA instance per configured node, and each
+node's model server as an SSM association, rolled one replica at a time.
+
+Day 2 (issue 10), what decides the design, from the providers' sources:
+- A launch template change is a new version, and the instance replaces when the version it
+  names changes (terraform-provider-aws internal/service/ec2/ec2_instance.go, CustomizeDiff on
+  launch_template.0.version). So the template holds only the machine (image, type, interfaces,
+  placement, disk, instance profile, the MTU/EFA first boot); the model server, its flags, its
+  environment and sysctl are association parameters (components/render/ssm.py).
+- Each node has a static IP, so a replaced instance must be gone before its successor asks
+  for the address (EC2 answers InvalidIPAddress.InUse otherwise): delete_before_replace.
+- An association's wait_for_success_timeout_seconds is honoured in Create only
+  (internal/service/ssm/association.go: resourceAssociationUpdate returns right after
+  UpdateAssociation). So any change to an association replaces it (replaceOnChanges on its
+  parameters and targets), and the replacement's create waits for the run, which waits for
+  the node to serve again.
+- The chain: each replica's instances and associations depend on the previous replica's
+  head association, the health gate. A model-server change rolls one replica at a time, and so
+  does a machine change (the association targets the instance by id: a new instance means new
+  targets, so a new association that waits before the next instance is touched). The cost is
+  day 0: replicas come up one after another (boot, image pull, weights, load per replica).
+"""
 
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
 from components import catalog
-from components.config import ClusterConfig
-from components.render import cloudinit, ec2
+from components.config import ClusterConfig, Node
+from components.render import cloudinit, ec2, ssm
 from components.tags import GPU_NODE, NODE_TAG, ROLE_TAG
 
 
@@ -20,6 +43,13 @@ class GpuNodeGroupArgs:
     subnet_id: pulumi.Input[str]
     security_group_id: pulumi.Input[str]
     tags: dict[str, str]
+    instance_profile_name: pulumi.Input[str]
+    document_name: pulumi.Input[str]
+    target_group_arn: pulumi.Input[str]
+    # Registers a replica head's instance with the load balancer: (node name, instance id).
+    attach: Callable[[str, pulumi.Input[str]], Any]
+    # What the first association needs in place (the drain permission).
+    ready: list[pulumi.Resource] = field(default_factory=list)
 
     def validate(self) -> None:
         aws_target, kind = self.cluster.aws, self.cluster.instance
@@ -30,7 +60,9 @@ class GpuNodeGroupArgs:
 
 
 def dlami_id(parent: pulumi.Resource) -> pulumi.Output[str]:
-    """The newest AWS Deep Learning Base GPU AMI (Ubuntu 22.04), by owner and name."""
+    """The newest AWS Deep Learning Base GPU AMI (Ubuntu 22.04), by owner and name. Read once:
+    the launch templates ignore later answers (ignoreChanges on imageId), so a new DLAMI
+    release changes nothing on a running stack; aws.amiId upgrades explicitly."""
     return aws.ec2.get_ami_output(
         owners=[catalog.DLAMI_OWNER],
         most_recent=True,
@@ -57,105 +89,153 @@ class GpuNodeGroup(pulumi.ComponentResource):
     """
 
     instance_ids: dict[str, pulumi.Output[str]]
+    image_ids: dict[str, pulumi.Output[str]]
     placement_group_name: pulumi.Output[str]
+    rollout_order: list[str]
 
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
         args.validate()
         super().__init__("qwen-cluster:aws:GpuNodeGroup", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         cluster = args.cluster
-        aws_target, kind = cluster.aws, cluster.instance
-        role_tags = {**args.tags, ROLE_TAG: GPU_NODE}  # the policy pack finds GPU nodes by it
-
+        aws_target = cluster.aws
+        self._name, self._args = name, args
         # All nodes in one cluster placement group: one AZ, low-latency, full-bisection
         # network (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html).
-        placement_group = aws.ec2.PlacementGroup(
+        self._placement_group = aws.ec2.PlacementGroup(
             f"{name}-placement",
             strategy="cluster",
             tags={**args.tags, "Name": f"{name}-placement"},
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
-        image_id = aws_target.ami_id or dlami_id(self)
-        root_gb = ec2.root_volume_gb(catalog.MODELS[cluster.model.name].weights_gb)
+        self._image_id = aws_target.ami_id or dlami_id(self)
+        # Looked up: every template keeps the image it was created with. Given: follow it.
+        self._keep_image = [] if aws_target.ami_id else ["imageId"]
+
+        self.instance_ids, self.image_ids, self.rollout_order = {}, {}, []
+        topology = cluster.topology
+        gate: list[pulumi.Resource] = list(args.ready)  # the previous replica's health gate
+        for replica in topology.replicas:
+            instances = {
+                member.name: self._instance(self._node(member.name), gate) for member in replica.members
+            }
+            head_id = instances[replica.head.name].id
+            args.attach(replica.head.name, head_id)
+            # Pipeline workers first (their Ray worker joins the head), the head last: its run
+            # waits for the replica's /health and gates the next replica.
+            started: list[pulumi.Resource] = []
+            for member in [*replica.workers, replica.head]:
+                is_head = member.name == replica.head.name
+                started.append(
+                    aws.ssm.Association(
+                        f"{name}-{member.name}-server",
+                        name=args.document_name,
+                        targets=[{"key": "InstanceIds", "values": [instances[member.name].id]}],
+                        parameters=ssm.parameters(
+                            cluster, member.name, target_group_arn=args.target_group_arn, target_id=head_id
+                        ),
+                        max_concurrency="1",
+                        max_errors="0",
+                        wait_for_success_timeout_seconds=ssm.wait_seconds(cluster) if is_head else None,
+                        opts=pulumi.ResourceOptions(
+                            parent=self,
+                            # Waited for on create only (association.go): every change replaces.
+                            replace_on_changes=["parameters", "targets"],
+                            depends_on=[*gate, *started],
+                        ),
+                    )
+                )
+                self.rollout_order.append(member.name)
+            gate = [started[-1]]
+
+        self.placement_group_name = self._placement_group.name
+        self.register_outputs(
+            {
+                "instanceIds": self.instance_ids,
+                "imageIds": self.image_ids,
+                "placementGroup": self.placement_group_name,
+            }
+        )
+
+    def _node(self, node_name: str) -> Node:
+        return next(node for node in self._args.cluster.nodes if node.name == node_name)
+
+    def _instance(self, node: Node, gate: list[pulumi.Resource]) -> aws.ec2.Instance:
+        """One node's launch template (the machine only) and its instance."""
+        name, args, cluster = self._name, self._args, self._args.cluster
+        aws_target, kind = cluster.aws, cluster.instance
+        node_tags = {**args.tags, ROLE_TAG: GPU_NODE, NODE_TAG: node.name, "Name": f"{name}-{node.name}"}
+        specs = ec2.network_interfaces(kind, aws_target.efa, str(node.ip))
+        interfaces = [
+            {
+                "network_card_index": spec.network_card_index,
+                "device_index": spec.device_index,
+                "interface_type": None if spec.interface_type == "interface" else spec.interface_type,
+                "subnet_id": args.subnet_id,
+                # Every interface carries the node SG; none at template level (AWS refuses both).
+                "security_groups": [args.security_group_id],
+                "private_ip_address": spec.private_ip,
+                # No public IP: the node subnet does not map one, and a single interface says so
+                # too. With several interfaces EC2 refuses the parameter even as false
+                # (InvalidParameterCombination: "The associatePublicIPAddress parameter cannot be
+                # specified when launching with multiple network interfaces").
+                "associate_public_ip_address": "false" if len(specs) == 1 else None,
+                "delete_on_termination": "true",
+                "description": f"{node.name} card {spec.network_card_index} {spec.interface_type}",
+            }
+            for spec in specs
+        ]
         # A target alone: with a target, EC2 refuses the preference "open" (it takes only
         # "capacity-reservations-only" or none; pulumi-aws LaunchTemplate docs).
         capacity = (
-            {
-                "capacity_reservation_target": {
-                    "capacity_reservation_id": aws_target.capacity_reservation_id
-                },
-            }
+            {"capacity_reservation_target": {"capacity_reservation_id": aws_target.capacity_reservation_id}}
             if aws_target.capacity_reservation_id
             else None
         )
-
-        self.instance_ids = {}
-        for node in cluster.nodes:
-            node_tags = {**role_tags, NODE_TAG: node.name, "Name": f"{name}-{node.name}"}
-            specs = ec2.network_interfaces(kind, aws_target.efa, str(node.ip))
-            interfaces = [
+        template = aws.ec2.LaunchTemplate(
+            f"{name}-{node.name}-template",
+            description=f"qwen-cluster GPU node {node.name} ({node.ip})",
+            image_id=self._image_id,
+            instance_type=kind.name,
+            network_interfaces=interfaces,
+            # By name: the provider's PlacementGroup.id IS the group's name (it imports by name);
+            # the pg-... id is placement_group_id. A name in GroupId is refused.
+            placement={"group_name": self._placement_group.name},
+            iam_instance_profile={"name": args.instance_profile_name},
+            metadata_options={
+                "http_endpoint": "enabled",
+                "http_tokens": "required",  # IMDSv2 only
+                # 2 hops: containers on the host reach IMDS through one more hop.
+                "http_put_response_hop_limit": 2,
+            },
+            block_device_mappings=[
                 {
-                    "network_card_index": spec.network_card_index,
-                    "device_index": spec.device_index,
-                    "interface_type": None if spec.interface_type == "interface" else spec.interface_type,
-                    "subnet_id": args.subnet_id,
-                    # Every interface carries the node SG; none at template level (AWS refuses both).
-                    "security_groups": [args.security_group_id],
-                    "private_ip_address": spec.private_ip,
-                    # No public IP: the node subnet does not map one, and a single interface
-                    # says so too. With several interfaces EC2 refuses the parameter even as
-                    # false (InvalidParameterCombination: "The associatePublicIPAddress
-                    # parameter cannot be specified when launching with multiple network
-                    # interfaces"), so it is left out there.
-                    "associate_public_ip_address": "false" if len(specs) == 1 else None,
-                    "delete_on_termination": "true",
-                    "description": f"{node.name} card {spec.network_card_index} {spec.interface_type}",
+                    "device_name": ec2.ROOT_DEVICE_NAME,
+                    "ebs": {
+                        "volume_type": "gp3",
+                        "volume_size": ec2.root_volume_gb(catalog.MODELS[cluster.model.name].weights_gb),
+                        "encrypted": "true",
+                        "delete_on_termination": "true",
+                    },
                 }
-                for spec in specs
-            ]
-            template = aws.ec2.LaunchTemplate(
-                f"{name}-{node.name}-template",
-                description=f"qwen-cluster GPU node {node.name} ({node.ip})",
-                image_id=image_id,
-                instance_type=kind.name,
-                network_interfaces=interfaces,
-                # By name: the provider's PlacementGroup.id IS the group's name (it imports by
-                # name); the pg-... id is placement_group_id. A name in GroupId is refused.
-                placement={"group_name": placement_group.name},
-                metadata_options={
-                    "http_endpoint": "enabled",
-                    "http_tokens": "required",  # IMDSv2 only
-                    # 2 hops: containers on the host reach IMDS through one more hop.
-                    "http_put_response_hop_limit": 2,
-                },
-                block_device_mappings=[
-                    {
-                        "device_name": ec2.ROOT_DEVICE_NAME,
-                        "ebs": {
-                            "volume_type": "gp3",
-                            "volume_size": root_gb,
-                            "encrypted": "true",
-                            "delete_on_termination": "true",
-                        },
-                    }
-                ],
-                capacity_reservation_specification=capacity,
-                user_data=base64.b64encode(cloudinit.user_data(cluster, node.name).encode()).decode(),
-                tag_specifications=[
-                    {"resource_type": kind_, "tags": node_tags}
-                    for kind_ in ("instance", "volume", "network-interface")
-                ],
-                tags=node_tags,
-                opts=child,
-            )
-            instance = aws.ec2.Instance(
-                f"{name}-{node.name}",
-                # A new template version (user data, image) replaces the node: nodes are cattle.
-                launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-                tags=node_tags,
-                opts=child,
-            )
-            self.instance_ids[node.name] = instance.id
-
-        self.placement_group_name = placement_group.name
-        self.register_outputs({"instanceIds": self.instance_ids, "placementGroup": self.placement_group_name})
+            ],
+            capacity_reservation_specification=capacity,
+            user_data=base64.b64encode(cloudinit.user_data(cluster, node.name).encode()).decode(),
+            tag_specifications=[
+                {"resource_type": kind_, "tags": node_tags}
+                for kind_ in ("instance", "volume", "network-interface")
+            ],
+            tags=node_tags,
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=self._keep_image),
+        )
+        instance = aws.ec2.Instance(
+            f"{name}-{node.name}",
+            # The version explicitly, never "$Latest": a new version of this (machine-only)
+            # template is a machine change and replaces the node (ec2_instance.go CustomizeDiff),
+            # delete-before-replace because the static IP must be free first.
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            tags=node_tags,
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, depends_on=gate),
+        )
+        self.instance_ids[node.name] = instance.id
+        self.image_ids[node.name] = template.image_id
+        return instance

@@ -1,0 +1,271 @@
+"""Day 2 on AWS (issue 10): every routine change, planned offline against the replacement table.
+
+Each test renders the stack as it is and with one change, diffs the two
+(components/changes.py) and asserts what is replaced, in what order, and the rollout summary.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from components import changes, offline, stackfile
+from components.render import ssm, vllm
+from tests.aws_stacks import INSTANCE, render, render_stack
+
+NEW_DLAMI = {
+    "aws:ec2/getAmi:getAmi": {
+        "id": "ami-0aaaaaaaaaaaaaaa1",
+        "name": "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20270101",
+        "architecture": "x86_64",
+    }
+}
+
+
+def plan(stack: str, *change: str):
+    old = render_stack(stack)
+    new = render(changes.apply_changes(stackfile.read(stack), change), stack)
+    found = changes.diff(old, new)
+    return found, changes.rollout(old, new, found)
+
+
+def touched(found) -> dict[str, tuple[str, str | None]]:
+    return {c.name: (c.action, c.strategy) for c in found if c.action != "same"}
+
+
+def assert_no_gpu_instance_replaced_create_before_delete(found):
+    for change in found:
+        if change.type == INSTANCE and change.action == "replace" and change.name.startswith("gpu-nodes-"):
+            assert change.strategy == "delete-before-replace", change
+
+
+# --- routine changes: no machine is replaced, one replica at a time --------------------------
+
+
+def test_image_bump_restarts_the_servers_one_replica_at_a_time_and_replaces_no_node():
+    found, summary = plan("dev", "model.image=vllm/vllm-openai:v0.11.1")
+    assert touched(found) == {
+        "gpu-nodes-master-server": ("replace", "create-before-delete"),
+        "gpu-nodes-worker-1-server": ("replace", "create-before-delete"),
+    }
+    assert summary.nodes_replaced == []
+    assert summary.servers_restarted == ["master", "worker-1"]
+    assert summary.steps == [["master"], ["worker-1"]]
+    assert summary.max_replicas_out_of_service == 1 and summary.endpoint_stays_up
+    assert changes.verdict(summary) == 0
+
+
+def test_a_vllm_flag_rolls_over_every_replica_in_the_chain_order():
+    found, summary = plan("prod", 'model.vllmFlags={"--enable-prefix-caching": true}')
+    assert set(touched(found)) == {
+        f"gpu-nodes-{n}-server" for n in ("master", "worker-1", "worker-2", "worker-3")
+    }
+    assert summary.steps == [["master"], ["worker-1"], ["worker-2"], ["worker-3"]]
+    assert (summary.max_replicas_out_of_service, summary.nodes_replaced) == (1, [])
+    assert render_stack("prod").outputs["rollout"]["order"] == ["master", "worker-1", "worker-2", "worker-3"]
+
+
+def test_a_sysctl_value_re_runs_the_document_without_restarting_a_server():
+    found, summary = plan("dev", 'tuning.sysctl={"net.core.rmem_max": 33554432}')
+    assert touched(found) == {
+        "gpu-nodes-master-server": ("replace", "create-before-delete"),
+        "gpu-nodes-worker-1-server": ("replace", "create-before-delete"),
+    }
+    # The container's configuration hash did not move: the run applies sysctl and keeps it.
+    assert summary.servers_restarted == [] and summary.max_replicas_out_of_service == 0
+    new = render(
+        changes.apply_changes(stackfile.read("dev"), ['tuning.sysctl={"net.core.rmem_max": 33554432}'])
+    )
+    dropin = ssm.decoded(new.named("gpu-nodes-master-server").inputs["parameters"]["Sysctl"])
+    assert "net.core.rmem_max = 33554432" in dropin
+
+
+def test_a_new_dlami_release_changes_nothing():
+    old = render_stack("dev")
+    new = offline.render(stackfile.read("dev"), "dev", invoke_results=NEW_DLAMI)
+    assert (
+        new.named("gpu-nodes-master-template").inputs["imageId"] == "ami-0aaaaaaaaaaaaaaa1"
+    )  # the lookup moved
+    found = changes.diff(old, new)
+    assert touched(found) == {}
+    assert changes.rollout(old, new, found).max_replicas_out_of_service == 0
+
+
+def test_the_looked_up_ami_is_kept_and_shown():
+    result = render_stack("dev")
+    template = result.named("gpu-nodes-master-template")
+    assert template.ignore_changes == ["imageId"]
+    assert result.outputs["ami"]["ids"] == {
+        "master": "ami-0123456789abcdef0",
+        "worker-1": "ami-0123456789abcdef0",
+    }
+    assert "kept" in result.outputs["ami"]["source"]
+    pinned = render(changes.apply_changes(stackfile.read("dev"), ["aws.amiId=ami-0fedcba9876543210"]))
+    assert pinned.named("gpu-nodes-master-template").ignore_changes == []
+    assert pinned.outputs["ami"]["source"] == "aws.amiId"
+
+
+def test_setting_aws_ami_id_replaces_every_node_one_at_a_time_delete_before_replace():
+    found, summary = plan("prod", "aws.amiId=ami-0fedcba9876543210")
+    nodes = ("master", "worker-1", "worker-2", "worker-3")
+    expected = {}
+    for node in nodes:
+        expected[f"gpu-nodes-{node}-template"] = ("update", None)  # a new version
+        expected[f"gpu-nodes-{node}"] = ("replace", "delete-before-replace")
+        expected[f"model-lb-{node}"] = ("replace", "create-before-delete")
+        expected[f"gpu-nodes-{node}-server"] = ("replace", "create-before-delete")
+    assert touched(found) == expected
+    assert_no_gpu_instance_replaced_create_before_delete(found)
+    assert summary.nodes_replaced == list(nodes)
+    assert summary.steps == [[node] for node in nodes]
+    assert summary.max_replicas_out_of_service == 1 and summary.collisions == []
+    assert changes.verdict(summary) == 0
+
+
+def test_an_instance_type_change_is_a_machine_change_and_rolls_too():
+    found, summary = plan("dev", "aws.instanceType=g6e.24xlarge")
+    assert_no_gpu_instance_replaced_create_before_delete(found)
+    assert summary.nodes_replaced == ["master", "worker-1"] and summary.steps == [["master"], ["worker-1"]]
+
+
+def test_adding_a_node_touches_only_that_node():
+    nodes = stackfile.read("dev")["qwen-cluster:nodes"] + [{"name": "worker-2", "ip": "10.42.1.102"}]
+    found, summary = plan("dev", f"nodes={json.dumps(nodes)}")
+    assert touched(found) == {
+        "gpu-nodes-worker-2-template": ("create", None),
+        "gpu-nodes-worker-2": ("create", None),
+        "model-lb-worker-2": ("create", None),
+        "gpu-nodes-worker-2-server": ("create", None),
+    }
+    assert (summary.replicas, summary.max_replicas_out_of_service, summary.servers_restarted) == (3, 0, [])
+
+
+def test_removing_a_node_touches_only_that_node():
+    nodes = [n for n in stackfile.read("prod")["qwen-cluster:nodes"] if n["name"] != "worker-2"]
+    found, summary = plan("prod", f"nodes={json.dumps(nodes)}")
+    assert touched(found) == {
+        "gpu-nodes-worker-2-template": ("delete", None),
+        "gpu-nodes-worker-2": ("delete", None),
+        "model-lb-worker-2": ("delete", None),
+        "gpu-nodes-worker-2-server": ("delete", None),
+    }
+    assert (summary.replicas, summary.max_replicas_out_of_service, summary.nodes_replaced) == (3, 0, [])
+
+
+def test_a_client_cidr_change_updates_the_load_balancer_rules_only():
+    found, summary = plan("dev", 'access.clientCidrs=["10.1.0.0/16"]')
+    assert touched(found) == {"security-load-balancer-in-listener-0": ("update", None)}
+    assert next(c for c in found if c.action == "update").keys == ["cidrIpv4", "description"]
+    assert summary.max_replicas_out_of_service == 0 and summary.endpoint_stays_up
+
+
+# --- the mechanism --------------------------------------------------------------------------
+
+
+def test_each_replica_waits_for_the_previous_replicas_health_gate():
+    result = render_stack("prod")
+    order = ["master", "worker-1", "worker-2", "worker-3"]
+    for before, after in zip(order, order[1:], strict=False):
+        gate = f"gpu-nodes-{before}-server"
+        assert result.named(f"gpu-nodes-{after}").depends_on == [gate]
+        assert result.named(f"gpu-nodes-{after}-server").depends_on == [gate]
+    first = result.named("gpu-nodes-master-server")
+    assert first.depends_on == ["model-server-drain"]  # may drain and register from the first run
+
+
+def test_associations_replace_on_any_change_and_wait_for_the_run():
+    cluster = stackfile.load("dev")
+    association = render_stack("dev").named("gpu-nodes-master-server").inputs
+    options = render_stack("dev").named("gpu-nodes-master-server")
+    assert options.replace_on_changes == ["parameters", "targets"]
+    assert association["waitForSuccessTimeoutSeconds"] == 300 + 1800 + ssm.PULL_MARGIN_SECONDS
+    assert association["targets"] == [{"key": "InstanceIds", "values": ["gpu-nodes-master-id"]}]
+    assert (association["maxConcurrency"], association["maxErrors"]) == ("1", "0")
+    assert association["name"] == render_stack("dev").named("model-server-document").outputs["name"]
+    parameters = association["parameters"]
+    assert ssm.decoded(parameters["ServerScript"]) == vllm.server_script(cluster, "master")
+    assert parameters["HealthUrl"] == "http://10.42.1.100:5000/health"
+    assert parameters["TargetGroupArn"] == "arn:aws:mock:::targetgroup/model-lb-heads"
+
+
+def test_gpu_nodes_carry_the_ssm_instance_profile_and_replace_delete_before_replace():
+    result = render_stack("dev")
+    template = result.named("gpu-nodes-master-template").inputs
+    assert template["iamInstanceProfile"] == {"name": result.named("gpu-node-role-profile").outputs["name"]}
+    instance = result.named("gpu-nodes-master")
+    assert instance.delete_before_replace is True
+    assert instance.inputs["launchTemplate"] == {"id": "gpu-nodes-master-template-id", "version": "1"}
+    attachment = result.named("gpu-node-role-ssm-core").inputs
+    assert attachment["policyArn"] == "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+
+
+def test_the_drain_permission_is_scoped_to_the_target_group():
+    policy = json.loads(render_stack("dev").named("model-server-drain").inputs["policy"])
+    scoped, describe = policy["Statement"]
+    assert scoped["Resource"] == "arn:aws:mock:::targetgroup/model-lb-heads"
+    assert set(scoped["Action"]) == {
+        "elasticloadbalancing:DeregisterTargets",
+        "elasticloadbalancing:RegisterTargets",
+    }
+    assert describe["Action"] == "elasticloadbalancing:DescribeTargetHealth"
+
+
+def test_the_document_declares_every_parameter_and_the_values_fit_its_patterns():
+    import re
+
+    document = json.loads(ssm.document())
+    assert document["schemaVersion"] == "2.2"
+    assert set(document["parameters"]) == set(ssm.PARAMETERS)
+    cluster = stackfile.load("prod")
+    values = ssm.parameters(
+        cluster, "worker-1", target_group_arn="arn:aws:elasticloadbalancing:x", target_id="i-0abc"
+    )
+    assert set(values) == set(ssm.PARAMETERS)
+    for name, value in values.items():
+        assert re.fullmatch(document["parameters"][name]["allowedPattern"].strip("^$"), value), (name, value)
+    text = "\n".join(document["mainSteps"][0]["inputs"]["runCommand"])
+    for name in ssm.PARAMETERS:
+        assert "{{ " + name + " }}" in text
+
+
+def test_the_run_script_is_valid_bash(tmp_path):
+    path = tmp_path / "run.sh"
+    path.write_text(ssm.shell_check_text())
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    if shutil.which("shellcheck"):
+        result = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def test_the_config_hash_moves_with_what_the_container_runs_only():
+    base = stackfile.load("dev")
+    from tests.aws_stacks import variant
+
+    def load(**sections):
+        from components import config
+
+        return config.validate(stackfile.cluster_keys(variant("dev", **sections)))
+
+    same = ssm.config_hash(base, "master")
+    assert ssm.config_hash(load(tuning={"sysctl": {"net.core.rmem_max": 1}}), "master") == same
+    assert ssm.config_hash(load(rollout={"healthTimeoutSeconds": 600}), "master") == same
+    assert ssm.config_hash(load(model={"image": "vllm/vllm-openai:v0.11.1"}), "master") != same
+    assert ssm.config_hash(load(model={"vllmFlags": {"--max-model-len": 8192}}), "master") != same
+
+
+@pytest.mark.parametrize("pipeline", [2])
+def test_pipeline_workers_start_before_their_head_and_only_heads_wait(pipeline):
+    from tests.aws_stacks import variant
+
+    result = render(variant("prod", model={"pipelineParallel": pipeline}), "prod")
+    worker = result.named("gpu-nodes-worker-1-server")
+    head = result.named("gpu-nodes-master-server")
+    assert "waitForSuccessTimeoutSeconds" not in worker.inputs and head.inputs["waitForSuccessTimeoutSeconds"]
+    assert "gpu-nodes-worker-1-server" in head.depends_on
+    assert (
+        worker.inputs["parameters"]["HealthUrl"] == "" and worker.inputs["parameters"]["TargetGroupArn"] == ""
+    )
+    assert result.outputs["rollout"]["order"] == ["worker-1", "master", "worker-3", "worker-2"]
