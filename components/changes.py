@@ -301,7 +301,11 @@ PROVIDER_RULE_SOURCE = (
 
 # Names of bare-metal commands that restart a model server / wait for it (issue 11 extends).
 SERVER_COMMAND_SUFFIXES: tuple[str, ...] = ()
-HEALTH_GATE_SUFFIXES: tuple[str, ...] = ()
+# components/baremetal/rollout.py: `<head>-ready` waits for the replica's /health (create only
+# for a server marked down, update always) before the next replica's drain starts.
+HEALTH_GATE_SUFFIXES: tuple[str, ...] = ("-ready",)
+# Rollout steps run on the load balancer's host but belong to the replica named by their head.
+ROLLOUT_STEP_SUFFIXES: tuple[str, ...] = ("-drain", "-ready")
 
 _NODE_TAG = "qwen-cluster:node"
 _ROLE_TAG = "qwen-cluster:role"
@@ -544,6 +548,12 @@ def owners(render: Render) -> dict[str, str]:
     providers = {r.name: r for r in render.resources if r.type.startswith("pulumi:providers:")}
     owner: dict[str, str] = {}
     for resource in render.custom_resources:
+        named = next(
+            (resource.name.removesuffix(s) for s in ROLLOUT_STEP_SUFFIXES if resource.name.endswith(s)), ""
+        )
+        if resource.type == "command:remote:Command" and named in by_ip.values():
+            owner[resource.name] = named
+            continue
         tags = resource.inputs.get("tags") or {}
         if isinstance(tags, Mapping) and tags.get(_NODE_TAG):
             owner[resource.name] = str(tags[_NODE_TAG])

@@ -82,15 +82,19 @@ class Render:
     def dependencies(self) -> dict[str, set[str]]:
         """Which custom resources each custom resource waits for at deploy time.
 
-        Explicit `depends_on` plus every input that carries another resource's id, ARN or
-        DNS name (how an Output flows from one resource into another; the mocks make those
-        values unique per resource)."""
+        Explicit `depends_on`, the property dependencies the SDK sent with the registration
+        (what the engine orders by; they also hold values the mocks cannot mark, such as a
+        placement group's computed name or an image reference), and every input that carries
+        another resource's id, ARN or DNS name (the mocks make those unique per resource)."""
         custom = self.custom_resources
+        names = {r.name for r in custom}
         marks = references(custom)
         graph: dict[str, set[str]] = {}
         for resource in custom:
             found = {marks[value].name for value in strings(resource.inputs) if value in marks}
-            found |= {name for name in resource.depends_on if any(r.name == name for r in custom)}
+            recorded = resource.property_dependencies or {}
+            found |= {name for deps in recorded.values() for name in deps if name in names}
+            found |= {name for name in resource.depends_on if name in names}
             found.discard(resource.name)
             graph[resource.name] = found
         return graph
@@ -263,6 +267,7 @@ def references(resources: list[RecordedResource]) -> dict[str, RecordedResource]
                 marks[resource.outputs[key]] = resource
         if "name" in _COMPUTED.get(resource.type, {}) and "name" not in resource.inputs:
             marks[str(resource.outputs.get("name"))] = resource  # a name the engine chose
+    marks.pop(rpc.UNKNOWN, None)  # in a preview, unknown values name nothing
     return marks
 
 

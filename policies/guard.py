@@ -977,8 +977,15 @@ def _validate_idle_timeout(args: ResourceValidationArgs, report: ReportViolation
                 report(f"idleTimeout {value:g} is below {floor} s: a silent, thinking answer is cut off")
     else:
         for where, text in net.texts_of(args.resource_type, args.props):
+            # Per directive, the longest value in the text: the one on the model's streams. A
+            # short one on another location (a health check) cuts no answer. The bare-metal
+            # load balancer's config travels in a command script (its install step).
+            longest: dict[str, tuple[float, re.Match[str]]] = {}
             for match in _NGINX_TIMEOUT.finditer(text):
                 seconds = int(match.group(2)) * _UNIT_SECONDS[match.group(3)]
+                if seconds >= longest.get(match.group(1), (-1.0, match))[0]:
+                    longest[match.group(1)] = (seconds, match)
+            for seconds, match in longest.values():
                 if seconds < floor:
                     report(
                         f"{where}: nginx {match.group(1)} {match.group(2)}{match.group(3) or ''} "

@@ -82,6 +82,21 @@ def measure_render(stack: str, count: int) -> dict[str, Any]:
     }
 
 
+def measure_baremetal_chain(stack: str, count: int) -> dict[str, Any]:
+    """Run in a child process: the bare-metal critical path and how much of it is the rollout
+    chain, and what of the chain does work on day 0 (a drain has no `create`)."""
+    from components import offline
+
+    render = offline.render(scaled_stack(stack, count), stack)
+    if render.error:
+        raise SystemExit(render.error)
+    path = render.critical_path()
+    by_name = {r.name: r for r in render.custom_resources}
+    chain = [name for name in path if name.endswith(("-drain", "-ready", "-model-vllm"))]
+    day0 = [name for name in chain if not (name.endswith("-drain") and "create" not in by_name[name].inputs)]
+    return {"nodes": count, "critical_path": len(path), "chain": len(chain), "day0_serial_steps": len(day0)}
+
+
 def measure_floor() -> dict[str, Any]:
     """Run in a child process: import the SDKs and start the mocks, register nothing."""
     started = time.perf_counter()
@@ -357,6 +372,19 @@ def print_render(console, figures: dict[str, Any]) -> None:
     )
 
 
+def print_chain(console, runs: list[dict[str, Any]]) -> None:
+    first, last = runs[0], runs[-1]
+    per_node = (last["critical_path"] - first["critical_path"]) / max(1, last["nodes"] - first["nodes"])
+    console.print(
+        "bare-metal rollout chain (one replica at a time): critical path "
+        + " / ".join(f"{run['critical_path']} at {run['nodes']} nodes" for run in runs)
+        + f" ({per_node:.1f} per added node: drain, container, health gate); on day 0 "
+        + " / ".join(str(run["day0_serial_steps"]) for run in runs)
+        + " of those steps do work one after another (a container start, a short SSH command;"
+        " no drain, no wait for a model load)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -374,9 +402,12 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "render": render_benchmarks(args.stack, counts, args.repeat),
     }
+    lab_counts = [int(n) for n in args.lab_nodes.split(",")]
+    figures["baremetal_chain"] = [child("measure_baremetal_chain", args.lab_stack, n) for n in lab_counts]
     if not args.json:
         console.print(f"machine: {figures['machine']}")
         print_render(console, figures["render"])
+        print_chain(console, figures["baremetal_chain"])
     skipped = lab_available()
     if skipped:
         figures["lab"] = {"skipped": skipped}

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from components.offline import RecordedResource
+from components.render import firewall
 from policies import harness
 from policies import network as net
 
@@ -266,8 +267,9 @@ def _set(resource: RecordedResource, path: tuple[str, ...], value: Any) -> None:
         target[path[-1]] = value
 
 
-def _documents(resource: RecordedResource) -> list[tuple[int, dict[str, Any], bool]]:
-    found = []
+def _documents(resource: RecordedResource) -> list[tuple[int | None, dict[str, Any], bool]]:
+    """(index in triggers, or None inside the `create` script; document; given as text)."""
+    found: list[tuple[int | None, dict[str, Any], bool]] = []
     for index, trigger in enumerate(resource.inputs.get("triggers") or []):
         text = isinstance(trigger, str)
         try:
@@ -276,18 +278,25 @@ def _documents(resource: RecordedResource) -> list[tuple[int, dict[str, Any], bo
             continue  # another trigger (a script's hash), as the policy pack skips it too
         if isinstance(document, dict) and document.get("schema") == net.FIREWALL_SCHEMA:
             found.append((index, document, text))
+    # The bare-metal target's own form: the document inside the firewall script.
+    for embedded in firewall.embedded_documents(resource.inputs.get("create")):
+        found.append((None, json.loads(embedded), True))
     return found
 
 
 def _rewrite_documents(resources: list[RecordedResource], change) -> None:
     for resource in resources:
         for index, document, text in _documents(resource):
+            original = json.dumps(document, sort_keys=True, separators=(",", ":"))
             document = copy.deepcopy(document)
             change(document)
-            value = json.dumps(document) if text else document
             for props in (resource.inputs, resource.outputs):
-                props["triggers"] = list(props["triggers"])
-                props["triggers"][index] = value
+                if index is None:
+                    compact = json.dumps(document, sort_keys=True, separators=(",", ":"))
+                    props["create"] = props["create"].replace(original, compact)
+                else:
+                    props["triggers"] = list(props["triggers"])
+                    props["triggers"][index] = json.dumps(document) if text else document
 
 
 def _node_groups(resources: list[RecordedResource]) -> list[RecordedResource]:

@@ -61,19 +61,28 @@ def test_nothing_disables_selinux(render):
     assert "SELINUX=disabled" not in everything
 
 
-def test_triggers_hold_the_script_hash_and_the_firewall_document(render):
-    import hashlib
+def test_triggers_hold_only_each_steps_identity(render):
+    """Triggers are replaceOnChanges in pulumi-command: anything that changes with the config
+    (a script, the firewall document) must not be in them, or every change replaces."""
+    for node, ip in NODES.items():
+        for step in STEPS:
+            expected = [ip, "ufw"] if step == "firewall" else [ip]
+            assert render.named(f"{node}-{step}").inputs["triggers"] == expected, (node, step)
+        assert render.named(f"{node}-verify").inputs["triggers"] == [ip]
+
+
+def test_the_firewall_script_carries_the_document_the_policy_pack_reads(render):
+    from components.render import firewall as fw
 
     firewall = render.named("worker-2-firewall")
-    digest, document = firewall.inputs["triggers"]
-    assert digest == hashlib.sha256(firewall.inputs["create"].encode()).hexdigest()
+    (text,) = fw.embedded_documents(firewall.inputs["create"])
+    document = json.loads(text)
     assert document["schema"] == "qwen-cluster/host-firewall@1"
     assert (document["host"], document["address"], document["role"]) == (
         "worker-2",
         "192.168.1.102",
         "gpu-node",
     )
-    # Pulumi drops null values from maps; the policy reads an absent key as null
     assert (document["loadBalancer"], document.get("listenerPort"), document["nicSpeedGbps"]) == (
         False,
         None,
@@ -94,12 +103,9 @@ def test_triggers_hold_the_script_hash_and_the_firewall_document(render):
         for source in r["sources"]
     }
     assert cluster_sources == {"192.168.1.100/31", "192.168.1.103/32"}  # exact blocks of the others
-    master = render.named("master-firewall").inputs["triggers"][1]
+    (master_text,) = fw.embedded_documents(render.named("master-firewall").inputs["create"])
+    master = json.loads(master_text)
     assert (master["loadBalancer"], master["listenerPort"]) == (True, 80)
-    assert (
-        render.named("master-sysctl").inputs["triggers"][0]
-        == hashlib.sha256(render.named("master-sysctl").inputs["create"].encode()).hexdigest()
-    )
 
 
 def test_reverts_are_wired_as_delete(render):
@@ -130,20 +136,36 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
         assert args["capabilities"] == {"adds": ["IPC_LOCK"]}
         assert args["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1}]
         assert args["image"] == "vllm/vllm-openai:v0.11.0"
-        assert server.depends_on == [f"{n}-selinux" for n in NODES]
+        assert server.depends_on == [*(f"{n}-selinux" for n in NODES), f"{node}-drain"]
         assert server.provider.split("::")[-1].startswith(f"{node}-model-docker")
 
 
-def test_nginx_runs_on_the_load_balancer_node_with_the_rendered_config(render):
+def test_nginx_runs_on_the_load_balancer_node_with_its_config_mounted_from_the_host(render):
     from components import stackfile
     from components.render import nginx
 
     lb = render.named("load-balancer-nginx")
     assert lb.provider.split("::")[-1].startswith("master-model-docker")
-    assert lb.inputs["uploads"] == [
-        {"file": "/etc/nginx/nginx.conf", "content": nginx.for_cluster(stackfile.load("onprem"))}
+    assert "uploads" not in lb.inputs  # ForceNew: every config change would be a new container
+    assert lb.inputs["volumes"] == [
+        {
+            "hostPath": "/etc/qwen-cluster/nginx",
+            "containerPath": "/etc/nginx/qwen",
+            "readOnly": True,
+            "selinuxRelabel": "Z",
+        }
     ]
+    assert lb.inputs["command"] == ["nginx", "-c", "/etc/nginx/qwen/nginx.conf", "-g", "daemon off;"]
     assert lb.inputs["networkMode"] == "host"
+    assert "load-balancer-config" in lb.depends_on
+
+    config = render.named("load-balancer-config")
+    assert config.inputs["connection"]["value"]["host"] == NODES["master"]
+    assert config.inputs["triggers"] == [NODES["master"]]
+    onprem = stackfile.load("onprem")
+    conf = nginx.for_cluster(onprem, upstream_file="upstream.conf")
+    assert config.inputs["create"] == nginx.install_script(conf, nginx.upstream_servers(onprem))
+    assert "include upstream.conf;" in conf and "server 192.168.1.101:5000" not in conf
 
 
 def test_nginx_container_may_open_the_files_its_config_asks_for(render):
@@ -151,7 +173,7 @@ def test_nginx_container_may_open_the_files_its_config_asks_for(render):
 
     lb = render.named("load-balancer-nginx")
     limit = nginx.WORKER_RLIMIT_NOFILE
-    assert f"worker_rlimit_nofile {limit};" in lb.inputs["uploads"][0]["content"]
+    assert f"worker_rlimit_nofile {limit};" in render.named("load-balancer-config").inputs["create"]
     assert lb.inputs["ulimits"] == [{"name": "nofile", "soft": limit, "hard": limit}]
     assert render.named("load-balancer-image").inputs["name"] == "nginx:1.30.6"
 
@@ -160,6 +182,7 @@ def test_master_verify_comes_last(render):
     final = render.named("master-verify")
     assert final.inputs["connection"]["value"]["host"] == NODES["master"]
     expected = {f"{n}-selinux" for n in NODES} | {f"{n}-model-vllm" for n in NODES} | {"load-balancer-nginx"}
+    expected |= {f"{n}-ready" for n in NODES}  # pipelineParallel 1: every node heads a replica
     expected |= {f"{n}-verify" for n in NODES if n != "master"}
     assert set(final.depends_on) == expected
     assert "max_latency_ms=1" in final.inputs["create"]

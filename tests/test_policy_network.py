@@ -125,6 +125,19 @@ def test_firewall_documents_are_read_as_json_text_or_objects(as_text):
     )
 
 
+@pytest.mark.parametrize("key", ["create", "update"])
+def test_firewall_documents_are_read_from_the_script_that_writes_them(key):
+    """The bare-metal target carries the document in its firewall script, not in `triggers`."""
+    from components.render import firewall
+
+    document = _document(protocol="tcp", ports="6000-6100", sources=["192.168.1.0/24"])
+    rules = [firewall.Rule("ssh", "203.0.113.10/32", "22", "tcp")]
+    text = firewall.apply_script(rules, "nftables", node_ip="192.168.1.100", document=document)
+    (parsed,) = net.firewall_documents({key: text, "triggers": ["192.168.1.100", "nftables"]})
+    assert parsed.host == "h" and parsed.rules[0].ports == PortRange(6000, 6100)
+    assert net.firewall_documents({key: text.replace("QWEN_FIREWALL_DOCUMENT", "OTHER")}) == []
+
+
 def test_a_firewall_rule_without_sources_admits_the_world():
     (parsed,) = net.firewall_documents({"triggers": [_document(protocol="tcp", ports=5000)]})
     assert {str(source) for source in parsed.rules[0].sources} == {"0.0.0.0/0", "::/0"}

@@ -668,6 +668,17 @@ def test_idle_timeout_is_advisory_and_refuses_exactly_the_fail_fixtures():
         res(net.LOAD_BALANCER, "pass_nlb", loadBalancerType="network"),
         res(net.REMOTE_COMMAND, "fail_nginx_60s", create="proxy_read_timeout 60s;"),
         res(net.REMOTE_COMMAND, "pass_nginx_hour", create="proxy_read_timeout 1h; proxy_send_timeout 3600;"),
+        # A short timeout on a health-check location beside the long one on the streams.
+        res(
+            net.REMOTE_COMMAND,
+            "pass_nginx_health_10s",
+            create="proxy_read_timeout 3600s; proxy_read_timeout 10s;",
+        ),
+        res(
+            net.REMOTE_COMMAND,
+            "fail_nginx_all_short",
+            create="proxy_read_timeout 60s; proxy_read_timeout 10s;",
+        ),
     ]
     violations = harness.analyze(fixtures, cluster=None)
     assert {v.resource for v in violations if v.policy == "baseline-idle-timeout"} == fail_names(fixtures)

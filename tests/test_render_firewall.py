@@ -213,3 +213,121 @@ def test_ufw_rules_are_written_in_ufws_canonical_form_so_stale_ones_are_found():
         ufw_rule.set_comment(util.hex_encode(f"qwen-cluster:{rule.name}"))
         ufw_rule.normalize()  # what ufw does when it stores a rule: 10.0.0.1/32 -> 10.0.0.1
         assert "ufw " + parser.UFWCommandRule.get_command(ufw_rule) in ours
+
+
+# A loop inside the outsider's namespace: new TCP connections, one after another, until the
+# stop file appears; prints how many were tried and how many failed (0.5 s each at most: a
+# SYN that meets a deny is dropped and retried only after a second).
+_PROBE_LOOP = """
+import os, socket, sys, time
+host, port, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+tried = failed = 0
+while not os.path.exists(stop):
+    tried += 1
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+    except OSError:
+        failed += 1
+    time.sleep(0.002)
+print(tried, failed)
+"""
+_LISTENER = """
+import socket
+server = socket.create_server(("0.0.0.0", 7000), backlog=128)
+while True:
+    server.accept()[0].close()
+"""
+
+
+@pytest.fixture
+def ufw_pair(tmp_path):
+    """Two namespaces; the second has its own copy of /etc/ufw and /etc/default (which
+    `ip netns exec` mounts over /etc) and a TCP listener on :7000."""
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("ufw") is None:
+        pytest.skip("ufw is not installed")
+    with netns_pair() as (a, b):
+        etc = Path("/etc/netns") / b
+        made_root = not Path("/etc/netns").exists()
+        try:
+            etc.mkdir(parents=True)
+            shutil.copytree("/etc/ufw", etc / "ufw", symlinks=True)
+            shutil.copytree("/etc/default", etc / "default", symlinks=True)
+            listener = subprocess.Popen(["ip", "netns", "exec", b, "python3", "-c", _LISTENER])
+            try:
+                yield a, b
+            finally:
+                listener.kill()
+                listener.wait()
+        finally:
+            shutil.rmtree(etc, ignore_errors=True)
+            if made_root:
+                shutil.rmtree("/etc/netns", ignore_errors=True)
+
+
+def _while_probing(a: str, tmp_path, action) -> tuple[int, int]:
+    import time
+
+    stop = tmp_path / "stop-probing"
+    stop.unlink(missing_ok=True)
+    prober = subprocess.Popen(
+        ["ip", "netns", "exec", a, "python3", "-c", _PROBE_LOOP, "10.231.0.2", "7000", str(stop)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.3)
+    try:
+        action()
+    finally:
+        time.sleep(0.3)
+        stop.touch()
+        out, _ = prober.communicate(timeout=30)
+    tried, failed = map(int, out.split())
+    return tried, failed
+
+
+@needs_netns
+def test_ufw_changes_in_place_without_a_moment_where_a_kept_rule_is_missing(ufw_pair, tmp_path):
+    """A node leaves and another joins: the peer 10.231.0.1, admitted before and after, opens
+    new connections all along the re-apply, and none is refused or dropped (a reset, or a
+    revert before the apply, would drop them)."""
+    a, b = ufw_pair
+    env = {"QWEN_STATE_DIR": str(tmp_path / "state"), "QWEN_PERSIST": "no"}
+    kept = [Rule("ssh", "203.0.113.10/32", "22", "tcp"), Rule("cluster-all", "10.231.0.1/32", "all", "all")]
+    leaving = [Rule("cluster-all", f"10.231.0.{n}/32", "all", "all") for n in (7, 9, 11)]
+    joining = [Rule("cluster-all", "10.231.0.13/32", "all", "all")]
+
+    def apply(rules):
+        text = firewall.apply_script(rules, "ufw", node_ip="10.231.0.2")
+        path = tmp_path / "ufw.sh"
+        path.write_text(text)
+        result = subprocess.run(
+            ["ip", "netns", "exec", b, "env", *(f"{k}={v}" for k, v in env.items()), "bash", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    apply(kept + leaving)
+    tried, failed = _while_probing(a, tmp_path, lambda: apply(kept + joining))
+    assert tried > 50 and failed == 0, (tried, failed)
+    listing = subprocess.run(
+        ["ip", "netns", "exec", b, "ufw", "show", "added"], capture_output=True, text=True
+    )
+    assert "10.231.0.13" in listing.stdout and "10.231.0.7" not in listing.stdout
+    assert "removing stale rule" not in apply(kept + joining)  # nothing to change: nothing changes
+
+
+def test_firewalld_changes_a_live_zone_in_place_new_rules_before_stale_ones():
+    """firewalld's --reload flushes every zone and drops while it rebuilds: only the first run
+    (a zone that is not live yet) may use it; later runs add, then remove."""
+    text = firewall.apply_script(rules_of("worker-1"), "firewalld", node_ip="192.168.1.101")
+    live = text[text.index("if firewall-cmd --get-zones") : text.index("else\n  # First run")]
+    assert "--reload" not in live
+    assert live.index("--add-rich-rule") < live.index("--remove-rich-rule")
+    assert 'rule family="ipv4" source address="192.168.1.100/32" accept' in text  # a member, all traffic
+    assert 'source address="192.168.1.100/32" port port="5000" protocol="tcp" accept' in text

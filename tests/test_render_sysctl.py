@@ -1,3 +1,5 @@
+import subprocess
+
 from components.render import sysctl
 from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
@@ -19,14 +21,39 @@ def test_apply_script_writes_one_dropin_and_never_appends_to_sysctl_conf():
     assert sysctl.DROPIN_PATH in text
     assert "/etc/sysctl.conf" not in text
     assert ">>" not in text
-    assert "sysctl -e --system" in text
+    assert "apply=(sysctl -e --system)" in text and "${QWEN_SYSCTL_SCOPE:-system}" in text
     assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text
 
 
 def test_apply_script_without_system_applies_only_the_dropin():
     text = sysctl.apply_script(VALUES, dropin_path="/tmp/x.conf", system=False)
-    assert 'sysctl -e -p "$dropin"' in text
-    assert "--system" not in text
+    assert 'apply=(sysctl -e -p "$dropin")' in text and "${QWEN_SYSCTL_SCOPE:-dropin}" in text
+
+
+@needs_netns
+def test_the_hosts_script_applies_only_the_dropin_under_the_labs_hook(tmp_path):
+    """The lab runs the registered (system-wide) script with QWEN_SYSCTL_SCOPE=dropin."""
+    dropin = tmp_path / "90-qwen-cluster.conf"
+    text = sysctl.apply_script(VALUES, dropin_path=str(dropin))
+    (tmp_path / "s.sh").write_text(text)
+    with netns_pair() as (ns, _):
+        result = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "env",
+                "QWEN_SYSCTL_SCOPE=dropin",
+                "bash",
+                "-x",
+                str(tmp_path / "s.sh"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sysctl -e -p" in result.stderr and "--system" not in result.stderr  # bash -x trace
 
 
 def test_scripts_are_shellcheck_clean(tmp_path):

@@ -3,8 +3,9 @@
     build(cluster: ClusterConfig, ssh_private_key: Output[str] | None) -> dict[str, Any]
 
 Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
-ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; and the verify commands,
-the master's last of all. Returns the stack outputs.
+ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; the Rollout chain that
+starts (and on Day 2 replaces) the model containers one replica at a time; and the verify
+commands, the master's last of all. Returns the stack outputs.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from pulumi_command import remote
 from components.baremetal import connection
 from components.baremetal import monitoring as node_monitoring
 from components.baremetal.host import HostSetup, HostSetupArgs
+from components.baremetal.rollout import Rollout, RolloutArgs
 from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
 from components.config import ClusterConfig
 from components.render import verify
-from components.render.shell import sha256
 
 # vLLM loads Qwen3-32B's weights before it answers: the verify step waits for it.
 SERVICE_WAIT_SECONDS = 1800
@@ -51,13 +52,23 @@ class Cluster(pulumi.ComponentResource):
         lb_node = cluster.load_balancer_node
         self.load_balancer = LoadBalancer(
             "load-balancer",
-            LoadBalancerArgs(cluster, self.servers[lb_node.name].provider, setup_done),
+            LoadBalancerArgs(
+                cluster, self.servers[lb_node.name].provider, connections[lb_node.name], setup_done
+            ),
+            opts=child,
+        )
+        # The model containers start through the rollout chain: one replica after another,
+        # each drained before its container is replaced and healthy before the next starts.
+        self.rollout = Rollout(
+            "rollout",
+            RolloutArgs(cluster, self.servers, self.load_balancer, connections[lb_node.name], setup_done),
             opts=child,
         )
         everything = [
             *setup_done,
-            *(s.container for s in self.servers.values()),
+            *(s.container for s in self.servers.values() if s.container is not None),
             self.load_balancer.container,
+            *self.rollout.gates.values(),
         ]
         script = verify.for_cluster(cluster, service_wait_seconds=SERVICE_WAIT_SECONDS)
         worker_checks = [
@@ -65,7 +76,7 @@ class Cluster(pulumi.ComponentResource):
                 f"{node.name}-verify",
                 connection=connections[node.name],
                 create=script,
-                triggers=[sha256(script)],
+                triggers=[str(node.ip)],  # identity only: a changed script re-runs as an update
                 opts=pulumi.ResourceOptions(parent=self, depends_on=everything),
             )
             for node in cluster.nodes
@@ -76,7 +87,7 @@ class Cluster(pulumi.ComponentResource):
             f"{cluster.master.name}-verify",
             connection=connections[cluster.master.name],
             create=script,
-            triggers=[sha256(script)],
+            triggers=[str(cluster.master.ip)],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*everything, *worker_checks]),
         )
         self.register_outputs({"verify": self.verify.stdout})

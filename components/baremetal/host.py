@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 from pulumi_command import remote
 
 from components.config import ClusterConfig, Node
 from components.render import firewall, preflight, rdma, selinux, sysctl
-from components.render.shell import sha256
 
 STEPS = ("preflight", "sysctl", "rdma", "firewall", "selinux")
 
@@ -20,28 +18,45 @@ class Step:
     name: str
     create: str
     delete: str | None
-    data: dict[str, Any] | None = None  # structured payload carried in the triggers
+    # Who the step is for: the `triggers`. A change here replaces the step (revert, then apply);
+    # any other change (the script) updates it in place.
+    identity: tuple[str, ...]
+    # Replace create-before-delete: the new step is applied before the old one is reverted.
+    create_before_delete: bool = False
 
 
 def steps_for(cluster: ClusterConfig, node: Node) -> list[Step]:
     """The rendered scripts of one host, in order (pure: no resources)."""
     flavour = cluster.bare_metal.firewall
     rules = firewall.host_rules(cluster, node.name)
+    address = str(node.ip)
     return [
-        Step("preflight", preflight.for_node(cluster, node.name), None),
-        Step("sysctl", sysctl.apply_script(cluster.tuning.sysctl), sysctl.revert_script()),
-        Step("rdma", rdma.apply_script(required=cluster.tuning.rdma), rdma.revert_script()),
+        Step("preflight", preflight.for_node(cluster, node.name), None, (address,)),
+        Step("sysctl", sysctl.apply_script(cluster.tuning.sysctl), sysctl.revert_script(), (address,)),
+        Step("rdma", rdma.apply_script(required=cluster.tuning.rdma), rdma.revert_script(), (address,)),
         Step(
             "firewall",
-            firewall.apply_script(rules, flavour, node_ip=str(node.ip)),
+            # The script carries the rules as data, in the form the policy pack checks
+            # (port-exposure, required-paths, node-count): firewall.embedded_documents.
+            firewall.apply_script(
+                rules,
+                flavour,
+                node_ip=address,
+                document=firewall.policy_document(cluster, node.name, rules),
+            ),
             firewall.revert_script(flavour),
-            # The rules as data, in the form the policy pack checks (port-exposure, node-count).
-            firewall.policy_document(cluster, node.name, rules),
+            # Another flavour is another firewall: replaced, the new one first. While both
+            # filter, a packet must pass both, and both allow the same set, so nothing opens;
+            # the old one's revert runs last (the engine deletes a create-before-delete
+            # replacement's old resource after every create and update).
+            (address, flavour),
+            create_before_delete=True,
         ),
         Step(
             "selinux",
             selinux.apply_script(selinux.service_ports(cluster, node.name)),
             selinux.revert_script(),
+            (address,),
         ),
     ]
 
@@ -54,27 +69,34 @@ class HostSetupArgs:
 
 
 class HostSetup(pulumi.ComponentResource):
-    """One host's chain of remote commands. A script's hash is its trigger, so a change re-runs
-    that step only; the old step's `delete` (its revert) runs before the new one is created."""
+    """One host's chain of remote commands, changed in place on Day 2.
+
+    pulumi-command replaces a Command only when its `triggers` change: `triggers` is the one
+    input tagged replaceOnChanges (pulumi/pulumi-command v1.2.1 provider/pkg/provider/common/
+    inputs.go), and since Command implements CustomUpdate, pulumi-go-provider's default diff
+    (infer/resource.go `diff`, v1.3.0) marks every other changed input an update. On an update
+    Command runs `update`, or `create` when no `update` is given (remote/commandController.go
+    `Update`). So `triggers` hold the step's identity (the host's address; the firewall's
+    flavour) and a changed script is re-run in place: a node joining or leaving re-applies each
+    host's firewall without reverting it first, a sysctl change rewrites the drop-in and
+    applies it. A replacement (a new identity) is delete-before-replace, so a step's revert
+    never runs after its successor on the same files, except the firewall (see steps_for)."""
 
     def __init__(self, name: str, args: HostSetupArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:HostSetup", name, None, opts)
         self.commands: dict[str, remote.Command] = {}
         previous: remote.Command | None = None
         for step in steps_for(args.cluster, args.node):
-            triggers: list[Any] = [sha256(step.create)]
-            if step.data is not None:
-                triggers.append(step.data)
             command = remote.Command(
                 f"{name}-{step.name}",
                 connection=args.connection,
                 create=step.create,
                 delete=step.delete,
-                triggers=triggers,
+                triggers=list(step.identity),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=[previous] if previous is not None else None,
-                    delete_before_replace=True,
+                    delete_before_replace=not step.create_before_delete,
                 ),
             )
             self.commands[step.name] = command

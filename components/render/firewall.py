@@ -7,8 +7,11 @@ Signatures:
         those rules as the host-firewall document the firewall command carries in its triggers,
         the form the policy pack (policies/network.py) checks
     apply_script(rules: list[Rule], flavour: str, *, node_ip: str, interface: str | None = None,
-                 etc: str = "/etc", state_dir: str = "/var/lib/qwen-cluster", persist: bool = True) -> str
+                 etc: str = "/etc", state_dir: str = "/var/lib/qwen-cluster", persist: bool = True,
+                 document: dict | None = None) -> str
     revert_script(flavour: str, *, etc: str = "/etc", state_dir: str = ..., persist: bool = True) -> str
+    embedded_documents(script: str) -> list[str]
+        the JSON texts of the documents an apply script carries (what the policy pack reads)
 
 Every script allows SSH from adminCidrs before the default deny takes effect, accepts
 loopback and established traffic, admits all traffic from the other nodes' exact addresses
@@ -17,16 +20,25 @@ clients ports from the load-balancer node only, the listener from clientCidrs on
 monitoring from monitoringCidrs, and denies the rest. `interface` defaults to the one that
 holds `node_ip` (firewalld binds its zone to it); `etc` and `state_dir` let a lab point the
 scripts at `/etc/netns/<ns>`-style roots; `persist=False` skips enabling boot-time services.
+
+Day 2: the same script is the resource's `create` and (pulumi-command runs `create` when no
+`update` is given) its update, so it changes a live firewall in place, never revert-then-apply:
+nftables replaces its table in one transaction; ufw and firewalld add the new rules first and
+remove the stale ones after, and no rule that stays is ever missing in between (see `_ufw`).
+At run time `QWEN_STATE_DIR` overrides `state_dir` and `QWEN_PERSIST=no` skips persistence:
+the lab's hooks (components/render/shell.py LAB_HOOKS), unset on a real host.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.ports import Exposure, Peer, Target
-from components.render.shell import quote, script
+from components.render.shell import persist_guard, quote, script, state_dir_line
 from components.tags import GPU_NODE
 
 FLAVOURS = ("ufw", "firewalld", "nftables")
@@ -126,7 +138,37 @@ def policy_document(cluster, node_name: str, rules: list[Rule]) -> dict[str, Any
     }
 
 
-def _ufw(rules: list[Rule], state: str) -> str:
+# The heredoc that carries the policy document inside an apply script (see `embedded_documents`).
+DOCUMENT_HEREDOC = "QWEN_FIREWALL_DOCUMENT"
+_EMBEDDED = re.compile(rf"<<'{DOCUMENT_HEREDOC}'\n(.*?)\n{DOCUMENT_HEREDOC}\n", re.DOTALL)
+
+
+def embedded_documents(text: Any) -> list[str]:
+    """The JSON texts of the host-firewall documents an apply script writes (none or one).
+
+    The document used to travel in the command's `triggers`. It changes whenever a node joins
+    or leaves, and pulumi-command marks `triggers` replaceOnChanges (provider/pkg/provider/
+    common/inputs.go: `Triggers *[]any ... provider:"replaceOnChanges"`), so it made every
+    membership change a replacement. It now travels in the script itself, which the script
+    also leaves on the host (`$state_dir/firewall.json`), and the policy pack reads it here."""
+    if not isinstance(text, str):
+        return []
+    return _EMBEDDED.findall(text)
+
+
+def _document_step(document: dict[str, Any] | None) -> str:
+    if document is None:
+        return ""
+    return f"""
+# What this host's firewall now allows, as the policy pack reads it ({DOCUMENT_SCHEMA}).
+mkdir -p "$state_dir"
+cat >"$state_dir/firewall.json" <<'{DOCUMENT_HEREDOC}'
+{json.dumps(document, sort_keys=True, separators=(",", ":"))}
+{DOCUMENT_HEREDOC}
+"""
+
+
+def _ufw(rules: list[Rule]) -> str:
     def command(rule: Rule) -> str:
         where = "" if rule.ports == "all" else f" to any port {rule.ports.replace('-', ':')} proto tcp"
         # ufw's canonical form: `ufw show added` prints a host without /32 (/128), and the
@@ -138,9 +180,9 @@ def _ufw(rules: list[Rule], state: str) -> str:
     ssh = [command(rule) for rule in rules if rule.name == "ssh"]
     return f"""
 command -v ufw >/dev/null || {{ echo "firewall: ufw is not installed" >&2; exit 1; }}
-mkdir -p {quote(state)}
-if [ ! -e {quote(state)}/ufw.before ]; then
-  ufw status | head -n1 >{quote(state)}/ufw.before
+mkdir -p "$state_dir"
+if [ ! -e "$state_dir/ufw.before" ]; then
+  ufw status | head -n1 >"$state_dir/ufw.before"
 fi
 # SSH from adminCidrs first: the default deny below must never cut this session off.
 {chr(10).join(ssh)}
@@ -151,18 +193,23 @@ wanted=$(cat <<'QWEN_UFW_EOF'
 {wanted}
 QWEN_UFW_EOF
 )
+# New rules first. On an active ufw an added rule is appended to the live chain (`-A`), so
+# nothing that was open closes while we add (ufw 0.36 backend_iptables.py, set_rule).
 while IFS= read -r rule; do
   case "$rule" in *"'{TAG}:ssh'") continue ;; esac  # added above, before the deny
   eval "$rule" >/dev/null
 done <<<"$wanted"
-# Drop our rules that the config no longer asks for (e.g. a node that left).
-ufw show added | grep -F "comment '{TAG}:" | while IFS= read -r rule; do
-  if ! grep -qxF -- "$rule" <<<"$wanted"; then
-    echo "firewall: removing stale rule: $rule"
-    eval "ufw delete ${{rule#ufw }}" >/dev/null
-  fi
-done
-# Loopback and established traffic are accepted by ufw's before.rules. Enabling persists.
+# Then drop our rules that the config no longer asks for (e.g. a node that left). A delete
+# reloads ufw's user rules with `iptables-restore -n` (set_rule -> _reload_user_rules), which
+# empties and refills ufw-user-input in one commit: the rules that stay never go missing
+# (tests/test_render_firewall.py probes it while a node leaves and another joins).
+stale=$(ufw show added | grep -F "comment '{TAG}:" | grep -vxF -- "$wanted" || true)
+[ -z "$stale" ] || while IFS= read -r rule; do
+  echo "firewall: removing stale rule: $rule"
+  eval "ufw delete ${{rule#ufw }}" >/dev/null
+done <<<"$stale"
+# Loopback and established traffic are accepted by ufw's before.rules. Enabling persists; on an
+# active ufw it changes nothing live (ufw-init: "Firewall already started").
 ufw --force enable >/dev/null
 ufw status verbose
 """
@@ -214,9 +261,9 @@ parameter-problem, nd-neighbor-solicit, nd-neighbor-advert, nd-router-advert }} 
 """
 
 
-def _nftables(rules: list[Rule], etc: str, state: str, persist: bool) -> str:
+def _nftables(rules: list[Rule], etc: str, persist: bool) -> str:
     ruleset = _nftables_ruleset(rules)
-    persist_step = f"""
+    persist_step = persist_guard(f"""
 # Persist: the distribution's nftables service loads its main file at boot; include ours.
 main={quote(etc)}/nftables.conf
 [ -e {quote(etc)}/sysconfig/nftables.conf ] && main={quote(etc)}/sysconfig/nftables.conf
@@ -224,10 +271,10 @@ include="include \\"$rules_file\\""
 touch "$main"
 grep -qxF "$include" "$main" || echo "$include" >>"$main"
 systemctl enable nftables >/dev/null 2>&1 || echo "firewall: could not enable nftables.service" >&2
-"""
+""")
     return f"""
 command -v nft >/dev/null || {{ echo "firewall: nft is not installed" >&2; exit 1; }}
-mkdir -p {quote(etc)}/qwen-cluster {quote(state)}
+mkdir -p {quote(etc)}/qwen-cluster "$state_dir"
 rules_file={quote(etc)}/qwen-cluster/firewall.nft
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
@@ -238,10 +285,17 @@ QWEN_NFT_EOF
 nft add table inet {NFT_TABLE}
 nft -c -f "$tmp"
 install -m 0600 "$tmp" "$rules_file"
+# One transaction: `nft -f` commits the whole file (delete and re-create the table) at once, so
+# no packet ever meets a half-loaded table, on the first run or on any later change.
 nft -f "$rules_file"
 {persist_step if persist else ""}
 nft list table inet {NFT_TABLE}
 """
+
+
+def _rich_rule(rule: Rule) -> str:
+    port = "" if rule.ports == "all" else f' port port="{rule.ports}" protocol="tcp"'
+    return f'rule family="{rule.family}" source address="{rule.source}"{port} accept'
 
 
 def _firewalld_zone(rules: list[Rule]) -> str:
@@ -264,27 +318,49 @@ def _firewalld_zone(rules: list[Rule]) -> str:
 """
 
 
-def _firewalld(rules: list[Rule], etc: str, state: str, persist: bool) -> str:
+def _firewalld(rules: list[Rule], etc: str, persist: bool) -> str:
     zone = _firewalld_zone(rules)
-    enable = "systemctl enable --now firewalld >/dev/null" if persist else ":"
+    rich = "\n".join(_rich_rule(rule) for rule in rules)
+    enable = persist_guard("systemctl enable --now firewalld >/dev/null") if persist else ""
     return f"""
 command -v firewall-cmd >/dev/null || {{ echo "firewall: firewalld is not installed" >&2; exit 1; }}
 {enable}
-mkdir -p {quote(etc)}/firewalld/zones {quote(state)}
+mkdir -p {quote(etc)}/firewalld/zones "$state_dir"
 zone_file={quote(etc)}/firewalld/zones/{ZONE}.xml
-if [ ! -e {quote(state)}/firewalld.before ]; then
-  firewall-cmd --get-zone-of-interface="$iface" >{quote(state)}/firewalld.before 2>/dev/null || true
+if [ ! -e "$state_dir/firewalld.before" ]; then
+  firewall-cmd --get-zone-of-interface="$iface" >"$state_dir/firewalld.before" 2>/dev/null || true
 fi
+wanted=$(cat <<'QWEN_RICH_EOF'
+{rich}
+QWEN_RICH_EOF
+)
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
-# The zone is written whole (permanent config) and takes effect at the reload, with the
-# SSH rule already in it: the session applying it is never cut off.
 sed "s/QWEN_IFACE/$iface/" >"$tmp" <<'QWEN_ZONE_EOF'
 {zone.rstrip(chr(10))}
 QWEN_ZONE_EOF
 install -m 0644 "$tmp" "$zone_file"
 firewall-cmd --check-config >/dev/null
-firewall-cmd --reload >/dev/null
+if firewall-cmd --get-zones | tr ' ' '\\n' | grep -qx {ZONE}; then
+  # The zone is live: change it in place. A reload would flush every zone and set the
+  # policy to DROP while it rebuilds (firewalld core/fw.py reload), so established flows
+  # and every rule would be gone for that moment. New rich rules first, then the stale ones
+  # go (the permanent zone file above already holds the new set for the next boot).
+  while IFS= read -r rule; do
+    firewall-cmd --zone={ZONE} --add-rich-rule="$rule" >/dev/null
+  done <<<"$wanted"
+  if [ -e "$state_dir/firewalld.rules" ]; then
+    {{ grep -vxF -- "$wanted" "$state_dir/firewalld.rules" || true; }} | while IFS= read -r rule; do
+      echo "firewall: removing stale rule: $rule"
+      firewall-cmd --zone={ZONE} --remove-rich-rule="$rule" >/dev/null
+    done
+  fi
+else
+  # First run: a new zone becomes live only with a reload. It holds the SSH rule already, so
+  # the session applying it is never cut off.
+  firewall-cmd --reload >/dev/null
+fi
+printf '%s\\n' "$wanted" >"$state_dir/firewalld.rules"
 if [ "$(firewall-cmd --get-zone-of-interface="$iface" 2>/dev/null || true)" != {ZONE} ]; then
   # NetworkManager may hold the interface in another zone.
   firewall-cmd --permanent --zone={ZONE} --change-interface="$iface" >/dev/null
@@ -319,17 +395,19 @@ def apply_script(
     etc: str = "/etc",
     state_dir: str = "/var/lib/qwen-cluster",
     persist: bool = True,
+    document: dict[str, Any] | None = None,
 ) -> str:
     if flavour not in FLAVOURS:
         raise ValueError(f"firewall {flavour!r} is not one of {', '.join(FLAVOURS)}")
     if not any(rule.name == "ssh" for rule in rules):
         raise ValueError("no SSH rule: a default-deny host firewall would lock out the session applying it")
     if flavour == "ufw":
-        body = _ufw(rules, state_dir)
+        body = _ufw(rules)
     elif flavour == "nftables":
-        body = _nftables(rules, etc, state_dir, persist)
+        body = _nftables(rules, etc, persist)
     else:
-        body = _interface(node_ip, interface) + "\n" + _firewalld(rules, etc, state_dir, persist)
+        body = _interface(node_ip, interface) + "\n" + _firewalld(rules, etc, persist)
+    body = state_dir_line(state_dir) + "\n" + body + _document_step(document)
     return script(f"{flavour} host firewall from the port table (default deny incoming)", body)
 
 
@@ -339,14 +417,13 @@ def revert_script(
     """Remove our rules. ufw/firewalld go back to their state before the first apply (ufw is
     disabled again only if it was inactive then, so SSH is never left behind a deny);
     nftables drops our table, which holds the deny as well."""
-    state = quote(state_dir)
     if flavour == "ufw":
         body = f"""
 command -v ufw >/dev/null || exit 0
 ufw show added | grep -F "comment '{TAG}:" | grep -vF "comment '{TAG}:ssh'" | while IFS= read -r rule; do
   eval "ufw delete ${{rule#ufw }}" >/dev/null
 done
-if grep -q inactive {state}/ufw.before 2>/dev/null; then
+if grep -q inactive "$state_dir/ufw.before" 2>/dev/null; then
   ufw --force disable >/dev/null
   ufw show added | grep -F "comment '{TAG}:" | while IFS= read -r rule; do
     eval "ufw delete ${{rule#ufw }}" >/dev/null
@@ -354,29 +431,29 @@ if grep -q inactive {state}/ufw.before 2>/dev/null; then
 else
   echo "firewall: ufw was active before; the SSH rule stays so the host remains reachable"
 fi
-rm -f {state}/ufw.before
+rm -f "$state_dir/ufw.before" "$state_dir/firewall.json"
 """
     elif flavour == "nftables":
-        persist_step = f"""
+        persist_step = persist_guard(f"""
 for main in {quote(etc)}/nftables.conf {quote(etc)}/sysconfig/nftables.conf; do
   [ -e "$main" ] && sed -i '\\|include "{etc}/qwen-cluster/firewall.nft"|d' "$main"
 done
-"""
+""")
         body = f"""
 command -v nft >/dev/null || exit 0
 nft delete table inet {NFT_TABLE} 2>/dev/null || true
-rm -f {quote(etc)}/qwen-cluster/firewall.nft
+rm -f {quote(etc)}/qwen-cluster/firewall.nft "$state_dir/firewall.json"
 {persist_step if persist else ""}
 """
     elif flavour == "firewalld":
         body = f"""
 command -v firewall-cmd >/dev/null || exit 0
-before=$(cat {state}/firewalld.before 2>/dev/null || true)
+before=$(cat "$state_dir/firewalld.before" 2>/dev/null || true)
 rm -f {quote(etc)}/firewalld/zones/{ZONE}.xml
 firewall-cmd --reload >/dev/null
 echo "firewall: removed zone {ZONE}; interfaces fall back to ${{before:-the default zone}}"
-rm -f {state}/firewalld.before
+rm -f "$state_dir/firewalld.before" "$state_dir/firewalld.rules" "$state_dir/firewall.json"
 """
     else:
         raise ValueError(f"firewall {flavour!r} is not one of {', '.join(FLAVOURS)}")
-    return script(f"remove the qwen-cluster {flavour} rules", body)
+    return script(f"remove the qwen-cluster {flavour} rules", state_dir_line(state_dir) + "\n" + body)

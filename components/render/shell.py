@@ -5,12 +5,29 @@ Signatures:
     quote(value: object) -> str                 one shell word (shlex.quote of str(value))
     os_family_function() -> str                 bash function `os_family` printing debian|rhel
     sha256(text: str) -> str                    the hex digest components use as triggers
+    state_dir_line(default: str) -> str          `state_dir=...`, overridable by QWEN_STATE_DIR
+    persist_guard(body: str) -> str             `body` unless QWEN_PERSIST=no
+
+LAB_HOOKS are the only run-time differences between a real host and the lab, which runs the
+registered scripts unchanged inside network namespaces of one machine (scripts/lab.py). SSH
+passes none of them (sshd accepts only the variables its AcceptEnv lists, and pulumi-command
+sets none of ours), so on a host they are unset and the rendered defaults hold.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
+
+LAB_HOOKS = {
+    "QWEN_STATE_DIR": "the state directory instead of /var/lib/qwen-cluster (one per lab node)",
+    "QWEN_PERSIST": "`no` skips boot-time persistence (systemctl enable ...): no systemd for a namespace",
+    "QWEN_SYSCTL_SCOPE": "`dropin` applies only our drop-in (sysctl -p), not every file (sysctl --system)",
+    "QWEN_NGINX_CTL": "an executable taking `test` or `reload` (exit 3: nginx is not running), in place "
+    "of the docker commands that reach the nginx container",
+}
+_PLAIN_PATH = re.compile(r"^[A-Za-z0-9_./-]+$")
 
 HEADER = "#!/usr/bin/env bash\n# Rendered by qwen-cluster: {purpose}\nset -euo pipefail\n"
 
@@ -25,6 +42,19 @@ def quote(value: object) -> str:
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def state_dir_line(default: str) -> str:
+    if not _PLAIN_PATH.match(default):
+        raise ValueError(f"state directory {default!r}: letters, digits and _ . / - only")
+    return f'state_dir="${{QWEN_STATE_DIR:-{default}}}"'
+
+
+def persist_guard(body: str) -> str:
+    """`body` (boot-time persistence) runs unless the lab says QWEN_PERSIST=no."""
+    return f"""if [ "${{QWEN_PERSIST:-yes}}" != no ]; then
+{body.strip(chr(10))}
+fi"""
 
 
 def os_family_function(os_release: str = "/etc/os-release") -> str:

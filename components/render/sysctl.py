@@ -7,10 +7,11 @@ Signatures:
     revert_script(*, dropin_path: str = DROPIN_PATH, system: bool = True) -> str
 
 `system=True` applies with `sysctl --system` (so a later file that overrides ours is caught by
-the read-back); `system=False` applies only our file (`sysctl -p <dropin>`), which is what a
-lab running inside `ip netns exec` wants: it must not re-apply the host's own files. Keys a
-non-initial network namespace cannot set (net.core.rmem_max lives in the initial namespace
-only) are reported as `namespace-exempt` instead of failing; on a host they fail.
+the read-back); `system=False` (or QWEN_SYSCTL_SCOPE=dropin at run time) applies only our
+file (`sysctl -p <dropin>`), which is what a lab running inside `ip netns exec` wants: it
+must not re-apply the host's own files. Keys a non-initial network namespace cannot set
+(net.core.rmem_max lives in the initial namespace only) are reported as `namespace-exempt`
+instead of failing; on a host they fail.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def apply_script(
     values: Mapping[str, int | str], *, dropin_path: str = DROPIN_PATH, system: bool = True
 ) -> str:
     expected = "\n".join(f"{key}={' '.join(str(values[key]).split())}" for key in sorted(values))
-    apply = "sysctl -e --system" if system else 'sysctl -e -p "$dropin"'
+    scope = "system" if system else "dropin"
     body = f"""
 dropin={quote(dropin_path)}
 wanted=$(mktemp)
@@ -51,7 +52,13 @@ else
 fi
 
 # -e: unknown keys are not fatal here; the read-back below decides, key by key.
-if ! {apply} >/dev/null 2>&1; then
+# QWEN_SYSCTL_SCOPE=dropin (the lab's hook): only our file, never the host's own files.
+if [ "${{QWEN_SYSCTL_SCOPE:-{scope}}}" = dropin ]; then
+  apply=(sysctl -e -p "$dropin")
+else
+  apply=(sysctl -e --system)
+fi
+if ! "${{apply[@]}}" >/dev/null 2>&1; then
   echo "sysctl: applying reported errors; checking our keys" >&2
 fi
 

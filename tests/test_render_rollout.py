@@ -1,0 +1,366 @@
+"""The rollout's scripts and the load balancer's install script, run for real against a real
+nginx and two stand-in replicas on loopback (no root, no namespace): what a drain waits for,
+when a replica comes back, what a membership change does to the upstream file."""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from components.render import nginx, rollout
+from tests.bm_helpers import shellcheck
+
+pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Replica:
+    """A stand-in model server: names itself in every answer; /slow streams for `seconds`;
+    /health answers `health`."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.health = 200
+        self.port = free_port()
+        replica = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path == "/health":
+                    self._answer(replica.health, b"")
+                elif self.path.startswith("/slow"):
+                    self.send_response(200)
+                    self.send_header("X-Replica", replica.name)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for _ in range(int(self.path.split("=")[1]) * 10):
+                        self.wfile.write(b"2\r\n.\n\r\n")
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                    self.wfile.write(b"0\r\n\r\n")
+                else:
+                    self._answer(200, replica.name.encode())
+
+            def _answer(self, status: int, body: bytes):
+                self.send_response(status)
+                self.send_header("X-Replica", replica.name)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        self.server.handle_error = lambda request, address: None  # probes that hang up early
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+
+class LoadBalancer:
+    """nginx under a temporary prefix with the project's nginx.conf and the upstream file,
+    installed by the rendered install script, and QWEN_NGINX_CTL pointing at it."""
+
+    def __init__(self, root: Path, servers: list[tuple[str, int]]):
+        self.root = root
+        self.conf_dir = root / "conf"
+        self.port = free_port()
+        for directory in ("logs", "temp"):
+            (root / directory).mkdir()
+        self.conf = nginx.render(
+            servers,
+            listen_port=self.port,
+            idle_timeout_seconds=60,
+            runtime_dir="temp",
+            log_dir="logs",
+            pid_file="nginx.pid",
+            user=None,
+            upstream_file=nginx.UPSTREAM_FILE,
+        )
+        main = self.conf_dir / nginx.CONF_FILE
+        self.base = ["nginx", "-p", f"{root}/", "-c", str(main), "-e", "stderr"]
+        ctl = root / "nginx-ctl"
+        ctl.write_text(
+            "#!/bin/bash\n"
+            f'[ -s {root}/nginx.pid ] && kill -0 "$(cat {root}/nginx.pid)" 2>/dev/null || exit 3\n'
+            f'case "$1" in test) exec {" ".join(self.base)} -t -q ;; '
+            f"reload) exec {' '.join(self.base)} -s reload ;; esac\nexit 2\n"
+        )
+        ctl.chmod(0o755)
+        self.env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "QWEN_NGINX_CTL": str(ctl)}
+        self.process: subprocess.Popen | None = None
+
+    def run(self, text: str, *args: str) -> subprocess.CompletedProcess[str]:
+        path = self.root / "step.sh"
+        path.write_text(text)
+        return subprocess.run(
+            ["bash", str(path), *args], env=self.env, capture_output=True, text=True, timeout=60
+        )
+
+    def install(self, servers: list[tuple[str, int]]) -> subprocess.CompletedProcess[str]:
+        return self.run(nginx.install_script(self.conf, servers, conf_dir=str(self.conf_dir)))
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([*self.base, "-g", "daemon off;"])
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("nginx did not listen")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def get(self, path: str = "/") -> tuple[int, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as answer:
+            return answer.status, answer.headers["X-Replica"]
+
+    def upstream(self) -> str:
+        return (self.conf_dir / nginx.UPSTREAM_FILE).read_text()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    a, b = Replica("a"), Replica("b")
+    lb = LoadBalancer(tmp_path, [a.address, b.address])
+    yield lb, a, b
+    lb.stop()
+    for replica in (a, b):
+        replica.server.shutdown()
+
+
+def served_by(lb: LoadBalancer, count: int = 8) -> set[str]:
+    return {lb.get()[1] for _ in range(count)}
+
+
+def settles_on(lb: LoadBalancer, expected: set[str]) -> set[str]:
+    """Who serves, once the reload (a signal nginx handles a moment later) has taken effect."""
+    deadline = time.monotonic() + 5
+    while (seen := served_by(lb)) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return seen
+
+
+def down_line(replica: Replica) -> str:
+    return f"server 127.0.0.1:{replica.port} max_fails=3 fail_timeout=30s down;"
+
+
+def test_install_before_nginx_runs_writes_the_files_and_every_server_is_in(cluster):
+    lb, a, b = cluster
+    result = lb.install([a.address, b.address])
+    assert result.returncode == 0, result.stderr
+    assert "not running yet" in result.stdout
+    assert " down;" not in lb.upstream()
+    lb.start()
+    assert settles_on(lb, {"a", "b"}) == {"a", "b"}
+
+
+def test_a_new_server_enters_down_and_a_drained_one_stays_down(cluster):
+    lb, a, b = cluster
+    assert lb.install([a.address]).returncode == 0
+    lb.start()
+    assert settles_on(lb, {"a"}) == {"a"}
+    result = lb.install([a.address, b.address])  # a node joins
+    assert result.returncode == 0, result.stderr
+    assert "reloaded" in result.stdout
+    assert down_line(b) in lb.upstream() and down_line(a) not in lb.upstream()
+    assert settles_on(lb, {"a"}) == {"a"}
+    drained = rollout.drain_script(
+        a.address, replica="a", drain_timeout_seconds=5, fingerprint="x", conf_dir=str(lb.conf_dir)
+    )
+    assert lb.run(drained).returncode == 0
+    assert lb.install([a.address, b.address]).returncode == 0  # a re-apply keeps both down
+    assert down_line(a) in lb.upstream() and down_line(b) in lb.upstream()
+
+
+def test_a_config_nginx_refuses_is_rolled_back_and_fails_the_step(cluster):
+    lb, a, b = cluster
+    assert lb.install([a.address, b.address]).returncode == 0
+    lb.start()
+    before = lb.upstream()
+    lb.conf = lb.conf.replace("least_conn;", "least_conn; no_such_directive;")
+    result = lb.install([a.address])
+    assert result.returncode == 1 and "previous files are back" in result.stderr
+    assert lb.upstream() == before
+    assert settles_on(lb, {"a", "b"}) == {"a", "b"}
+
+
+def test_drain_takes_the_replica_out_and_waits_for_its_stream_to_finish(cluster):
+    lb, a, b = cluster
+    assert lb.install([a.address, b.address]).returncode == 0
+    lb.start()
+    streams: list[tuple[int, str, int]] = []
+
+    def stream():
+        with urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/slow?s=3", timeout=30) as answer:
+            streams.append((answer.status, answer.headers["X-Replica"], len(answer.read())))
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    time.sleep(0.5)
+    # The replica holding the stream is drained; the stream must end whole, not be cut.
+    holder = (
+        a
+        if len(
+            subprocess.run(
+                ["ss", "-Htn", "state", "established", "dst", f"127.0.0.1:{a.port}"],
+                capture_output=True,
+                text=True,
+            ).stdout.splitlines()
+        )
+        else b
+    )
+    other = b if holder is a else a
+    started = time.monotonic()
+    result = lb.run(
+        rollout.drain_script(
+            holder.address,
+            replica=holder.name,
+            drain_timeout_seconds=20,
+            fingerprint="f",
+            conf_dir=str(lb.conf_dir),
+        )
+    )
+    waited = time.monotonic() - started
+    reader.join()
+    assert result.returncode == 0, result.stderr
+    assert streams == [(200, holder.name, 60)]  # 30 chunks of ".\n"
+    assert waited >= 2.0, waited  # it waited for the stream (3 s, 0.5 s already gone)
+    assert "with 0 requests in flight" in result.stdout
+    assert down_line(holder) in lb.upstream()
+    assert settles_on(lb, {other.name}) == {other.name}
+
+
+def test_drain_gives_up_waiting_after_the_drain_timeout(cluster):
+    lb, a, b = cluster
+    assert lb.install([a.address]).returncode == 0
+    lb.start()
+    reader = threading.Thread(
+        target=lambda: urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/slow?s=6").read()
+    )
+    reader.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    result = lb.run(
+        rollout.drain_script(
+            a.address, replica="a", drain_timeout_seconds=2, fingerprint="f", conf_dir=str(lb.conf_dir)
+        )
+    )
+    assert result.returncode == 0
+    assert "after rollout.drainTimeoutSeconds=2; they will be cut" in result.stdout
+    assert time.monotonic() - started < 5
+    reader.join()
+
+
+def test_ready_waits_for_health_then_puts_the_replica_back(cluster):
+    lb, a, b = cluster
+    assert lb.install([a.address, b.address]).returncode == 0
+    lb.start()
+    conf_dir = str(lb.conf_dir)
+    drain = rollout.drain_script(
+        b.address, replica="b", drain_timeout_seconds=5, fingerprint="f", conf_dir=conf_dir
+    )
+    assert lb.run(drain).returncode == 0
+    b.health = 503  # loading its model
+    ready = rollout.ready_script(
+        b.address,
+        replica="b",
+        health_timeout_seconds=3,
+        fingerprint="f",
+        only_if_down=False,
+        conf_dir=conf_dir,
+        poll_seconds=1,
+    )
+    failed = lb.run(ready)
+    assert failed.returncode == 1
+    assert "did not answer /health with 200 within rollout.healthTimeoutSeconds=3" in failed.stderr
+    assert down_line(b) in lb.upstream() and settles_on(lb, {"a"}) == {"a"}  # the rollout stops; b stays out
+
+    threading.Timer(1.5, lambda: setattr(b, "health", 200)).start()
+    passed = lb.run(ready)
+    assert passed.returncode == 0, passed.stderr
+    assert "is back in rotation" in passed.stdout
+    assert down_line(b) not in lb.upstream() and settles_on(lb, {"a", "b"}) == {"a", "b"}
+
+
+def test_ready_on_create_leaves_a_server_in_rotation_alone(cluster):
+    """Day 0: every server starts in rotation, so no gate waits and the replicas start
+    together; only a server that is down (a node that joined later) waits for its health."""
+    lb, a, b = cluster
+    assert lb.install([a.address, b.address]).returncode == 0
+    b.health = 503
+    ready = rollout.ready_script(
+        b.address,
+        replica="b",
+        health_timeout_seconds=60,
+        fingerprint="f",
+        only_if_down=True,
+        conf_dir=str(lb.conf_dir),
+    )
+    started = time.monotonic()
+    result = lb.run(ready)
+    assert result.returncode == 0 and "is in rotation" in result.stdout
+    assert time.monotonic() - started < 2
+
+
+def test_retire_drains_a_replica_that_left_the_upstream(cluster):
+    lb, a, b = cluster
+    assert lb.install([a.address, b.address]).returncode == 0
+    lb.start()
+    assert lb.install([a.address]).returncode == 0  # b left: the upstream no longer has it
+    retire = rollout.retire_script(b.address, replica="b", drain_timeout_seconds=5, conf_dir=str(lb.conf_dir))
+    result = lb.run(retire)
+    assert result.returncode == 0, result.stderr
+    assert "with 0 requests in flight" in result.stdout
+    assert settles_on(lb, {"a"}) == {"a"}
+
+
+def test_scripts_change_with_the_containers_they_gate():
+    spec = {"image": "vllm/vllm-openai:v0.11.0", "envs": ["VLLM_PORT=6009"]}
+    bumped = {**spec, "image": "vllm/vllm-openai:v0.11.1"}
+    one, two = rollout.fingerprint([spec]), rollout.fingerprint([bumped])
+    assert one != two and rollout.fingerprint([dict(reversed(spec.items()))]) == one
+    server = ("192.168.1.101", 5000)
+    assert rollout.drain_script(
+        server, replica="r", drain_timeout_seconds=300, fingerprint=one
+    ) != rollout.drain_script(server, replica="r", drain_timeout_seconds=300, fingerprint=two)
+
+
+def test_scripts_are_shellcheck_clean(tmp_path):
+    server = ("192.168.1.101", 5000)
+    for text in (
+        nginx.install_script("events {}\n", [server]),
+        rollout.drain_script(server, replica="r", drain_timeout_seconds=300, fingerprint="f"),
+        rollout.ready_script(
+            server, replica="r", health_timeout_seconds=1800, fingerprint="f", only_if_down=True
+        ),
+        rollout.ready_script(
+            server, replica="r", health_timeout_seconds=1800, fingerprint="f", only_if_down=False
+        ),
+        rollout.retire_script(server, replica="r", drain_timeout_seconds=300),
+        nginx.remove_script(),
+    ):
+        shellcheck(text, tmp_path)
