@@ -278,3 +278,17 @@ def test_pipeline_workers_start_before_their_head_and_only_heads_wait(pipeline):
         worker.inputs["parameters"]["HealthUrl"] == "" and worker.inputs["parameters"]["TargetGroupArn"] == ""
     )
     assert result.outputs["rollout"]["order"] == ["worker-1", "master", "worker-3", "worker-2"]
+
+
+def test_the_drain_timeout_is_the_target_groups_deregistration_delay_and_changes_in_place():
+    found, summary = plan("dev", "rollout.drainTimeoutSeconds=120")
+    changed = touched(found)
+    assert changed["model-lb-heads"] == ("update", None)
+    assert next(c for c in found if c.name == "model-lb-heads").keys == ["deregistrationDelay"]
+    assert summary.servers_restarted == [] and summary.max_replicas_out_of_service == 0
+
+
+def test_a_model_change_never_touches_the_machine():
+    found, summary = plan("dev", "model.name=Qwen/Qwen3-32B-FP8")
+    assert set(touched(found)) == {"gpu-nodes-master-server", "gpu-nodes-worker-1-server"}
+    assert summary.nodes_replaced == [] and summary.max_replicas_out_of_service == 1

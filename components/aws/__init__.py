@@ -77,6 +77,7 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             listener_port=cluster.load_balancer.port,
             model_port=cluster.model_port,
             idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
+            deregistration_delay_seconds=cluster.rollout.drain_timeout_seconds,
             tags=tags,
         ),
     )

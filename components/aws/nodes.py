@@ -236,7 +236,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
                     "device_name": ec2.ROOT_DEVICE_NAME,
                     "ebs": {
                         "volume_type": "gp3",
-                        "volume_size": ec2.root_volume_gb(catalog.MODELS[cluster.model.name].weights_gb),
+                        # Sized for the largest model of the catalog, not model.name: a model
+                        # change must not change the machine (a new template version).
+                        "volume_size": ec2.root_volume_gb(max(m.weights_gb for m in catalog.MODELS.values())),
                         "encrypted": "true",
                         "delete_on_termination": "true",
                     },
