@@ -9,11 +9,13 @@ import pulumi_aws as aws
 
 from components import summary
 from components.config import ClusterConfig
+from components.render import monitoring as monitoring_render
 from components.render import sg_rules, vpc_plan
 from components.render.sg_rules import Group
 
 from .bastion import Bastion, BastionArgs
 from .loadbalancer import ModelLoadBalancer, ModelLoadBalancerArgs
+from .monitoring import Monitoring, MonitoringArgs
 from .network import Network, NetworkArgs
 from .nodes import GpuNodeGroup, GpuNodeGroupArgs
 from .security import SecurityGroups, SecurityGroupsArgs
@@ -100,6 +102,8 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             ready=[serving.drain_policy],
         ),
     )
+    if cluster.monitoring.exporters or cluster.monitoring.prometheus:
+        Monitoring("monitoring", MonitoringArgs(cluster=cluster, instance_ids=nodes.instance_ids, tags=tags))
     data = summary.summary(cluster)
     outputs: dict[str, Any] = {
         "endpoint": load_balancer.endpoint,
@@ -130,6 +134,7 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
         "vpcId": network.vpc_id,
         "portTable": data["ports"],
         "topology": data["topology"],
+        **monitoring_render.stack_outputs(cluster),
     }
     if aws_target.bastion:
         bastion = Bastion(
