@@ -2,7 +2,9 @@
 
 import pulumi
 
-from components import config, summary
+from components import config, sdk_fixes, summary
+
+sdk_fixes.apply()
 
 try:
     cluster, ssh_private_key = config.from_pulumi()

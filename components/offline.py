@@ -8,6 +8,7 @@ all go through `render`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import json
 import runpy
@@ -19,6 +20,7 @@ from typing import Any
 
 import pulumi
 import pulumi.runtime
+import pulumi.runtime.mocks
 from pulumi.output import Unknown
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.mocks import MockMonitor
@@ -80,15 +82,19 @@ class Render:
     def dependencies(self) -> dict[str, set[str]]:
         """Which custom resources each custom resource waits for at deploy time.
 
-        Explicit `depends_on` plus every input that carries another resource's id, ARN or
-        DNS name (how an Output flows from one resource into another; the mocks make those
-        values unique per resource)."""
+        Explicit `depends_on`, the property dependencies the SDK sent with the registration
+        (what the engine orders by; they also hold values the mocks cannot mark, such as a
+        placement group's computed name or an image reference), and every input that carries
+        another resource's id, ARN or DNS name (the mocks make those unique per resource)."""
         custom = self.custom_resources
+        names = {r.name for r in custom}
         marks = references(custom)
         graph: dict[str, set[str]] = {}
         for resource in custom:
             found = {marks[value].name for value in strings(resource.inputs) if value in marks}
-            found |= {name for name in resource.depends_on if any(r.name == name for r in custom)}
+            recorded = resource.property_dependencies or {}
+            found |= {name for deps in recorded.values() for name in deps if name in names}
+            found |= {name for name in resource.depends_on if name in names}
             found.discard(resource.name)
             graph[resource.name] = found
         return graph
@@ -126,16 +132,31 @@ _COMPUTED: dict[str, dict[str, Any]] = {
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    """Mocks that echo inputs as outputs, add ids/ARNs, and answer invokes plausibly.
+    """Mocks that record inputs and outputs (the inputs plus ids/ARNs and what a provider
+    computes), and answer invokes plausibly.
 
     `preview`: answer like the engine in a preview of a new stack: a new resource's id and
-    whatever its provider computes (ARN, DNS name, ...) are unknown; inputs stay known."""
+    whatever its provider computes (ARN, DNS name, ...) are unknown; inputs stay known.
 
-    def __init__(self, invoke_results: dict[str, dict[str, Any]] | None = None, *, preview: bool = False):
+    `echo_inputs`: also send the inputs back to the SDK as outputs. Off by default outside a
+    preview: there the SDK itself resolves every input property the engine did not return to
+    the value the program passed (pulumi/runtime/rpc.py resolve_outputs, "input prop the engine
+    didn't give us a final value for"), so every Output resolves the same, without one more
+    serialisation of every input (the interfaces of 256 launch templates). A test renders every
+    stack both ways and compares. In a preview the SDK does not fill them in: always echoed."""
+
+    def __init__(
+        self,
+        invoke_results: dict[str, dict[str, Any]] | None = None,
+        *,
+        preview: bool = False,
+        echo_inputs: bool = False,
+    ):
         self.resources: list[RecordedResource] = []
         self.invokes: list[tuple[str, dict[str, Any]]] = []
         self.invoke_results = invoke_results or {}
         self.preview = preview
+        self.echo_inputs = echo_inputs
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         if self.preview:
@@ -160,7 +181,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 args.typ, args.name, dict(args.inputs), outputs, args.custom, args.provider or None
             )
         )
-        return [f"{args.name}-id", outputs]
+        if self.echo_inputs:
+            return [f"{args.name}-id", outputs]
+        return [f"{args.name}-id", {key: value for key, value in outputs.items() if key not in args.inputs}]
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.invokes.append((args.token, dict(args.args)))
@@ -244,6 +267,7 @@ def references(resources: list[RecordedResource]) -> dict[str, RecordedResource]
                 marks[resource.outputs[key]] = resource
         if "name" in _COMPUTED.get(resource.type, {}) and "name" not in resource.inputs:
             marks[str(resource.outputs.get("name"))] = resource  # a name the engine chose
+    marks.pop(rpc.UNKNOWN, None)  # in a preview, unknown values name nothing
     return marks
 
 
@@ -259,15 +283,17 @@ def render(
     ssh_private_key: str | None = OFFLINE_SSH_KEY,
     invoke_results: dict[str, dict[str, Any]] | None = None,
     preview: bool = False,
+    echo_inputs: bool = False,
 ) -> Render:
     """Run `program` with `stack_config` (the `config:` map of a stack file) under mocks;
-    `preview`: as `pulumi preview` of a new stack (ids and computed outputs unknown)."""
+    `preview`: as `pulumi preview` of a new stack (ids and computed outputs unknown);
+    `echo_inputs`: see RecordingMocks (the same render, slower)."""
     values, secret_keys = stackfile.as_pulumi_config(stack_config)
     key_name = "qwen-cluster:sshPrivateKey"
     if ssh_private_key is not None and key_name not in values:
         values[key_name] = ssh_private_key
         secret_keys.append(key_name)
-    mocks = RecordingMocks(invoke_results, preview=preview)
+    mocks = RecordingMocks(invoke_results, preview=preview, echo_inputs=echo_inputs)
     settings.ROOT.set(None)
     pulumi.runtime.set_all_config(values, secret_keys)
     monitor = _RecordingMonitor(mocks)
@@ -301,6 +327,11 @@ def render(
     added = root not in sys.path
     if added:
         sys.path.insert(0, root)
+    # The mock monitor answers each registration on an executor thread and serialises the
+    # outputs there by pumping a fresh event loop; plain values never suspend, so they are
+    # serialised without one (the loop's epoll call hands the GIL to the main thread on every
+    # registration). Anything that does suspend goes the SDK's way.
+    pulumi.runtime.mocks._sync_await = _await_plain
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             runpy.run_path(str(program), run_name="__main__")
@@ -308,6 +339,7 @@ def render(
     except (pulumi.RunError, ValueError) as exc:
         error = str(exc)
     finally:
+        pulumi.runtime.mocks._sync_await = _sync_await
         if added:
             sys.path.remove(root)
     outputs: dict[str, Any] = {}
@@ -331,10 +363,43 @@ def render(
     return Render(stack, mocks.resources, outputs, mocks.invokes, error)
 
 
+def _await_plain(awaitable: Any) -> Any:
+    """Run a coroutine to its result without an event loop while it does not suspend; where
+    it waits on a future, the SDK's `_sync_await` pumps its loop until that future is done
+    (what an asyncio Task does between two steps), then it carries on."""
+    if not inspect.iscoroutine(awaitable):
+        return _sync_await(awaitable)
+    while True:
+        try:
+            waited_on = awaitable.send(None)
+        except StopIteration as done:
+            return done.value
+        waited_on._asyncio_future_blocking = False
+        _sync_await(waited_on)
+
+
 def _resolve(value: Any) -> Any:
-    """Resolve an exported value (Outputs nested in dicts and lists) to plain data."""
-    resolved = _sync_await(pulumi.Output.from_input(value).future())
-    return json.loads(json.dumps(resolved, default=str))
+    """Resolve an exported value (Outputs nested in dicts and lists) to plain data, None if
+    any part is unknown (as `Output.from_input(value).future()` answers). Each Output is
+    awaited where it sits: lifting the whole value into one Output first builds an Output per
+    nested item, hundreds per node map at scale."""
+    unknown = False
+
+    async def plain(item: Any) -> Any:
+        nonlocal unknown
+        if isinstance(item, pulumi.Output):
+            if not await item.is_known():
+                unknown = True
+                return None
+            return await plain(await item.future())
+        if isinstance(item, Mapping):
+            return {key: await plain(entry) for key, entry in item.items()}
+        if isinstance(item, list | tuple):
+            return [await plain(entry) for entry in item]
+        return item
+
+    resolved = _sync_await(plain(value))
+    return None if unknown else json.loads(json.dumps(resolved, default=str))
 
 
 def render_stack(stack: str, **kwargs: Any) -> Render:

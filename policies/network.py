@@ -36,6 +36,9 @@ LISTENER = "aws:lb/listener:Listener"
 LOAD_BALANCER = "aws:lb/loadBalancer:LoadBalancer"
 REMOTE_COMMAND = "command:remote:Command"
 LOCAL_COMMAND = "command:local:Command"
+# What a node runs through SSM (issue 10: the model server left user data for these).
+SSM_DOCUMENT = "aws:ssm/document:Document"
+SSM_ASSOCIATION = "aws:ssm/association:Association"
 COMPUTE_TYPES = (INSTANCE, LAUNCH_TEMPLATE, AUTOSCALING_GROUP)
 RULE_TYPES = (SECURITY_GROUP, SECURITY_GROUP_RULE, INGRESS_RULE, EGRESS_RULE)
 
@@ -547,6 +550,29 @@ def texts_of(resource_type: str, props: Any) -> list[tuple[str, str]]:
                 decoded = _maybe_base64(value)
                 if decoded is not None:
                     texts.append((f"{key} (base64-decoded)", decoded))
+    elif resource_type == SSM_DOCUMENT:
+        content = get(props, "content")
+        if isinstance(content, str):
+            texts.append(("content", content))
+            try:
+                steps = json.loads(content).get("mainSteps") or []
+            except (ValueError, AttributeError):
+                steps = []
+            for index, step in enumerate(steps if is_list(steps) else []):
+                commands = (step.get("inputs") or {}).get("runCommand") if isinstance(step, dict) else None
+                if isinstance(commands, list):
+                    texts.append((f"mainSteps[{index}].runCommand", "\n".join(map(str, commands))))
+    elif resource_type == SSM_ASSOCIATION:
+        parameters = get(props, "parameters")
+        for key in list(parameters) if isinstance(parameters, Mapping) else []:
+            value = get(parameters, key)  # UNKNOWN in a preview when it comes from an output
+            for item in items(parameters, key) if is_list(value) else [value]:
+                if not isinstance(item, str):
+                    continue
+                texts.append((f"parameters.{key}", item))
+                decoded = _maybe_base64(item)
+                if decoded is not None:
+                    texts.append((f"parameters.{key} (base64-decoded)", decoded))
     return texts
 
 

@@ -65,9 +65,13 @@ def measure_render(stack: str, count: int) -> dict[str, Any]:
     if render.error:
         raise SystemExit(render.error)
     custom = render.custom_resources
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "nodes": count,
         "wall_s": finished - started,
+        # CPU seconds (user + system): what the render costs, less what waiting for a busy
+        # machine's cores adds to the wall time.
+        "cpu_s": usage.ru_utime + usage.ru_stime,
         "render_s": finished - imported,
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "resources": len(render.resources),
@@ -123,9 +127,14 @@ def child(function: str, *args: Any) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def render_benchmarks(stack: str, counts: list[int]) -> dict[str, Any]:
-    floor = child("measure_floor")
-    runs = [child("measure_render", stack, count) for count in counts]
+def render_benchmarks(stack: str, counts: list[int], repeat: int = 3) -> dict[str, Any]:
+    """Each size rendered `repeat` times, the fastest kept: on a machine shared with other
+    work a run is only ever slowed down, so the minimum is the figure closest to the cost."""
+    floor = min((child("measure_floor") for _ in range(repeat)), key=lambda run: run["wall_s"])
+    runs = [
+        min((child("measure_render", stack, count) for _ in range(repeat)), key=lambda run: run["wall_s"])
+        for count in counts
+    ]
     small, large = runs[0], runs[-1]
     per_node = (
         ((large["custom"] - large["interfaces"]) - (small["custom"] - small["interfaces"]))
@@ -135,12 +144,14 @@ def render_benchmarks(stack: str, counts: list[int]) -> dict[str, Any]:
     )
     return {
         "stack": stack,
+        "repeat": repeat,
         "floor": floor,
         "runs": runs,
         "resources_per_node": per_node,
         "interfaces_per_node": (large["interfaces"] - small["interfaces"])
         / max(1, large["nodes"] - small["nodes"]),
         "ratio_largest_to_smallest": large["wall_s"] / small["wall_s"],
+        "cpu_ratio_largest_to_smallest": large["cpu_s"] / small["cpu_s"],
         "overhead_over_floor": small["wall_s"] / floor["wall_s"],
         "sg_rules_constant": len({run["sg_rules"] for run in runs}) == 1,
         "critical_path_constant": len({run["critical_path"] for run in runs}) == 1,
@@ -320,6 +331,7 @@ def print_render(console, figures: dict[str, Any]) -> None:
     table = Table(
         "nodes",
         "wall s",
+        "CPU s",
         "render s",
         "peak MB",
         "resources",
@@ -327,12 +339,13 @@ def print_render(console, figures: dict[str, Any]) -> None:
         "interfaces",
         "SG rules",
         "critical path",
-        title=f"offline render of {figures['stack']}",
+        title=f"offline render of {figures['stack']} (fastest of {figures['repeat']})",
     )
     for run in figures["runs"]:
         table.add_row(
             str(run["nodes"]),
             f"{run['wall_s']:.2f}",
+            f"{run['cpu_s']:.2f}",
             f"{run['render_s']:.2f}",
             f"{run['peak_mb']:.0f}",
             str(run["resources"]),
@@ -342,12 +355,15 @@ def print_render(console, figures: dict[str, Any]) -> None:
             str(run["critical_path"]),
         )
     floor = figures["floor"]
-    table.add_row("floor", f"{floor['wall_s']:.2f}", "-", f"{floor['peak_mb']:.0f}", "0", "0", "0", "0", "0")
+    table.add_row(
+        "floor", f"{floor['wall_s']:.2f}", "-", "-", f"{floor['peak_mb']:.0f}", "0", "0", "0", "0", "0"
+    )
     console.print(table)
     runs = figures["runs"]
     console.print(
         f"{runs[-1]['nodes']}-node render / {runs[0]['nodes']}-node render: "
-        f"{figures['ratio_largest_to_smallest']:.2f}x (target <= 5x); "
+        f"{figures['ratio_largest_to_smallest']:.2f}x wall, "
+        f"{figures['cpu_ratio_largest_to_smallest']:.2f}x CPU (target <= 5x); "
         f"{runs[0]['nodes']}-node render / floor: {figures['overhead_over_floor']:.2f}x; "
         f"resources per node besides interfaces: {figures['resources_per_node']:.2f} (target <= 6); "
         f"interfaces per node: {figures['interfaces_per_node']:.1f}; "
@@ -375,13 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stack", default="prod")
     parser.add_argument("--nodes", default="4,64,256", help="node counts to render, comma-separated")
+    parser.add_argument("--repeat", type=int, default=3, help="renders per size; the fastest counts")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--lab-stack", default="onprem", help="the bare-metal stack the lab rehearses")
     parser.add_argument("--lab-nodes", default="4,16", help="node counts for `lab up`, comma-separated")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.nodes.split(",")]
     console = Console(width=None if sys.stdout.isatty() else 150, stderr=args.json)
-    figures: dict[str, Any] = {"machine": machine(), "render": render_benchmarks(args.stack, counts)}
+    figures: dict[str, Any] = {
+        "machine": machine(),
+        "render": render_benchmarks(args.stack, counts, args.repeat),
+    }
     lab_counts = [int(n) for n in args.lab_nodes.split(",")]
     figures["baremetal_chain"] = [child("measure_baremetal_chain", args.lab_stack, n) for n in lab_counts]
     if not args.json:

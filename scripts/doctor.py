@@ -51,6 +51,10 @@ class Finding:
     where: list[str]
     cause: str
     fix: str
+    alert: str = ""  # the alert behind it (not in the JSON: its shape is the issue's)
+
+    def as_json(self) -> dict[str, Any]:
+        return {key: value for key, value in asdict(self).items() if key != "alert"}
 
 
 Fetch = Callable[[str], Any]  # API path -> the decoded `data` of the answer
@@ -127,6 +131,7 @@ def findings(fetch: Fetch, cluster: ClusterConfig) -> list[Finding]:
                 _where(alert, labels, cluster),
                 annotations.get("cause", ""),
                 annotations.get("fix", ""),
+                labels.get("alertname", ""),
             )
         )
     result.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), f.what))
@@ -219,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"doctor {args.stack}: cannot ask Prometheus: {error}", file=sys.stderr)
         return 2
     if args.json:
-        document = {"healthy": not found, "prometheus": url, "findings": [asdict(f) for f in found]}
+        document = {"healthy": not found, "prometheus": url, "findings": [f.as_json() for f in found]}
         print(json.dumps(document, indent=2))
     else:
         print_human(args.stack, url, found)

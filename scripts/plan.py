@@ -221,6 +221,15 @@ def change_plan(
     code = changes.verdict(summary)
     if code == 0 and mandatory:
         code = 1
+    notes = []
+    gpu_instances_created = [
+        c.name for c in found if c.action == "create" and c.type == "aws:ec2/instance:Instance"
+    ]
+    if cluster.aws and not cluster.aws.ami_id and gpu_instances_created and old.custom_resources:
+        notes.append(
+            f"aws.amiId is not set: {', '.join(gpu_instances_created)} will launch from the newest "
+            "DLAMI of that day while the running nodes keep theirs; pin aws.amiId to keep them alike"
+        )
     return {
         **report,
         "valid": True,
@@ -228,6 +237,7 @@ def change_plan(
         "counts": dict(Counter(change.action for change in found)),
         "rollout": summary.as_dict(),
         "ami": new.outputs.get("ami"),
+        "notes": notes,
         "violations": [
             {"policy": v.policy, "enforcement": v.enforcement, "resource": v.resource, "message": v.message}
             for v in mandatory
@@ -276,6 +286,8 @@ def print_change_plan(console, report: dict[str, Any]) -> None:
     if report.get("ami"):
         ami = report["ami"]
         console.print(f"AMI: {', '.join(sorted(set(ami['ids'].values())))} ({ami['source']})")
+    for note in report["notes"]:
+        console.print(f"[yellow]note: {note}[/]")
     for violation in report["violations"]:
         console.print(f"[red]mandatory {violation['policy']}: {violation['message']}[/]")
     verdict = {

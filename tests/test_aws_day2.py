@@ -117,6 +117,7 @@ def test_setting_aws_ami_id_replaces_every_node_one_at_a_time_delete_before_repl
         expected[f"gpu-nodes-{node}"] = ("replace", "delete-before-replace")
         expected[f"model-lb-{node}"] = ("replace", "create-before-delete")
         expected[f"gpu-nodes-{node}-server"] = ("replace", "create-before-delete")
+        expected[f"monitoring-{node}"] = ("update", None)  # its targets: the new instance id
     assert touched(found) == expected
     assert_no_gpu_instance_replaced_create_before_delete(found)
     assert summary.nodes_replaced == list(nodes)
@@ -139,6 +140,10 @@ def test_adding_a_node_touches_only_that_node():
         "gpu-nodes-worker-2": ("create", None),
         "model-lb-worker-2": ("create", None),
         "gpu-nodes-worker-2-server": ("create", None),
+        # Monitoring: the new node's, and the others' probes and scrape targets (issue 12).
+        "monitoring-worker-2": ("create", None),
+        "monitoring-master": ("update", None),
+        "monitoring-worker-1": ("update", None),
     }
     assert (summary.replicas, summary.max_replicas_out_of_service, summary.servers_restarted) == (3, 0, [])
 
@@ -151,6 +156,10 @@ def test_removing_a_node_touches_only_that_node():
         "gpu-nodes-worker-2": ("delete", None),
         "model-lb-worker-2": ("delete", None),
         "gpu-nodes-worker-2-server": ("delete", None),
+        "monitoring-worker-2": ("delete", None),
+        "monitoring-master": ("update", None),
+        "monitoring-worker-1": ("update", None),
+        "monitoring-worker-3": ("update", None),
     }
     assert (summary.replicas, summary.max_replicas_out_of_service, summary.nodes_replaced) == (3, 0, [])
 
@@ -269,3 +278,17 @@ def test_pipeline_workers_start_before_their_head_and_only_heads_wait(pipeline):
         worker.inputs["parameters"]["HealthUrl"] == "" and worker.inputs["parameters"]["TargetGroupArn"] == ""
     )
     assert result.outputs["rollout"]["order"] == ["worker-1", "master", "worker-3", "worker-2"]
+
+
+def test_the_drain_timeout_is_the_target_groups_deregistration_delay_and_changes_in_place():
+    found, summary = plan("dev", "rollout.drainTimeoutSeconds=120")
+    changed = touched(found)
+    assert changed["model-lb-heads"] == ("update", None)
+    assert next(c for c in found if c.name == "model-lb-heads").keys == ["deregistrationDelay"]
+    assert summary.servers_restarted == [] and summary.max_replicas_out_of_service == 0
+
+
+def test_a_model_change_never_touches_the_machine():
+    found, summary = plan("dev", "model.name=Qwen/Qwen3-32B-FP8")
+    assert set(touched(found)) == {"gpu-nodes-master-server", "gpu-nodes-worker-1-server"}
+    assert summary.nodes_replaced == [] and summary.max_replicas_out_of_service == 1

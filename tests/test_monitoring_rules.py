@@ -518,3 +518,16 @@ def test_the_grafana_dashboards_queries_parse(tmp_path):
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     checked = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("scrape", [1, 15, 60])
+def test_a_failed_probe_ends_before_the_endpoint_stops_waiting_and_that_before_the_scrape(scrape):
+    """Otherwise a peer that is gone shows as a silent blackbox instead of probe_success 0."""
+    cluster = lab_clock(scrape)
+    times = monitoring.timing(cluster)
+    blackbox = yaml.safe_load(monitoring.blackbox_config(cluster))["modules"]["icmp"]["timeout"]
+    endpoint = monitoring.aggregator_config(cluster, "master")["timeout"]
+    scrape_timeout = yaml.safe_load(monitoring.prometheus_config(cluster))["global"]["scrape_timeout"]
+    assert blackbox == monitoring.duration(times.probe_timeout)
+    assert times.probe_timeout < endpoint < times.scrape_timeout
+    assert scrape_timeout == monitoring.duration(times.scrape_timeout)

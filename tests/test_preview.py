@@ -138,3 +138,17 @@ def test_a_mutated_preview_is_refused_by_the_named_policy(stack, label, mutate, 
         mutate(preview_of(stack).resources), stack=stack, cluster=stackfile.load(stack)
     )
     assert policy in {v.policy for v in harness.mandatory(violations)}
+
+
+def test_the_deploy_order_follows_the_property_dependencies_the_sdk_sends():
+    """Values the mocks cannot mark (a placement group's computed name, an image reference)
+    still order the deploy, as the engine orders it."""
+    dev = update_of("dev").dependencies()
+    assert "gpu-nodes-placement" in dev["gpu-nodes-master-template"]
+    onprem = update_of("onprem").dependencies()
+    assert "master-model-image" in onprem["master-model-vllm"]
+
+
+@pytest.mark.parametrize("label", VARIANTS)
+def test_a_preview_orders_the_deploy_as_the_update_does(label):
+    assert preview_of(label).dependencies() == update_of(label).dependencies()

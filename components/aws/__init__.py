@@ -9,11 +9,13 @@ import pulumi_aws as aws
 
 from components import summary
 from components.config import ClusterConfig
+from components.render import monitoring as monitoring_render
 from components.render import sg_rules, vpc_plan
 from components.render.sg_rules import Group
 
 from .bastion import Bastion, BastionArgs
 from .loadbalancer import ModelLoadBalancer, ModelLoadBalancerArgs
+from .monitoring import Monitoring, MonitoringArgs
 from .network import Network, NetworkArgs
 from .nodes import GpuNodeGroup, GpuNodeGroupArgs
 from .security import SecurityGroups, SecurityGroupsArgs
@@ -75,6 +77,7 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             listener_port=cluster.load_balancer.port,
             model_port=cluster.model_port,
             idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
+            deregistration_delay_seconds=cluster.rollout.drain_timeout_seconds,
             tags=tags,
         ),
     )
@@ -99,6 +102,8 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             ready=[serving.drain_policy],
         ),
     )
+    if cluster.monitoring.exporters or cluster.monitoring.prometheus:
+        Monitoring("monitoring", MonitoringArgs(cluster=cluster, instance_ids=nodes.instance_ids, tags=tags))
     data = summary.summary(cluster)
     outputs: dict[str, Any] = {
         "endpoint": load_balancer.endpoint,
@@ -129,6 +134,7 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
         "vpcId": network.vpc_id,
         "portTable": data["ports"],
         "topology": data["topology"],
+        **monitoring_render.stack_outputs(cluster),
     }
     if aws_target.bastion:
         bastion = Bastion(

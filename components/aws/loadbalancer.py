@@ -8,9 +8,6 @@ import pulumi
 import pulumi_aws as aws
 
 HEALTH_CHECK_PATH = "/health"  # vLLM's OpenAI server answers 200 once the model is loaded
-# Long enough for a streamed, thinking-mode response to finish on a node being replaced,
-# short enough that a replacement does not hang for the whole idle timeout (max 3600).
-DEREGISTRATION_DELAY_SECONDS = 600
 # AWS: tcp_idle_timeout_seconds is 60-6000 (config.IDLE_TIMEOUT_LIMITS checks it).
 
 
@@ -23,6 +20,9 @@ class ModelLoadBalancerArgs:
     listener_port: int
     model_port: int
     idle_timeout_seconds: int
+    # rollout.drainTimeoutSeconds: how long a deregistered head keeps its open streams, the
+    # same bound the model-server run waits for (components/render/ssm.py). One fact.
+    deregistration_delay_seconds: int
     tags: dict[str, str]
 
     def validate(self) -> None:
@@ -68,7 +68,7 @@ class ModelLoadBalancer(pulumi.ComponentResource):
             protocol="TCP",
             target_type="instance",
             vpc_id=args.vpc_id,
-            deregistration_delay=DEREGISTRATION_DELAY_SECONDS,
+            deregistration_delay=args.deregistration_delay_seconds,
             # Client IP preservation off: a node calling the endpoint could otherwise be sent
             # to itself and time out (NLB does not support hairpinning with it on).
             preserve_client_ip="false",

@@ -112,6 +112,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._keep_image = [] if aws_target.ami_id else ["imageId"]
 
         self.instance_ids, self.image_ids, self.rollout_order = {}, {}, []
+        self._nodes = {node.name: node for node in cluster.nodes}
+        self._interfaces = self._interface_layout()
         topology = cluster.topology
         gate: list[pulumi.Resource] = list(args.ready)  # the previous replica's health gate
         for replica in topology.replicas:
@@ -157,33 +159,55 @@ class GpuNodeGroup(pulumi.ComponentResource):
         )
 
     def _node(self, node_name: str) -> Node:
-        return next(node for node in self._args.cluster.nodes if node.name == node_name)
+        return self._nodes[node_name]
+
+    def _interface_layout(self) -> list[tuple[ec2.InterfaceSpec, dict[str, Any]]]:
+        """The template interfaces every node shares, built once per instance kind; a node adds
+        its static IP and its name (`_interfaces_of`). Keys whose value would be None are left
+        out: the SDK sends None as absent, so what is registered is the same, with fewer values
+        to serialise per node (`make bench`: render speed at scale)."""
+        args, cluster = self._args, self._args.cluster
+        # Any address marks the primary interface (the only spec with a private_ip).
+        specs = ec2.network_interfaces(cluster.instance, cluster.aws.efa, "0.0.0.0")
+        layout = []
+        for spec in specs:
+            interface: dict[str, Any] = {
+                "network_card_index": spec.network_card_index,
+                "device_index": spec.device_index,
+                "subnet_id": args.subnet_id,
+                # Every interface carries the node SG; none at template level (AWS refuses both).
+                "security_groups": [args.security_group_id],
+                "delete_on_termination": "true",
+            }
+            if spec.interface_type != "interface":
+                interface["interface_type"] = spec.interface_type
+            # No public IP: the node subnet does not map one, and a single interface says so
+            # too. With several interfaces EC2 refuses the parameter even as false
+            # (InvalidParameterCombination: "The associatePublicIPAddress parameter cannot be
+            # specified when launching with multiple network interfaces").
+            if len(specs) == 1:
+                interface["associate_public_ip_address"] = "false"
+            layout.append((spec, interface))
+        return layout
+
+    def _interfaces_of(self, node: Node) -> list[dict[str, Any]]:
+        """The shared layout with this node's static IP on its primary interface
+        (`ec2.network_interfaces`) and its name in each description."""
+        interfaces = []
+        for spec, shared in self._interfaces:
+            interface = dict(shared)
+            if spec.private_ip is not None:
+                interface["private_ip_address"] = str(node.ip)
+            interface["description"] = f"{node.name} card {spec.network_card_index} {spec.interface_type}"
+            interfaces.append(interface)
+        return interfaces
 
     def _instance(self, node: Node, gate: list[pulumi.Resource]) -> aws.ec2.Instance:
         """One node's launch template (the machine only) and its instance."""
         name, args, cluster = self._name, self._args, self._args.cluster
         aws_target, kind = cluster.aws, cluster.instance
         node_tags = {**args.tags, ROLE_TAG: GPU_NODE, NODE_TAG: node.name, "Name": f"{name}-{node.name}"}
-        specs = ec2.network_interfaces(kind, aws_target.efa, str(node.ip))
-        interfaces = [
-            {
-                "network_card_index": spec.network_card_index,
-                "device_index": spec.device_index,
-                "interface_type": None if spec.interface_type == "interface" else spec.interface_type,
-                "subnet_id": args.subnet_id,
-                # Every interface carries the node SG; none at template level (AWS refuses both).
-                "security_groups": [args.security_group_id],
-                "private_ip_address": spec.private_ip,
-                # No public IP: the node subnet does not map one, and a single interface says so
-                # too. With several interfaces EC2 refuses the parameter even as false
-                # (InvalidParameterCombination: "The associatePublicIPAddress parameter cannot be
-                # specified when launching with multiple network interfaces").
-                "associate_public_ip_address": "false" if len(specs) == 1 else None,
-                "delete_on_termination": "true",
-                "description": f"{node.name} card {spec.network_card_index} {spec.interface_type}",
-            }
-            for spec in specs
-        ]
+        interfaces = self._interfaces_of(node)
         # A target alone: with a target, EC2 refuses the preference "open" (it takes only
         # "capacity-reservations-only" or none; pulumi-aws LaunchTemplate docs).
         capacity = (
@@ -212,7 +236,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
                     "device_name": ec2.ROOT_DEVICE_NAME,
                     "ebs": {
                         "volume_type": "gp3",
-                        "volume_size": ec2.root_volume_gb(catalog.MODELS[cluster.model.name].weights_gb),
+                        # Sized for the largest model of the catalog, not model.name: a model
+                        # change must not change the machine (a new template version).
+                        "volume_size": ec2.root_volume_gb(max(m.weights_gb for m in catalog.MODELS.values())),
                         "encrypted": "true",
                         "delete_on_termination": "true",
                     },

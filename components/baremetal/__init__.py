@@ -21,7 +21,7 @@ from components.baremetal.host import HostSetup, HostSetupArgs
 from components.baremetal.rollout import Rollout, RolloutArgs
 from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
 from components.config import ClusterConfig
-from components.render import verify
+from components.render import monitoring, verify
 
 # vLLM loads Qwen3-32B's weights before it answers: the verify step waits for it.
 SERVICE_WAIT_SECONDS = 1800
@@ -119,5 +119,5 @@ def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
         "firewall": cluster.bare_metal.firewall,
         "hosts": {name: str(node.ip) for name, node in ((n.name, n) for n in cluster.nodes)},
         "verify": built.verify.stdout,
-        **node_monitoring.outputs(cluster),
+        **monitoring.stack_outputs(cluster),
     }

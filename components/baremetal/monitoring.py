@@ -26,8 +26,7 @@ from pulumi_command import remote
 from components.config import ClusterConfig, Node
 from components.render import monitoring
 
-NODEMETRICS_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "nodemetrics.py"
-IN_CONTAINER = "/etc/qwen-monitoring"
+NODEMETRICS_SCRIPT = Path(__file__).resolve().parents[2] / monitoring.NODEMETRICS_SCRIPT_PATH
 
 
 @dataclass(frozen=True)
@@ -38,17 +37,40 @@ class NodeMonitoringArgs:
     depends_on: list[pulumi.Resource] = field(default_factory=list)
 
 
-def _container(
-    resource_name: str, image: docker.RemoteImage, opts: pulumi.ResourceOptions, **kwargs
+def register(
+    resource_name: str, spec: monitoring.ContainerSpec, opts: pulumi.ResourceOptions
 ) -> docker.Container:
+    """A ContainerSpec (components/render/monitoring.py) as a pinned host-network container."""
+    image = docker.RemoteImage(f"{resource_name}-image", name=spec.image, keep_locally=True, opts=opts)
+    mounts = [
+        docker.ContainerMountArgs(
+            target=mount.container,
+            source=mount.host,
+            type="bind",
+            read_only=mount.read_only or None,
+            bind_options=docker.ContainerMountBindOptionsArgs(propagation=mount.propagation)
+            if mount.propagation
+            else None,
+        )
+        for mount in spec.mounts
+    ]
     return docker.Container(
         resource_name,
+        name=spec.name,
         image=image.name,  # the pinned tag; the Output orders the pull first
         network_mode="host",
         restart="unless-stopped",
+        command=list(spec.command) or None,
+        entrypoints=list(spec.entrypoint) or None,
+        uploads=[docker.ContainerUploadArgs(file=path, content=text) for path, text in spec.files] or None,
+        mounts=mounts or None,
+        capabilities=docker.ContainerCapabilitiesArgs(adds=list(spec.capabilities))
+        if spec.capabilities
+        else None,
+        gpus="all" if spec.gpus else None,
+        pid_mode="host" if spec.pid_host else None,
         labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="monitoring")],
         opts=opts,
-        **kwargs,
     )
 
 
@@ -57,73 +79,10 @@ class NodeMonitoring(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:NodeMonitoring", name, None, opts)
-        cluster, node = args.cluster, args.node
         on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
-
-        def image(role: str, ref: str) -> docker.RemoteImage:
-            return docker.RemoteImage(f"{name}-{role}-image", name=ref, keep_locally=True, opts=on_host)
-
-        self.containers: dict[str, docker.Container] = {}
-        self.containers["node-exporter"] = _container(
-            f"{name}-node-exporter",
-            image("node-exporter", monitoring.NODE_EXPORTER_IMAGE),
-            on_host,
-            name="qwen-node-exporter",
-            command=monitoring.node_exporter_args(rootfs="/host"),
-            pid_mode="host",
-            # node_exporter's README (Docker): the host's / read-only at /host, rslave so mounts
-            # made later (a new disk) show up too.
-            mounts=[
-                docker.ContainerMountArgs(
-                    target="/host",
-                    source="/",
-                    type="bind",
-                    read_only=True,
-                    bind_options=docker.ContainerMountBindOptionsArgs(propagation="rslave"),
-                )
-            ],
-        )
-        blackbox_file = f"{IN_CONTAINER}/blackbox.yml"
-        self.containers["blackbox-exporter"] = _container(
-            f"{name}-blackbox-exporter",
-            image("blackbox-exporter", monitoring.BLACKBOX_EXPORTER_IMAGE),
-            on_host,
-            name="qwen-blackbox-exporter",
-            command=monitoring.blackbox_args(blackbox_file),
-            uploads=[
-                docker.ContainerUploadArgs(file=blackbox_file, content=monitoring.blackbox_config(cluster))
-            ],
-            # ICMP echo needs a raw socket.
-            capabilities=docker.ContainerCapabilitiesArgs(adds=["NET_RAW"]),
-        )
-        if cluster.gpus_per_node > 0:
-            counters = f"{IN_CONTAINER}/dcgm-counters.csv"
-            # NVIDIA's quick start: --gpus all --cap-add SYS_ADMIN (github.com/NVIDIA/dcgm-exporter).
-            self.containers["dcgm-exporter"] = _container(
-                f"{name}-dcgm-exporter",
-                image("dcgm-exporter", monitoring.DCGM_EXPORTER_IMAGE),
-                on_host,
-                name="qwen-dcgm-exporter",
-                command=monitoring.dcgm_args(counters),
-                gpus="all",
-                capabilities=docker.ContainerCapabilitiesArgs(adds=["SYS_ADMIN"]),
-                uploads=[docker.ContainerUploadArgs(file=counters, content=monitoring.DCGM_COUNTERS)],
-            )
-        script, config = f"{IN_CONTAINER}/nodemetrics.py", f"{IN_CONTAINER}/nodemetrics.json"
-        self.containers["nodemetrics"] = _container(
-            f"{name}-nodemetrics",
-            image("nodemetrics", monitoring.AGGREGATOR_IMAGE),
-            on_host,
-            name="qwen-nodemetrics",
-            entrypoints=["python3", script, config],
-            uploads=[
-                docker.ContainerUploadArgs(file=script, content=NODEMETRICS_SCRIPT.read_text()),
-                docker.ContainerUploadArgs(
-                    file=config, content=monitoring.aggregator_json(cluster, node.name)
-                ),
-            ],
-        )
-        self.register_outputs({name: container.id for name, container in self.containers.items()})
+        specs = monitoring.node_containers(args.cluster, args.node.name, NODEMETRICS_SCRIPT.read_text())
+        self.containers = {spec.role: register(f"{name}-{spec.role}", spec, on_host) for spec in specs}
+        self.register_outputs({role: container.id for role, container in self.containers.items()})
 
 
 @dataclass(frozen=True)
@@ -147,60 +106,6 @@ class ClusterMonitoring(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )
         on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.files])
-        config_volume = docker.ContainerVolumeArgs(
-            host_path=monitoring.HOST_CONFIG_DIR,
-            container_path=monitoring.CONTAINER_CONFIG_DIR,
-            read_only=True,
-        )
-
-        def data(kind: str, path: str) -> docker.ContainerVolumeArgs:
-            # On the host, so a replaced container (a new image) keeps the history and silences.
-            return docker.ContainerVolumeArgs(
-                host_path=f"{monitoring.HOST_DATA_DIR}/{kind}", container_path=path
-            )
-
-        prometheus_image = docker.RemoteImage(
-            f"{name}-prometheus-image", name=monitoring.PROMETHEUS_IMAGE, keep_locally=True, opts=on_host
-        )
-        self.prometheus = _container(
-            f"{name}-prometheus",
-            prometheus_image,
-            on_host,
-            name=monitoring.PROMETHEUS_CONTAINER,
-            command=monitoring.prometheus_args(
-                cluster,
-                config_path=f"{monitoring.CONTAINER_CONFIG_DIR}/prometheus.yml",
-                data_path="/prometheus",
-            ),
-            volumes=[config_volume, data("prometheus", "/prometheus")],
-        )
-        alertmanager_image = docker.RemoteImage(
-            f"{name}-alertmanager-image", name=monitoring.ALERTMANAGER_IMAGE, keep_locally=True, opts=on_host
-        )
-        self.alertmanager = _container(
-            f"{name}-alertmanager",
-            alertmanager_image,
-            on_host,
-            name=monitoring.ALERTMANAGER_CONTAINER,
-            command=monitoring.alertmanager_args(
-                cluster,
-                config_path=f"{monitoring.CONTAINER_CONFIG_DIR}/alertmanager.yml",
-                data_path="/alertmanager",
-            ),
-            volumes=[config_volume, data("alertmanager", "/alertmanager")],
-        )
-        self.register_outputs({"prometheus": self.prometheus.id, "alertmanager": self.alertmanager.id})
-
-
-def outputs(cluster: ClusterConfig) -> dict[str, object]:
-    """Stack outputs: where a central Prometheus scrapes, and the cluster's own (doctor reads it)."""
-    result: dict[str, object] = {}
-    if cluster.monitoring.exporters:
-        port = monitoring.endpoint_port(cluster)
-        result["monitoringEndpoints"] = {n.name: f"http://{n.ip}:{port}/metrics" for n in cluster.nodes}
-    if cluster.monitoring_node is not None:
-        result["prometheus"] = f"http://{cluster.monitoring_node.ip}:{monitoring.prometheus_port(cluster)}"
-        result["alertmanager"] = (
-            f"http://{cluster.monitoring_node.ip}:{monitoring.alertmanager_port(cluster)}"
-        )
-    return result
+        specs = monitoring.server_containers(cluster)
+        self.containers = {spec.role: register(f"{name}-{spec.role}", spec, on_host) for spec in specs}
+        self.register_outputs({role: container.id for role, container in self.containers.items()})

@@ -90,9 +90,15 @@ class Timing:
 
     @property
     def probe_timeout(self) -> float:
-        """Each source and probe behind :8000 gets this, so one scrape of :8000 (all of them in
-        parallel) ends before Prometheus's scrape timeout even when a peer is gone."""
+        """blackbox_exporter's module timeout: a probe of a peer that is gone ends here."""
         return round(min(2.0, self.scrape * 0.4), 3)
+
+    @property
+    def fetch_timeout(self) -> float:
+        """How long the endpoint waits for each source and probe (all in parallel): longer
+        than a probe, so a failed probe arrives as probe_success 0 (not as a silent blackbox),
+        and shorter than Prometheus's scrape timeout, so the scrape still succeeds."""
+        return round(min(self.probe_timeout + 1.0, self.scrape * 0.7), 3)
 
 
 def timing(cluster) -> Timing:
@@ -194,7 +200,7 @@ def aggregator_config(
         "node": node_name,
         "node_ip": str(node.ip),
         "listen": f"0.0.0.0:{endpoint_port(cluster)}",
-        "timeout": times.probe_timeout,
+        "timeout": times.fetch_timeout,
         "sources": sources,
         "probes": [
             {"url": probe.url(), "labels": probe.labels()} for probe in probes(cluster, node_name, listening)
@@ -589,3 +595,127 @@ for name in {PROMETHEUS_CONTAINER} {ALERTMANAGER_CONTAINER}; do
 done
 """
     return script("Prometheus and Alertmanager configuration (reloaded in place)", body)
+
+
+# ---------------------------------------------------------------- the containers, as data
+
+NODEMETRICS_SCRIPT_PATH = "scripts/nodemetrics.py"  # relative to the project root
+IN_CONTAINER = "/etc/qwen-monitoring"
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: str
+    container: str
+    read_only: bool = False
+    propagation: str | None = None
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One monitoring container, for every target: bare metal registers it with the Docker
+    provider, AWS runs it with `docker run` from an SSM document. Host network always."""
+
+    role: str  # node-exporter, blackbox-exporter, dcgm-exporter, nodemetrics, prometheus, alertmanager
+    name: str  # the container's name on the host
+    image: str
+    command: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()  # (path in the container, content): uploads
+    mounts: tuple[Mount, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    gpus: bool = False
+    pid_host: bool = False
+
+
+def node_containers(cluster, node_name: str, nodemetrics_source: str) -> list[ContainerSpec]:
+    """One node's exporters and its endpoint. `nodemetrics_source` is scripts/nodemetrics.py's
+    text (the caller reads it: renderers do no I/O)."""
+    blackbox_file = f"{IN_CONTAINER}/blackbox.yml"
+    script, config = f"{IN_CONTAINER}/nodemetrics.py", f"{IN_CONTAINER}/nodemetrics.json"
+    specs = [
+        ContainerSpec(
+            "node-exporter",
+            "qwen-node-exporter",
+            NODE_EXPORTER_IMAGE,
+            command=tuple(node_exporter_args(rootfs="/host")),
+            # node_exporter's README (Docker): the host's / read-only at /host, rslave so mounts
+            # made later (a new disk) show up too; the host's PID namespace for its processes.
+            mounts=(Mount("/", "/host", read_only=True, propagation="rslave"),),
+            pid_host=True,
+        ),
+        ContainerSpec(
+            "blackbox-exporter",
+            "qwen-blackbox-exporter",
+            BLACKBOX_EXPORTER_IMAGE,
+            command=tuple(blackbox_args(blackbox_file)),
+            files=((blackbox_file, blackbox_config(cluster)),),
+            capabilities=("NET_RAW",),  # ICMP echo needs a raw socket
+        ),
+    ]
+    if cluster.gpus_per_node > 0:
+        counters = f"{IN_CONTAINER}/dcgm-counters.csv"
+        specs.append(
+            # NVIDIA's quick start: --gpus all --cap-add SYS_ADMIN (github.com/NVIDIA/dcgm-exporter).
+            ContainerSpec(
+                "dcgm-exporter",
+                "qwen-dcgm-exporter",
+                DCGM_EXPORTER_IMAGE,
+                command=tuple(dcgm_args(counters)),
+                files=((counters, DCGM_COUNTERS),),
+                capabilities=("SYS_ADMIN",),
+                gpus=True,
+            )
+        )
+    specs.append(
+        ContainerSpec(
+            "nodemetrics",
+            "qwen-nodemetrics",
+            AGGREGATOR_IMAGE,
+            entrypoint=("python3", script, config),
+            files=((script, nodemetrics_source), (config, aggregator_json(cluster, node_name))),
+        )
+    )
+    return specs
+
+
+def server_containers(cluster) -> list[ContainerSpec]:
+    """Prometheus and Alertmanager: their files on the host (server_files_script), mounted."""
+    config = Mount(HOST_CONFIG_DIR, CONTAINER_CONFIG_DIR, read_only=True)
+    return [
+        ContainerSpec(
+            "prometheus",
+            PROMETHEUS_CONTAINER,
+            PROMETHEUS_IMAGE,
+            command=tuple(
+                prometheus_args(
+                    cluster, config_path=f"{CONTAINER_CONFIG_DIR}/prometheus.yml", data_path="/prometheus"
+                )
+            ),
+            # On the host, so a replaced container (a new image) keeps the history.
+            mounts=(config, Mount(f"{HOST_DATA_DIR}/prometheus", "/prometheus")),
+        ),
+        ContainerSpec(
+            "alertmanager",
+            ALERTMANAGER_CONTAINER,
+            ALERTMANAGER_IMAGE,
+            command=tuple(
+                alertmanager_args(
+                    cluster, config_path=f"{CONTAINER_CONFIG_DIR}/alertmanager.yml", data_path="/alertmanager"
+                )
+            ),
+            mounts=(config, Mount(f"{HOST_DATA_DIR}/alertmanager", "/alertmanager")),
+        ),
+    ]
+
+
+def stack_outputs(cluster) -> dict[str, object]:
+    """Stack outputs: where a central Prometheus scrapes, and the cluster's own (doctor reads it)."""
+    result: dict[str, object] = {}
+    if cluster.monitoring.exporters:
+        port = endpoint_port(cluster)
+        result["monitoringEndpoints"] = {n.name: f"http://{n.ip}:{port}/metrics" for n in cluster.nodes}
+    if cluster.monitoring_node is not None:
+        result["prometheus"] = f"http://{cluster.monitoring_node.ip}:{prometheus_port(cluster)}"
+        result["alertmanager"] = f"http://{cluster.monitoring_node.ip}:{alertmanager_port(cluster)}"
+    return result

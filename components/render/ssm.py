@@ -40,6 +40,9 @@ HF_CACHE = "/opt/qwen-cluster/huggingface"
 EFA_LIBRARY_PATH = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 # Pulling a ~10 GB vLLM image and starting the container, on top of drain and health.
 PULL_MARGIN_SECONDS = 900
+# The run's own limit (aws:runShellScript timeoutSeconds; default 3600): above the largest
+# drain (3600) + health (7200) + pull margin the config allows.
+RUN_TIMEOUT_SECONDS = 4 * 3600
 
 _B64 = "^[A-Za-z0-9+/=]*$"
 PARAMETERS: dict[str, tuple[str, str]] = {
@@ -138,7 +141,10 @@ def document() -> str:
                 {
                     "action": "aws:runShellScript",
                     "name": "modelServer",
-                    "inputs": {"runCommand": run_script().splitlines(), "timeoutSeconds": "7200"},
+                    "inputs": {
+                        "runCommand": run_script().splitlines(),
+                        "timeoutSeconds": str(RUN_TIMEOUT_SECONDS),
+                    },
                 }
             ],
         },
