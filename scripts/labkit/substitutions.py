@@ -78,7 +78,7 @@ def path_map(etc_root: str, state_dir: str) -> list[tuple[str, str]]:
     host), so it is rewritten to the node's lab dir instead; not under /etc/netns/<ns>/, where
     every `ip netns exec` would try, and fail, to mount it."""
     return [
-        ("/etc/qwen-cluster", f"{state_dir}/etc/qwen-cluster"),
+        ("/etc/qwen-cluster", f"{state_dir}/etc-qwen-cluster"),
         ("/var/lib/qwen-cluster", state_dir),
         ("/var/cache/qwen-cluster", f"{state_dir}/cache"),
     ]
