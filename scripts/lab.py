@@ -1,7 +1,10 @@
 """The lab: rehearse a stack's cluster network in Linux network namespaces (root).
 
-scripts/lab.py up STACK [--nodes N]       build (idempotent)
+scripts/lab.py up STACK [--nodes N]       apply the program to the lab (day 0, or what changed)
 scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure
+scripts/lab.py upgrade STACK --change KEY=VALUE [...] [--json] [--probe-matrix]
+                                          apply a change under client load; exit 1 on a
+                                          failed step, request or cut stream
 scripts/lab.py down STACK                 remove everything the lab made (also after a crash)
 scripts/lab.py run STACK                  up, check, down (what `make lab` does)
 """
@@ -9,6 +12,7 @@ scripts/lab.py run STACK                  up, check, down (what `make lab` does)
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -17,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 
 from components.config import ConfigError  # noqa: E402
-from scripts.labkit import check, lab, netns, plan, report  # noqa: E402
+from scripts.labkit import check, executor, lab, netns, plan, report, upgrade  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lab.py", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("up", "check", "down", "run"))
+    parser.add_argument("command", choices=("up", "check", "upgrade", "down", "run"))
     parser.add_argument("stack", help="a stack name (Pulumi.<stack>.yaml)")
     parser.add_argument("--json", action="store_true", help="check results as JSON on stdout")
     parser.add_argument("--nodes", type=int, help="override the node count (rehearse a bigger cluster)")
@@ -40,14 +44,37 @@ def main(argv: list[str] | None = None) -> int:
         default=lab.DEFAULT_CLOCK_SCALE,
         help="lab clock for timeouts and the thinking pause (1 = real time)",
     )
+    parser.add_argument(
+        "--change",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="upgrade: a stack config change, as scripts/plan.py --change (repeatable)",
+    )
+    parser.add_argument(
+        "--probe-matrix",
+        action="store_true",
+        help="upgrade: sweep the probes that must stay closed while the change applies",
+    )
+    parser.add_argument(
+        "--max-requests", type=int, default=upgrade.LoadSettings.max_requests, help="upgrade: client load cap"
+    )
+    parser.add_argument(
+        "--model-load-seconds",
+        type=float,
+        default=lab.MODEL_LOAD_SECONDS,
+        help="the stand-in model's load time before /health answers (on the lab clock)",
+    )
     args = parser.parse_args(argv)
     console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
-    options = lab.Options(clock_scale=args.clock_scale)
+    options = lab.Options(clock_scale=args.clock_scale, model_load_seconds=args.model_load_seconds)
 
     if args.command == "down":
         removed = lab.down(args.label or args.stack)
         console.print(f"removed {len(removed)} namespaces of lab {args.label or args.stack}")
         return 0
+    if args.command == "upgrade":
+        return _upgrade(args, console, options)
     try:
         lab_plan = plan.load(args.stack, nodes=args.nodes, label=args.label, root=args.root)
     except (ConfigError, plan.PlanError, FileNotFoundError) as error:
@@ -79,6 +106,30 @@ def main(argv: list[str] | None = None) -> int:
             removed = lab.down(lab_plan.label)
             console.print(f"removed {len(removed)} namespaces of lab {lab_plan.label}")
     return status
+
+
+def _upgrade(args, console: Console, options: lab.Options) -> int:
+    if not args.change:
+        console.print("[bold red]upgrade needs at least one --change KEY=VALUE[/]")
+        return 2
+    missing = netns.missing_requirements()
+    if missing:
+        console.print("[bold red]the lab cannot run here:[/] " + "; ".join(missing))
+        return 2
+    load = upgrade.LoadSettings(max_requests=args.max_requests)
+    try:
+        result = upgrade.run(
+            args.label or args.stack, args.change, options, load=load, probe_matrix=args.probe_matrix
+        )
+    except (upgrade.UpgradeError, ConfigError, executor.ExecutorError) as error:
+        console.print(f"[bold red]lab upgrade {args.stack}: nothing applied[/]\n{error}")
+        return 2
+    if args.json:
+        print(json.dumps(result.as_json(), indent=2))
+    else:
+        report.print_upgrade(console, result)
+    clean = result.ok and not result.failed and not result.streams_cut
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from components import stackfile
 from components.ports import Vantage
 from components.render.firewall import Rule
 from scripts import lab as lab_cli
-from scripts.labkit import lab, netns, plan, probes, renderers
+from scripts.labkit import executor, lab, netns, plan, probes, renderers
 
 ONPREM = stackfile.load("onprem")
 LABEL = f"t{os.getpid() % 100000}"
@@ -123,6 +123,23 @@ def test_up_runs_every_rendered_step_on_every_node(running):
     assert (lab_plan.load_balancer.node, "nginx") in steps
 
 
+def test_up_runs_what_the_program_registered_in_the_engines_order(running):
+    lab_plan, _, report = running
+    rendered = executor.load_state(lab.state_file(lab_plan)).render
+    ran = {step.resource: step for step in report.steps if step.resource}
+    assert set(ran) == {resource.name for resource in rendered.custom_resources}
+    assert {ran[name].op for name in ran} == {"create"}
+    for name, waits_for in executor.graph(rendered).items():
+        for other in waits_for:
+            assert ran[other].started + ran[other].seconds <= ran[name].started + 0.01, (other, name)
+    # Independent hosts' chains ran side by side, as the engine runs them.
+    firewalls = sorted((ran[f"{m.node}-firewall"].started, m.node) for m in lab_plan.nodes)
+    assert (
+        firewalls[-1][0]
+        < ran[f"{firewalls[0][1]}-firewall"].started + ran[f"{firewalls[0][1]}-firewall"].seconds
+    )
+
+
 def test_check_is_green_from_every_vantage_and_speaks_json(running, capsys):
     status = lab_cli.main(["check", "onprem", "--label", LABEL, "--json"])
     document = json.loads(capsys.readouterr().out)
@@ -166,15 +183,16 @@ def _changed_chains(before: str, after: str) -> set[str]:
     return chains
 
 
-def test_reapplying_the_setup_changes_no_ruleset_and_no_drop_in(running):
-    """A second apply equals the third. The first ufw enable (inactive -> active) leaves ufw's
-    own IPv6 rate-limit chains without their final rule; the reload of the second apply
-    completes them. Nothing else may differ, and nothing ever does after that."""
+def test_rerunning_every_command_changes_no_ruleset_and_no_drop_in(running):
+    """Every registered command run again (as an in-place update runs it): a second run equals
+    the third. The first ufw enable (inactive -> active) leaves ufw's own IPv6 rate-limit
+    chains without their final rule; the reload of the second run completes them. Nothing
+    else may differ, and nothing ever does after that."""
     lab_plan, options, _ = running
     first = _node_state(lab_plan)
-    assert lab.up(lab_plan, options).ok
+    assert lab.up(lab_plan, options, rerun=True).ok
     second = _node_state(lab_plan)
-    third_report = lab.up(lab_plan, options)
+    third_report = lab.up(lab_plan, options, rerun=True)
     third = _node_state(lab_plan)
     assert third == second
     for node, (ruleset, drop_in) in first.items():

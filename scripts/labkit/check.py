@@ -238,7 +238,7 @@ def streaming(plan: LabPlan, options: lab.Options, pause: float | None = None) -
     client = plan.vantage(Vantage.CLIENT).namespace
     scale = options.clock_scale
     pause = lab.THINKING_PAUSE * scale if pause is None else pause
-    site = lab.nginx_site(plan, options)
+    site = lab.delivered_nginx_conf(plan)
     timeout = read_timeout_seconds(site)
     results = [
         Result(

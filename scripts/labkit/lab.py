@@ -9,6 +9,7 @@ only link is a veth into it; no namespace has a route off the lab.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,9 +18,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from components.config import ClusterConfig
-from scripts.labkit import netns, renderers
+from components.config import NAMESPACE
+from components.offline import Render
+from scripts.labkit import executor, netns, renderers, standins, substitutions
+from scripts.labkit.executor import StepResult
 from scripts.labkit.plan import BRIDGE, MEMBER_IF, PREFIX, STATE_ROOT, LabPlan, Member, namespace_prefix
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -38,35 +42,28 @@ THINKING_PAUSE = NGINX_DEFAULT_READ_TIMEOUT + 1
 DEFAULT_CLOCK_SCALE = 1 / 30
 
 
+# vLLM loads Qwen3-32B's weights for minutes before /health answers; the stand-in takes this
+# long (on the lab clock: 2 s at 1/30), answering 503 meanwhile.
+MODEL_LOAD_SECONDS = 60.0
+
+
 @dataclass
 class Options:
     clock_scale: float = DEFAULT_CLOCK_SCALE
     token_delay: float = 0.005
     workers: int = 8
-
-
-@dataclass
-class StepResult:
-    node: str
-    step: str
-    ok: bool
-    detail: str = ""
+    model_load_seconds: float = MODEL_LOAD_SECONDS
 
 
 @dataclass
 class UpReport:
     steps: list[StepResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # the lab's stack substitutions
+    applied: executor.Applied | None = None
 
     @property
     def ok(self) -> bool:
         return all(step.ok for step in self.steps)
-
-
-def scaled_cluster(cluster: ClusterConfig, scale: float) -> ClusterConfig:
-    """The stack with its load-balancer idle timeout on the lab's clock."""
-    seconds = max(1, round(cluster.load_balancer.idle_timeout_seconds * scale))
-    load_balancer = cluster.load_balancer.model_copy(update={"idle_timeout_seconds": seconds})
-    return cluster.model_copy(update={"load_balancer": load_balancer})
 
 
 def state_dir(plan: LabPlan) -> Path:
@@ -115,78 +112,7 @@ def _etc_copy(namespace: str) -> None:
             copy.touch()
 
 
-# ---------------------------------------------------------------- per-node setup
-
-
-def _script(plan: LabPlan, member: Member, step: str, text: str | None) -> StepResult:
-    if text is None:
-        return StepResult(member.node, step, True, "not meaningful in a namespace (skipped)")
-    path = state_dir(plan) / f"{member.node}.{step}.sh"
-    path.write_text(text)
-    done = netns.exec_in(member.namespace, ["bash", str(path)], check=False, timeout=120)
-    output = (done.stdout + done.stderr).strip()
-    return StepResult(member.node, step, done.returncode == 0, output[-2000:])
-
-
-def _alive(pidfile: Path, namespace: str) -> bool:
-    try:
-        pid = int(pidfile.read_text())
-    except (FileNotFoundError, ValueError):
-        return False
-    return pid in netns.pids(namespace)
-
-
-def _start(plan: LabPlan, member: Member, name: str, argv: list[str]) -> StepResult:
-    pidfile = state_dir(plan) / f"{member.node}.{name}.pid"
-    if _alive(pidfile, member.namespace):
-        return StepResult(member.node, name, True, "running")
-    process = netns.spawn(
-        member.namespace,
-        argv,
-        state_dir(plan) / f"{member.node}.{name}.log",
-        env={"PYTHONPATH": str(PROJECT_ROOT)},
-    )
-    pidfile.write_text(str(process.pid))
-    return StepResult(member.node, name, True, f"started pid {process.pid}")
-
-
-def model_server_argv(plan: LabPlan, member: Member, options: Options) -> list[str]:
-    """The stand-in on the model port (heads), holding every other probed port open."""
-    cluster = plan.cluster
-    port = cluster.model_port
-    served = {port}
-    if member == plan.load_balancer:
-        served.add(cluster.load_balancer.port)  # nginx's
-    hold = [p for p in plan.probe_ports(member.node) if p not in served]
-    argv = [sys.executable, "-m", "scripts.labkit.modelserver", "--node", member.node]
-    argv += ["--port", str(port), "--hold", ",".join(map(str, hold))]
-    argv += ["--model", cluster.model.name, "--token-delay", str(options.token_delay)]
-    return argv
-
-
-def start_model_server(plan: LabPlan, member: Member, options: Options) -> StepResult:
-    result = _start(plan, member, "model", model_server_argv(plan, member, options))
-    deadline = time.monotonic() + 10
-    from scripts.labkit import probes
-
-    while time.monotonic() < deadline:
-        if netns.call_in(
-            member.namespace, probes.tcp_connect, "127.0.0.1", plan.cluster.model_port, 0.5
-        ).open:
-            return result
-        time.sleep(0.1)
-    return StepResult(member.node, "model", False, "model stand-in did not start listening within 10 s")
-
-
-def stop_model_server(plan: LabPlan, member: Member) -> None:
-    pidfile = state_dir(plan) / f"{member.node}.model.pid"
-    if _alive(pidfile, member.namespace):
-        pid = int(pidfile.read_text())
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and pid in netns.pids(member.namespace):
-            time.sleep(0.05)
-    pidfile.unlink(missing_ok=True)
+# ---------------------------------------------------------------- where things run
 
 
 def node_etc(member: Member) -> str:
@@ -197,72 +123,119 @@ def node_state(plan: LabPlan, member: Member) -> str:
     return str(state_dir(plan) / member.node)
 
 
-def firewall(plan: LabPlan, member: Member, flavour: str | None = None, rules=None) -> StepResult:
-    text = renderers.firewall_script(
-        plan.cluster,
-        member.node,
+def bin_dir(plan: LabPlan) -> Path:
+    return state_dir(plan) / "bin"
+
+
+def state_file(plan: LabPlan) -> Path:
+    """The last applied render (and the config it came from): what the next apply diffs against."""
+    return state_file_for(plan.label)
+
+
+def state_file_for(label: str) -> Path:
+    return Path(STATE_ROOT) / label / "applied.json"
+
+
+def host(plan: LabPlan, member: Member, options: Options) -> standins.Host:
+    state = node_state(plan, member)
+    return standins.Host(
+        node=member.node,
+        namespace=member.namespace,
+        ip=member.ip,
         etc_root=node_etc(member),
-        state_dir=node_state(plan, member),
-        flavour=flavour,
-        rules=rules,
-    )
-    return _script(plan, member, "firewall", text)
-
-
-def setup_node(plan: LabPlan, member: Member, options: Options) -> list[StepResult]:
-    _etc_copy(member.namespace)
-    Path(node_state(plan, member)).mkdir(parents=True, exist_ok=True)
-    cluster = plan.cluster
-    steps = [
-        _script(plan, member, "preflight", renderers.preflight_script(cluster, member.node)),
-        _script(plan, member, "sysctl", renderers.sysctl_script(cluster)),
-        firewall(plan, member),
-        start_model_server(plan, member, options),
-        _start(plan, member, "iperf3", ["iperf3", "-s", "-p", str(IPERF_PORT)]),
-    ]
-    return steps
-
-
-def nginx_site(plan: LabPlan, options: Options) -> str:
-    """The rendered nginx.conf, on the lab's clock (idle timeout scaled), paths in the state dir."""
-    return renderers.nginx_conf(
-        scaled_cluster(plan.cluster, options.clock_scale), state_dir=str(state_dir(plan))
+        state_dir=state,
+        bin_dir=str(bin_dir(plan)),
+        lab_env={
+            "QCL_LAB_STATE": str(state_dir(plan)),
+            "QCL_LAB_NODE": member.node,
+            "QCL_LAB_NAMESPACE": member.namespace,
+            "QCL_LAB_NODE_IP": member.ip,
+            "QCL_LAB_NODE_STATE": state,
+            "QCL_LAB_ETC": node_etc(member),
+            "QCL_LAB_BIN": str(bin_dir(plan)),
+            "QCL_LAB_CLOCK": f"{options.clock_scale:g}",
+            "QCL_LAB_TOKEN_DELAY": f"{options.token_delay:g}",
+            "QCL_LAB_LOAD_DELAY": f"{options.model_load_seconds * options.clock_scale:.3f}",
+            **substitutions.environment(node_etc(member), state, str(bin_dir(plan))),
+        },
     )
 
 
-def start_nginx(plan: LabPlan, options: Options) -> StepResult:
-    member = plan.load_balancer
-    state = state_dir(plan)
-    (state / "nginx-temp").mkdir(parents=True, exist_ok=True)
-    main = state / "nginx.conf"
-    main.write_text(nginx_site(plan, options))
-    test = netns.exec_in(
-        member.namespace, ["nginx", "-t", "-q", "-p", str(state), "-c", str(main)], check=False
-    )
-    if test.returncode != 0:
-        return StepResult(member.node, "nginx", False, (test.stderr or test.stdout).strip())
-    pidfile = state / f"{member.node}.nginx.pid"
+def hosts(plan: LabPlan, options: Options) -> dict[str, standins.Host]:
+    return {member.ip: host(plan, member, options) for member in plan.nodes}
+
+
+def plan_from_config(config: dict[str, Any], label: str) -> LabPlan:
+    from scripts.labkit import plan as lab_plan
+
+    return lab_plan.from_stack_config(config, label)
+
+
+def stack_config(plan: LabPlan) -> dict[str, Any]:
+    """The `config:` map the lab renders: the stack file's when the plan came from one."""
+    if plan.stack_config is not None:
+        return plan.stack_config
+    dumped = plan.cluster.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {f"{NAMESPACE}:{key}": value for key, value in dumped.items()}
+
+
+# ---------------------------------------------------------------- the machines
+
+
+def _start(plan: LabPlan, member: Member, name: str, argv: list[str]) -> StepResult:
+    pidfile = state_dir(plan) / f"{member.node}.{name}.pid"
+    argfile = pidfile.with_suffix(".argv")
     if _alive(pidfile, member.namespace):
-        os.kill(int(pidfile.read_text()), signal.SIGHUP)  # reload the (maybe changed) config
-        return StepResult(member.node, "nginx", True, "reloaded")
-    # Foreground (daemon off) so that the pid we record is nginx's master.
-    result = _start(plan, member, "nginx", ["nginx", "-p", str(state), "-c", str(main), "-g", "daemon off;"])
-    from scripts.labkit import probes
+        if not argfile.exists() or argfile.read_text() == json.dumps(argv):
+            return StepResult(member.node, name, True, "running", op="fixture")
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)  # started with other arguments
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _alive(pidfile, member.namespace):
+            time.sleep(0.02)
+    process = netns.spawn(
+        member.namespace,
+        argv,
+        state_dir(plan) / f"{member.node}.{name}.log",
+        env={"PYTHONPATH": str(PROJECT_ROOT)},
+    )
+    pidfile.write_text(str(process.pid))
+    argfile.write_text(json.dumps(argv))
+    return StepResult(member.node, name, True, f"started pid {process.pid}", op="fixture")
 
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if netns.call_in(
-            member.namespace, probes.tcp_connect, member.ip, plan.cluster.load_balancer.port, 0.5
-        ).open:
-            return result
-        time.sleep(0.1)
-    return StepResult(member.node, "nginx", False, "nginx did not listen within 10 s")
+
+def _alive(pidfile: Path, namespace: str) -> bool:
+    try:
+        pid = int(pidfile.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return pid in netns.pids(namespace)
 
 
-def up(plan: LabPlan, options: Options | None = None) -> UpReport:
-    """Build (or re-apply) the lab. Idempotent: existing namespaces and links are kept,
-    addresses and routes replaced, scripts re-run, running servers left running."""
-    options = options or Options()
+def served_ports(rendered: Render, member: Member) -> set[int]:
+    """Ports a container of the program serves on this node (the holder leaves them alone)."""
+    served = set()
+    for resource in rendered.of_type(executor.CONTAINER):
+        provider = (resource.provider or "").split("::")[-2] if "::" in (resource.provider or "") else ""
+        owner = next((r for r in rendered.resources if r.name == provider), None)
+        if owner is None or not str(executor.plain(owner.inputs).get("host", "")).endswith(f"@{member.ip}"):
+            continue
+        container = standins.Container.from_inputs(resource.name, executor.plain(resource.inputs))
+        served |= set(standins.serves(container))
+    return served
+
+
+def holder(plan: LabPlan, member: Member, rendered: Render) -> StepResult:
+    """A listener on every probed port no container serves, so that a probe that fails was
+    refused by the firewall, not by an empty port."""
+    hold = [port for port in plan.probe_ports(member.node) if port not in served_ports(rendered, member)]
+    argv = [sys.executable, "-m", "scripts.labkit.modelserver", "--node", member.node]
+    argv += ["--hold", ",".join(map(str, hold))]
+    return _start(plan, member, "holder", argv)
+
+
+def machines(plan: LabPlan, options: Options) -> list[StepResult]:
+    """The hosts the program is applied to: namespaces on the lab switch, their /etc copies
+    and state dirs, the shims, an iperf3 server each. Idempotent."""
     missing = netns.missing_requirements()
     if missing:
         raise netns.NetnsError("; ".join(missing))
@@ -275,13 +248,163 @@ def up(plan: LabPlan, options: Options | None = None) -> UpReport:
     if netns.run(["ip", "-n", plan.switch, "link", "show", BRIDGE], check=False).returncode != 0:
         netns.run(["ip", "-n", plan.switch, "link", "add", BRIDGE, "type", "bridge"])
     netns.run(["ip", "-n", plan.switch, "link", "set", BRIDGE, "up"])
-    report = UpReport()
+    substitutions.install_shims(bin_dir(plan), PROJECT_ROOT)
     with ThreadPoolExecutor(max_workers=options.workers) as pool:
         list(pool.map(lambda member: _member_link(plan, member), plan.members))
-        for steps in pool.map(lambda member: setup_node(plan, member, options), plan.nodes):
-            report.steps += steps
-    report.steps.append(start_nginx(plan, options))
+    steps = []
+    for member in plan.nodes:
+        _etc_copy(member.namespace)
+        (Path(node_state(plan, member)) / "containers").mkdir(parents=True, exist_ok=True)
+        steps.append(_start(plan, member, "iperf3", ["iperf3", "-s", "-p", str(IPERF_PORT)]))
+    return steps
+
+
+def _prune(plan: LabPlan) -> list[str]:
+    """Namespaces of nodes that left the stack (after their resources were deleted)."""
+    keep = set(plan.namespaces)
+    gone = [name for name in lab_namespaces(plan.label) if name not in keep]
+    for name in gone:
+        netns.delete(name)
+    return gone
+
+
+# ---------------------------------------------------------------- applying the program
+
+
+def apply(
+    plan: LabPlan,
+    options: Options,
+    *,
+    config: dict[str, Any] | None = None,
+    rerun: bool = False,
+    on_step=None,
+) -> UpReport:
+    """`pulumi up` of `config` (default: the plan's) onto the lab: the program rendered under
+    mocks, then what it registered executed in the namespaces, from the last applied render
+    (none: day 0) to this one. The machines come first; nodes that left go last."""
+    report = UpReport(steps=machines(plan, options))
+    config = stack_config(plan) if config is None else config
+    rendered, report.notes = executor.render(config, plan.label, options.clock_scale)
+    for member in plan.nodes:
+        report.steps.append(holder(plan, member, rendered))
+    previous = executor.load_state(state_file(plan))
+    old = previous.render if previous else None
+    # A node that leaves is still there while its resources are deleted.
+    where = hosts(plan_from_config(previous.config, plan.label), options) if previous else {}
+    engine = executor.Executor(
+        {**where, **hosts(plan, options)},
+        workers=options.workers,
+        log_dir=state_dir(plan) / "scripts",
+        on_step=on_step,
+        outputs=previous.outputs if previous else None,
+    )
+    applied = engine.apply(old, rendered, rerun=rerun)
+    executor.save_state(
+        state_file(plan), config, executor.state_render(plan.label, applied.state, rendered), engine.outputs
+    )
+    report.steps += applied.steps
+    report.applied = applied
+    if applied.ok:
+        _prune(plan)
+        report.steps.append(wait_until_serving(plan, options))
     return report
+
+
+def up(plan: LabPlan, options: Options | None = None, *, rerun: bool = False) -> UpReport:
+    """Build the lab and apply the stack. A later `up` applies only what changed since the
+    last; `rerun` runs every command again (in place) and restarts no container whose
+    inputs are unchanged (the lab's idempotency check)."""
+    return apply(plan, options or Options(), rerun=rerun)
+
+
+def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
+    """Every replica head answers /health (the stand-in loads for model_load_seconds on the
+    lab clock), asked from the load-balancer node as nginx would."""
+    from scripts.labkit import probes
+
+    started = time.monotonic()
+    limit = options.model_load_seconds * options.clock_scale + 15
+    lb = plan.load_balancer.namespace
+    waiting = list(plan.heads)
+    while waiting and time.monotonic() - started < limit:
+        waiting = [
+            head
+            for head in waiting
+            if netns.call_in(lb, probes.get, head.ip, plan.cluster.model_port, "/health", timeout=1).status
+            != 200
+        ]
+        if waiting:
+            time.sleep(0.1)
+    seconds = time.monotonic() - started
+    if waiting:
+        names = ", ".join(head.node for head in waiting)
+        return StepResult(
+            plan.load_balancer.node, "serving", False, f"no /health 200 from {names} in {seconds:.1f} s"
+        )
+    return StepResult(
+        plan.load_balancer.node, "serving", True, f"every replica healthy after {seconds:.2f} s", op="fixture"
+    )
+
+
+# ---------------------------------------------------------------- stand-ins, for fault tests
+
+
+def _record(plan: LabPlan, member: Member, kind: str, options: Options | None = None):
+    node_host = host(plan, member, options or Options())
+    for record in standins.all_records(state_dir(plan)):
+        if record.kind == kind and record.host["node"] == member.node:
+            return node_host, record
+    raise standins.StandInError(f"no {kind} container on {member.node}")
+
+
+def stop_model_server(plan: LabPlan, member: Member) -> None:
+    """The model container dies (SIGKILL, as a crash)."""
+    node_host, record = _record(plan, member, "model")
+    if standins.alive(record.pid):
+        os.killpg(record.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and standins.alive(record.pid):
+            time.sleep(0.02)
+
+
+def start_model_server(plan: LabPlan, member: Member, options: Options) -> StepResult:
+    """The same container started again (`docker start`, or its restart policy)."""
+    try:
+        node_host, record = _record(plan, member, "model", options)
+        return StepResult(member.node, "model", True, standins.restart(node_host, record.name))
+    except standins.StandInError as error:
+        return StepResult(member.node, "model", False, str(error))
+
+
+def delivered_nginx_conf(plan: LabPlan) -> str:
+    """The nginx.conf the load balancer runs: what the program delivered, as the lab runs it."""
+    node_host, record = _record(plan, plan.load_balancer, "nginx")
+    return standins.nginx_conf_path(standins.Container(**record.container), node_host).read_text()
+
+
+# ---------------------------------------------------------------- a rule set of the test's own
+
+
+def _script(plan: LabPlan, member: Member, step: str, text: str) -> StepResult:
+    path = state_dir(plan) / f"{member.node}.{step}.sh"
+    path.write_text(text)
+    done = netns.exec_in(member.namespace, ["bash", str(path)], check=False, timeout=120)
+    output = (done.stdout + done.stderr).strip()
+    return StepResult(member.node, step, done.returncode == 0, output[-2000:])
+
+
+def firewall(plan: LabPlan, member: Member, flavour: str | None = None, rules=None) -> StepResult:
+    """A firewall the fault tests choose (another flavour, the guide's strict rules), rendered
+    by the project's renderer with the lab's paths; the program's own runs through `apply`."""
+    text = renderers.firewall_script(
+        plan.cluster,
+        member.node,
+        etc_root=node_etc(member),
+        state_dir=node_state(plan, member),
+        flavour=flavour,
+        rules=rules,
+    )
+    return _script(plan, member, "firewall", text)
 
 
 def lab_namespaces(label: str | None = None) -> list[str]:

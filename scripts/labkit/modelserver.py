@@ -6,6 +6,9 @@ it (`X-Lab-Node` header, `system_fingerprint`), so the lab can see how the load 
 spreads requests. A streamed answer sends its first chunk at once, then stays silent for
 the "thinking" pause (Qwen3's thinking mode), then sends one token per `token_delay`.
 Requests may override both with `X-Lab-Think` / `X-Lab-Token-Delay` headers (seconds).
+Like vLLM loading its weights, it answers 503 (`/health` and completions) for `load_delay`
+seconds after it starts; `image` (the container image it stands in for) is in every answer's
+`X-Lab-Image` header, so a rehearsal can see which replicas run the new version.
 
 Held to the protocol by the real `openai` client (tests/test_lab_openai.py), where it answers
 as vLLM does: a model it does not serve is a 404 `NotFoundError`; `max_completion_tokens` (the
@@ -58,6 +61,8 @@ class Settings:
     token_delay: float = 0.0
     think: float = 0.0
     tokens: int = 8
+    load_delay: float = 0.0
+    image: str = ""
 
 
 @dataclass
@@ -90,11 +95,17 @@ class ModelServer:
         self.settings = settings
         self.stats = Stats()
         self.servers: list[asyncio.base_events.Server] = []
+        self.loaded_at = time.monotonic() + settings.load_delay
 
-    async def start(self, host: str, port: int, hold: list[int] = ()) -> None:
-        self.servers.append(
-            await asyncio.start_server(self._connection(api=True), host, port, reuse_address=True)
-        )
+    @property
+    def loaded(self) -> bool:
+        return time.monotonic() >= self.loaded_at
+
+    async def start(self, host: str, port: int | None, hold: list[int] = ()) -> None:
+        if port is not None:
+            self.servers.append(
+                await asyncio.start_server(self._connection(api=True), host, port, reuse_address=True)
+            )
         for extra in hold:
             self.servers.append(
                 await asyncio.start_server(self._connection(api=False), host, extra, reuse_address=True)
@@ -127,7 +138,10 @@ class ModelServer:
         body = await reader.readexactly(length) if length else b""
         keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
         path = path.split("?", 1)[0]
-        if path == "/health" and method == "GET":
+        if api and not self.loaded and path in ("/health", "/v1/chat/completions", "/v1/models"):
+            loading = {"status": "loading", "node": self.settings.node}
+            await self._send_json(writer, 503, loading, keep_alive, path)
+        elif path == "/health" and method == "GET":
             await self._send_json(writer, 200, {"status": "ok", "node": self.settings.node}, keep_alive, path)
         elif path == "/metrics" and method == "GET":
             await self._send(
@@ -236,6 +250,7 @@ class ModelServer:
             "Content-Type: text/event-stream",
             "Cache-Control: no-cache",
             f"X-Lab-Node: {self.settings.node}",
+            f"X-Lab-Image: {self.settings.image}",
             "Connection: close",
         ]
         if chunked:
@@ -281,10 +296,10 @@ class ModelServer:
     async def _send(
         self, writer, status, body: bytes, content_type: str, keep_alive: bool, path: str
     ) -> None:
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}[status]
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}[status]
         head = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-            f"X-Lab-Node: {self.settings.node}\r\n"
+            f"X-Lab-Node: {self.settings.node}\r\nX-Lab-Image: {self.settings.image}\r\n"
             f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
         )
         writer.write(head.encode() + body)
@@ -332,7 +347,7 @@ class ModelServer:
         return "\n".join(lines) + "\n"
 
 
-async def serve(settings: Settings, host: str, port: int, hold: list[int]) -> None:
+async def serve(settings: Settings, host: str, port: int | None, hold: list[int]) -> None:
     server = ModelServer(settings)
     await server.start(host, port, hold)
     print(f"model stand-in {settings.node} on {host}:{port} (hold {hold})", flush=True)
@@ -343,15 +358,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--node", required=True)
     parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, help="the API port (none: only hold the --hold ports)")
     parser.add_argument("--hold", default="", help="comma-separated extra ports that only accept")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--think", type=float, default=0.0)
     parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--load-delay", type=float, default=0.0, help="seconds of 503 before it serves")
+    parser.add_argument("--image", default="", help="the image it stands in for (X-Lab-Image)")
     args = parser.parse_args(argv)
     hold = [int(port) for port in args.hold.split(",") if port.strip() and int(port) != args.port]
-    settings = Settings(args.node, args.model, args.token_delay, args.think, args.tokens)
+    settings = Settings(
+        args.node, args.model, args.token_delay, args.think, args.tokens, args.load_delay, args.image
+    )
     asyncio.run(serve(settings, args.host, args.port, hold))
 
 

@@ -65,6 +65,9 @@ class LabPlan:
     load_balancer: Member
     heads: tuple[Member, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The stack file's `config:` map the cluster came from (None: built from a ClusterConfig);
+    # the lab renders the program from it.
+    stack_config: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def members(self) -> tuple[Member, ...]:
@@ -158,7 +161,7 @@ def _roles(ip: str, cluster: ClusterConfig) -> tuple[Vantage, ...]:
     return tuple(found)
 
 
-def build(cluster: ClusterConfig, label: str) -> LabPlan:
+def build(cluster: ClusterConfig, label: str, *, stack_config: dict[str, Any] | None = None) -> LabPlan:
     """The lab for a validated bare-metal stack."""
     if cluster.bare_metal is None:
         raise PlanError(
@@ -248,6 +251,7 @@ def build(cluster: ClusterConfig, label: str) -> LabPlan:
         load_balancer=by_name[lb_node.name],
         heads=heads,
         notes=tuple(notes),
+        stack_config=stack_config,
     )
 
 
@@ -320,10 +324,25 @@ def load(stack: str, *, nodes: int | None = None, label: str | None = None, root
     """The plan for a stack file; ConfigError if the stack does not validate."""
     from components import stackfile
 
+    raw = stackfile.read(stack) if root is None else stackfile.read(stack, root)
     cluster = stackfile.load(stack) if root is None else stackfile.load(stack, root)
     if nodes is not None:
         cluster = with_node_count(cluster, nodes)
-    return build(cluster, label or stack)
+        raw = {
+            **raw,
+            f"{config.NAMESPACE}:nodes": cluster.model_dump(by_alias=True, mode="json", exclude_none=True)[
+                "nodes"
+            ],
+        }
+    return build(cluster, label or stack, stack_config=raw)
+
+
+def from_stack_config(raw: dict[str, Any], label: str) -> LabPlan:
+    """The plan for a `config:` map (an upgrade's changed config); ConfigError if invalid."""
+    from components import stackfile
+
+    cluster = config.validate(stackfile.cluster_keys(raw), aws_region=raw.get("aws:region"))
+    return build(cluster, label, stack_config=raw)
 
 
 __all__ = ["ConfigError", "LabPlan", "Member", "PlanError", "ProbeExpectation", "build", "load"]

@@ -52,6 +52,7 @@ class Reply:
     body: bytes = b""
     seconds: float = 0.0
     error: str | None = None
+    image: str | None = None  # the stand-in's X-Lab-Image: which version answered
 
     @property
     def ok(self) -> bool:
@@ -67,7 +68,13 @@ def _request(
         conn.request(method, path, body, headers)
         response = conn.getresponse()
         data = response.read()
-        return Reply(response.status, response.getheader("X-Lab-Node"), data, time.monotonic() - started)
+        return Reply(
+            response.status,
+            response.getheader("X-Lab-Node"),
+            data,
+            time.monotonic() - started,
+            image=response.getheader("X-Lab-Image"),
+        )
     except (OSError, http.client.HTTPException) as exc:
         return Reply(0, None, b"", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
     finally:
@@ -97,6 +104,7 @@ class Stream:
     longest_silence: float
     done: bool
     error: str | None = None
+    image: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,13 +112,20 @@ class Stream:
 
 
 def stream(
-    ip: str, port: int, prompt: str = "hello", *, timeout: float = 30.0, headers: dict[str, str] | None = None
+    ip: str,
+    port: int,
+    prompt: str = "hello",
+    *,
+    timeout: float = 30.0,
+    headers: dict[str, str] | None = None,
+    max_tokens: int | None = None,
 ) -> Stream:
     """A streamed chat completion read event by event: when did the first one arrive, did
     [DONE] arrive, and how long was the longest silence in between."""
-    body = json.dumps(
-        {"model": "Qwen/Qwen3-32B", "stream": True, "messages": [{"role": "user", "content": prompt}]}
-    )
+    request = {"model": "Qwen/Qwen3-32B", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+    if max_tokens is not None:
+        request["max_tokens"] = max_tokens
+    body = json.dumps(request)
     started = time.monotonic()
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
     result = Stream(0, None, None, None, 0, 0.0, False)
@@ -120,6 +135,7 @@ def stream(
         )
         response = conn.getresponse()
         result.status, result.node = response.status, response.getheader("X-Lab-Node")
+        result.image = response.getheader("X-Lab-Image")
         last = time.monotonic()
         while True:
             line = response.readline()

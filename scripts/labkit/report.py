@@ -33,11 +33,42 @@ def print_plan(console: Console, plan: LabPlan) -> None:
 
 
 def print_up(console: Console, report: UpReport) -> None:
-    table = Table("node", "step", "result", "last line", title="setup")
+    """What ran, in the order it finished: the lab's machines, then the program's resources."""
+    for note in report.notes:
+        console.print(f"[dim]lab substitution: {note}[/]")
+    table = Table("at s", "node", "step", "op", "result", "last line", title="apply")
     for step in report.steps:
+        if step.op == "same":
+            continue
         last = step.detail.strip().splitlines()[-1] if step.detail.strip() else ""
-        table.add_row(step.node, step.step, "[green]ok[/]" if step.ok else "[bold red]FAILED[/]", last[:100])
+        result = "[green]ok[/]" if step.ok else "[bold red]FAILED[/]"
+        table.add_row(f"{step.started:.2f}", step.node, step.step, step.op, result, last[:90])
     console.print(table)
+
+
+def print_upgrade(console: Console, result) -> None:
+    """An upgrade rehearsal: what ran, then what the clients saw."""
+    for note in result.notes:
+        console.print(f"[dim]lab substitution: {note}[/]")
+    table = Table("at s", "node", "resource", "op", "s", "result", title="upgrade: what ran")
+    for step in result.steps:
+        mark = "[green]ok[/]" if step.ok else f"[bold red]FAILED[/] {step.detail.strip()[-80:]}"
+        table.add_row(f"{step.started:.2f}", step.node, step.resource, step.op, f"{step.seconds:.2f}", mark)
+    console.print(table)
+    down = f" ({', '.join(result.down_at_max)})" if result.down_at_max else ""
+    console.print(
+        f"requests {result.requests}, failed {result.failed}, streams cut {result.streams_cut}, "
+        f"most replicas down at once {result.max_replicas_down}{down}, {result.seconds:.1f} s"
+    )
+    if result.probe_sweeps is not None:
+        console.print(
+            f"probe matrix: {result.probe_sweeps} sweeps, "
+            f"{len(result.opened)} must-be-closed ports seen open {result.opened or ''}"
+        )
+    for failure in result.failures[:10]:
+        console.print(f"[red]  {failure}[/]")
+    if result.images:
+        console.print("last image served: " + ", ".join(f"{n} {i}" for n, i in sorted(result.images.items())))
 
 
 def print_results(console: Console, results: list[Result], *, verbose: bool = False) -> None:

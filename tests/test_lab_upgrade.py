@@ -1,0 +1,108 @@
+"""Day 2 rehearsed: the lab applies a changed stack config while clients use it (root).
+
+One lab for the module (its own label); the rehearsals run in order on it, each starting
+from what the previous one left, as successive `pulumi up`s would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from components import stackfile
+from scripts import lab as lab_cli
+from scripts.labkit import lab, netns, plan, probes, upgrade
+
+LABEL = f"u{os.getpid() % 100000}"
+BINARIES = ("ip", "nginx", "ufw")
+MISSING = netns.missing_requirements() + [f"{b} not installed" for b in BINARIES if not shutil.which(b)]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
+
+ONPREM_NODES = stackfile.read("onprem")["qwen-cluster:nodes"]
+NEW_NODE = {"name": "worker-4", "ip": "192.168.1.104"}
+
+
+@pytest.fixture(scope="module")
+def running():
+    lab.down(LABEL)
+    lab_plan = plan.load("onprem", label=LABEL)
+    options = lab.Options()
+    try:
+        report = lab.up(lab_plan, options)
+        assert report.ok, [(s.resource, s.detail[-300:]) for s in report.steps if not s.ok]
+        yield lab_plan, options
+    finally:
+        lab.down(LABEL)
+
+
+def _ran(result) -> dict[str, set[str]]:
+    ran: dict[str, set[str]] = {}
+    for step in result.steps:
+        ran.setdefault(step.resource, set()).add(step.op)
+    return ran
+
+
+def _sysctl(namespace: str, key: str) -> str:
+    return netns.exec_in(namespace, ["sysctl", "-n", key]).stdout.strip()
+
+
+def test_a_sysctl_change_updates_the_drop_in_in_place_and_restarts_nothing(running, capsys):
+    lab_plan, _ = running
+    sysctl = {**lab_plan.cluster.tuning.sysctl, "net.ipv4.tcp_fastopen": 1}
+    status = lab_cli.main(
+        ["upgrade", "onprem", "--label", LABEL, "--json", "--change", f"tuning.sysctl={json.dumps(sysctl)}"]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert {"requests", "failed", "streamsCut", "maxReplicasDown", "seconds", "steps"} <= set(document)
+    assert status == 0, document
+    assert document["failed"] == 0 and document["streamsCut"] == 0 and document["maxReplicasDown"] == 0
+    assert 0 < document["requests"] <= upgrade.LoadSettings.max_requests
+    ran = {(step["resource"], step["op"]) for step in document["steps"]}
+    assert {(f"{member.node}-sysctl", "update") for member in lab_plan.nodes} <= ran
+    assert not [name for name, op in ran if name.endswith("-vllm") or name.endswith("-nginx")]
+    assert {_sysctl(member.namespace, "net.ipv4.tcp_fastopen") for member in lab_plan.nodes} == {"1"}
+
+
+def test_a_node_added_leaves_the_running_containers_alone_and_no_closed_port_opens(running):
+    lab_plan, options = running
+    nodes = [*ONPREM_NODES, NEW_NODE]
+    result = upgrade.run(LABEL, [f"nodes={json.dumps(nodes)}"], options, probe_matrix=True)
+    ran = _ran(result)
+    assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
+    assert result.failed == 0 and result.streams_cut == 0, result.failures
+    assert result.probe_sweeps and result.probe_sweeps >= 1
+    assert result.opened == []
+    untouched = [f"{m.node}-model-vllm" for m in lab_plan.nodes] + ["load-balancer-nginx"]
+    assert not [name for name in untouched if name in ran], ran
+    assert ran["worker-4-model-vllm"] == {"create"}
+    assert ran["worker-1-firewall"] == {"update"}
+
+
+def test_a_node_removed_is_deleted_without_a_failed_request(running):
+    _, options = running
+    result = upgrade.run(LABEL, [f"nodes={json.dumps(ONPREM_NODES)}"], options)
+    ran = _ran(result)
+    assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
+    assert result.failed == 0 and result.streams_cut == 0, result.failures
+    assert ran["worker-4-model-vllm"] == {"delete"}
+    assert not [name for name in ran if name.endswith("-vllm") and not name.startswith("worker-4")]
+    assert not [name for name in lab.lab_namespaces(LABEL) if name.endswith("node-worker-4")]
+
+
+def test_an_image_bump_rolls_one_replica_at_a_time_without_a_failure(running):
+    lab_plan, options = running
+    result = upgrade.run(LABEL, ["model.image=vllm/vllm-openai:v0.11.1"], options)
+    assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
+    assert result.failed == 0 and result.streams_cut == 0, result.failures
+    assert result.max_replicas_down == 1, result.down_at_max
+    replaced = [s.resource for s in result.steps if s.resource.endswith("-model-vllm") and s.op == "create"]
+    assert sorted(replaced) == sorted(f"{m.node}-model-vllm" for m in lab_plan.heads)
+    lb = lab_plan.load_balancer.namespace
+    port = lab_plan.cluster.model_port
+    served = {
+        head.node: netns.call_in(lb, probes.get, head.ip, port, "/health").image for head in lab_plan.heads
+    }
+    assert served == {head.node: "vllm/vllm-openai:v0.11.1" for head in lab_plan.heads}
