@@ -171,3 +171,19 @@ def test_registered_rollout_and_load_balancer_scripts_are_shellcheck_clean(befor
     ):
         for key in keys:
             shellcheck(before.named(name).inputs[key], tmp_path)
+
+
+def test_with_pipeline_parallel_a_new_replica_leaves_the_others_containers_alone():
+    """Ray and peer addresses are per replica (the head's), so two nodes joining as a new
+    replica change no existing container."""
+    before = render_with("model.pipelineParallel=2")
+    nodes = [
+        *BASE["qwen-cluster:nodes"],
+        {"name": "worker-4", "ip": "192.168.1.104"},
+        {"name": "worker-5", "ip": "192.168.1.105"},
+    ]
+    after = render_with("model.pipelineParallel=2", f"nodes={json.dumps(nodes)}")
+    diff = {c.name: c for c in changes.diff(before, after)}
+    assert {diff[f"{n}-model-vllm"].action for n in NODES} == {"same"}
+    assert diff["worker-4-model-vllm"].action == diff["worker-5-model-vllm"].action == "create"
+    assert "worker-4-drain" in after.dependencies()["worker-5-model-vllm"]

@@ -215,45 +215,48 @@ def test_ufw_rules_are_written_in_ufws_canonical_form_so_stale_ones_are_found():
         assert "ufw " + parser.UFWCommandRule.get_command(ufw_rule) in ours
 
 
-# A loop inside the outsider's namespace: new TCP connections, one after another, until the
-# stop file appears; prints how many were tried and how many failed (0.5 s each at most: a
-# SYN that meets a deny is dropped and retried only after a second).
+# Loops inside the peer's namespace: new TCP connections to one port, one after another, until
+# the stop file appears; each prints how many it tried and how many connected (0.5 s each at
+# most: a SYN that meets a deny is dropped and retried only after a second).
 _PROBE_LOOP = """
 import os, socket, sys, time
 host, port, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-tried = failed = 0
+tried = connected = 0
 while not os.path.exists(stop):
     tried += 1
     try:
         socket.create_connection((host, port), timeout=0.5).close()
+        connected += 1
     except OSError:
-        failed += 1
+        pass
     time.sleep(0.002)
-print(tried, failed)
+print(tried, connected)
 """
 _LISTENER = """
-import socket
-server = socket.create_server(("0.0.0.0", 7000), backlog=128)
-while True:
-    server.accept()[0].close()
+import socket, threading
+def serve(port):
+    server = socket.create_server(("0.0.0.0", port), backlog=128)
+    while True:
+        server.accept()[0].close()
+threading.Thread(target=serve, args=(7001,), daemon=True).start()
+serve(7000)
 """
 
 
 @pytest.fixture
-def ufw_pair(tmp_path):
+def probed_pair(tmp_path):
     """Two namespaces; the second has its own copy of /etc/ufw and /etc/default (which
-    `ip netns exec` mounts over /etc) and a TCP listener on :7000."""
+    `ip netns exec` mounts over /etc) and TCP listeners on :7000 and :7001."""
     import shutil
     from pathlib import Path
 
-    if shutil.which("ufw") is None:
-        pytest.skip("ufw is not installed")
     with netns_pair() as (a, b):
         etc = Path("/etc/netns") / b
         made_root = not Path("/etc/netns").exists()
         try:
             etc.mkdir(parents=True)
-            shutil.copytree("/etc/ufw", etc / "ufw", symlinks=True)
+            if Path("/etc/ufw").exists():
+                shutil.copytree("/etc/ufw", etc / "ufw", symlinks=True)
             shutil.copytree("/etc/default", etc / "default", symlinks=True)
             listener = subprocess.Popen(["ip", "netns", "exec", b, "python3", "-c", _LISTENER])
             try:
@@ -267,41 +270,59 @@ def ufw_pair(tmp_path):
                 shutil.rmtree("/etc/netns", ignore_errors=True)
 
 
-def _while_probing(a: str, tmp_path, action) -> tuple[int, int]:
+def _while_probing(a: str, tmp_path, action) -> dict[int, tuple[int, int]]:
+    """(tried, connected) per port, probed from `a` all through `action`."""
     import time
 
     stop = tmp_path / "stop-probing"
     stop.unlink(missing_ok=True)
-    prober = subprocess.Popen(
-        ["ip", "netns", "exec", a, "python3", "-c", _PROBE_LOOP, "10.231.0.2", "7000", str(stop)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(0.3)
+    probers = {
+        port: subprocess.Popen(
+            ["ip", "netns", "exec", a, "python3", "-c", _PROBE_LOOP, "10.231.0.2", str(port), str(stop)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for port in (7000, 7001)
+    }
+    time.sleep(0.5)
     try:
         action()
     finally:
-        time.sleep(0.3)
+        time.sleep(0.5)
         stop.touch()
+    counts = {}
+    for port, prober in probers.items():
         out, _ = prober.communicate(timeout=30)
-    tried, failed = map(int, out.split())
-    return tried, failed
+        tried, connected = map(int, out.split())
+        counts[port] = (tried, connected)
+    return counts
 
 
 @needs_netns
-def test_ufw_changes_in_place_without_a_moment_where_a_kept_rule_is_missing(ufw_pair, tmp_path):
-    """A node leaves and another joins: the peer 10.231.0.1, admitted before and after, opens
-    new connections all along the re-apply, and none is refused or dropped (a reset, or a
-    revert before the apply, would drop them)."""
-    a, b = ufw_pair
+@pytest.mark.parametrize("flavour", ["ufw", "nftables"])
+def test_a_membership_change_neither_closes_a_kept_rule_nor_opens_anything_in_between(
+    flavour, probed_pair, tmp_path
+):
+    """A node leaves and another joins. The peer 10.231.0.1, admitted to :7000 before and
+    after, opens new connections all along the re-apply: none fails (a reset, or a revert
+    before the apply, would drop them). Its connections to :7001, closed before and after,
+    never get through."""
+    import shutil
+
+    if shutil.which(flavour if flavour == "ufw" else "nft") is None:
+        pytest.skip(f"{flavour} is not installed")
+    a, b = probed_pair
     env = {"QWEN_STATE_DIR": str(tmp_path / "state"), "QWEN_PERSIST": "no"}
-    kept = [Rule("ssh", "203.0.113.10/32", "22", "tcp"), Rule("cluster-all", "10.231.0.1/32", "all", "all")]
+    kept = [
+        Rule("ssh", "203.0.113.10/32", "22", "tcp"),
+        Rule("model-service", "10.231.0.1/32", "7000", "tcp"),
+    ]
     leaving = [Rule("cluster-all", f"10.231.0.{n}/32", "all", "all") for n in (7, 9, 11)]
     joining = [Rule("cluster-all", "10.231.0.13/32", "all", "all")]
 
     def apply(rules):
-        text = firewall.apply_script(rules, "ufw", node_ip="10.231.0.2")
-        path = tmp_path / "ufw.sh"
+        text = firewall.apply_script(rules, flavour, node_ip="10.231.0.2", etc=str(tmp_path / "etc"))
+        path = tmp_path / "firewall.sh"
         path.write_text(text)
         result = subprocess.run(
             ["ip", "netns", "exec", b, "env", *(f"{k}={v}" for k, v in env.items()), "bash", str(path)],
@@ -313,13 +334,21 @@ def test_ufw_changes_in_place_without_a_moment_where_a_kept_rule_is_missing(ufw_
         return result.stdout
 
     apply(kept + leaving)
-    tried, failed = _while_probing(a, tmp_path, lambda: apply(kept + joining))
-    assert tried > 50 and failed == 0, (tried, failed)
-    listing = subprocess.run(
-        ["ip", "netns", "exec", b, "ufw", "show", "added"], capture_output=True, text=True
-    )
-    assert "10.231.0.13" in listing.stdout and "10.231.0.7" not in listing.stdout
-    assert "removing stale rule" not in apply(kept + joining)  # nothing to change: nothing changes
+    counts = _while_probing(a, tmp_path, lambda: apply(kept + joining))
+    (kept_tried, kept_connected), (closed_tried, closed_connected) = counts[7000], counts[7001]
+    assert kept_tried > 20 and kept_connected == kept_tried, counts
+    assert closed_tried > 0 and closed_connected == 0, counts
+    if flavour == "ufw":
+        listing = subprocess.run(
+            ["ip", "netns", "exec", b, "ufw", "show", "added"], capture_output=True, text=True
+        )
+        assert "10.231.0.13" in listing.stdout and "10.231.0.7" not in listing.stdout
+        assert "removing stale rule" not in apply(kept + joining)  # nothing to change: nothing changes
+    else:
+        listing = subprocess.run(
+            ["ip", "netns", "exec", b, "nft", "list", "ruleset"], capture_output=True, text=True
+        )
+        assert "10.231.0.13" in listing.stdout and "10.231.0.7" not in listing.stdout
 
 
 def test_firewalld_changes_a_live_zone_in_place_new_rules_before_stale_ones():
