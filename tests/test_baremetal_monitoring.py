@@ -80,3 +80,21 @@ def test_monitoring_off_leaves_the_model_servers_alone(onprem):
     moved = _diff(onprem, 'monitoring={"exporters": false, "prometheus": false}')
     assert moved and {c.action for c in moved} == {"delete"}
     assert not [c for c in moved if "model" in c.name or "load-balancer" in c.name]
+
+
+def test_the_lab_has_a_stand_in_for_every_monitoring_container_serving_its_ports(onprem):
+    from scripts.labkit import standins
+
+    served = {}
+    for resource in onprem.of_type(CONTAINER):
+        if resource.name.startswith(("master-monitoring-", "monitoring-")):
+            container = standins.Container.from_inputs(resource.name, resource.inputs)
+            served[container.name] = (standins.stand_in_for(container).kind, standins.serves(container))
+    assert served == {
+        "qwen-node-exporter": ("node-exporter", [9100]),
+        "qwen-blackbox-exporter": ("blackbox-exporter", [9115]),
+        "qwen-dcgm-exporter": ("dcgm-exporter", [9400]),
+        "qwen-nodemetrics": ("nodemetrics", [8000]),
+        "qwen-prometheus": ("prometheus", [9090]),
+        "qwen-alertmanager": ("alertmanager", [9093]),
+    }

@@ -146,7 +146,9 @@ def test_check_is_green_from_every_vantage_and_speaks_json(running, capsys):
     failures = [r for r in document["results"] if r["status"] == "fail"]
     assert status == 0 and document["ok"] and not failures, failures
     groups = {r["group"] for r in document["results"]}
-    assert groups == {"containment", "sysctl", "verify", "ports", "latency", "bandwidth", "load balancer"}
+    assert groups == {
+        "containment", "sysctl", "verify", "ports", "latency", "bandwidth", "load balancer", "monitoring"
+    }
     sources = {r["source"] for r in document["results"] if r["group"] == "ports"}
     assert {"client", "monitoring", "admin", "outsider", "intruder", "master", "worker-3"} <= sources
     assert document["summary"].startswith("GREEN")

@@ -42,17 +42,24 @@ def register(
 ) -> docker.Container:
     """A ContainerSpec (components/render/monitoring.py) as a pinned host-network container."""
     image = docker.RemoteImage(f"{resource_name}-image", name=spec.image, keep_locally=True, opts=opts)
+    # Plain binds are volumes; a bind with a propagation mode needs the `mounts` form.
+    volumes = [
+        docker.ContainerVolumeArgs(
+            host_path=mount.host, container_path=mount.container, read_only=mount.read_only or None
+        )
+        for mount in spec.mounts
+        if not mount.propagation
+    ]
     mounts = [
         docker.ContainerMountArgs(
             target=mount.container,
             source=mount.host,
             type="bind",
             read_only=mount.read_only or None,
-            bind_options=docker.ContainerMountBindOptionsArgs(propagation=mount.propagation)
-            if mount.propagation
-            else None,
+            bind_options=docker.ContainerMountBindOptionsArgs(propagation=mount.propagation),
         )
         for mount in spec.mounts
+        if mount.propagation
     ]
     return docker.Container(
         resource_name,
@@ -63,6 +70,7 @@ def register(
         command=list(spec.command) or None,
         entrypoints=list(spec.entrypoint) or None,
         uploads=[docker.ContainerUploadArgs(file=path, content=text) for path, text in spec.files] or None,
+        volumes=volumes or None,
         mounts=mounts or None,
         capabilities=docker.ContainerCapabilitiesArgs(adds=list(spec.capabilities))
         if spec.capabilities

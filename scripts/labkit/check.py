@@ -275,6 +275,84 @@ def streaming(plan: LabPlan, options: lab.Options, pause: float | None = None) -
     return results
 
 
+MONITORING_WAIT_SECONDS = 30
+
+
+def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Result]:
+    """The cluster's own Prometheus, asked from inside the lab: every node's endpoint scraped,
+    every rendered rule loaded, no alert firing. A fresh lab gets `wait` seconds to settle
+    (the first scrapes, and alerts pending from the start resolving)."""
+    import time
+
+    from components.render import monitoring as rendered
+    from scripts import doctor
+
+    cluster = plan.cluster
+    if cluster.monitoring_node is None:
+        return []
+    where = cluster.monitoring_node.name
+    url = doctor.configured_url(cluster)
+    fetch = doctor.http_fetch(url, timeout=2)
+
+    def ask(path: str):
+        return netns.call_in(plan.node(where).namespace, fetch, path)
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            targets = [
+                t for t in ask("/api/v1/targets")["activeTargets"] if t["labels"].get("job") == rendered.JOB
+            ]
+            found = doctor.findings(ask, cluster)
+            error = ""
+        except doctor.Unreachable as unreachable:
+            targets, found, error = [], [], str(unreachable)
+        up = {t["labels"].get("node"): t["health"] for t in targets}
+        healthy = not error and len(up) == len(cluster.nodes) and set(up.values()) == {"up"} and not found
+        if healthy or time.monotonic() >= deadline:
+            break
+        time.sleep(1)
+    if error:
+        return [Result("monitoring", where, "prometheus", f"Prometheus at {url}", "answers", error, "fail")]
+    results = [
+        Result(
+            "monitoring",
+            where,
+            node.name,
+            f"endpoint {node.ip}:{rendered.endpoint_port(cluster)} scraped",
+            "up",
+            up.get(node.name, "not a target"),
+            _status(up.get(node.name) == "up"),
+        )
+        for node in cluster.nodes
+    ]
+    loaded = [f for f in found if not f.alert]  # rules not loaded / failing
+    results.append(
+        Result(
+            "monitoring",
+            where,
+            "prometheus",
+            f"{len(rendered.alerts(cluster))} alert rules",
+            "loaded",
+            "; ".join(f.what for f in loaded) or "loaded",
+            _status(not loaded),
+        )
+    )
+    firing = [f for f in found if f.alert]
+    results.append(
+        Result(
+            "monitoring",
+            where,
+            "alertmanager",
+            "alerts firing",
+            "none",
+            "; ".join(f"{f.alert}: {f.what}" for f in firing) or "none",
+            _status(not firing),
+        )
+    )
+    return results
+
+
 def run(plan: LabPlan, options: lab.Options | None = None, *, strict_bandwidth: bool = False) -> list[Result]:
     options = options or lab.Options()
     results: list[Result] = []
@@ -285,6 +363,7 @@ def run(plan: LabPlan, options: lab.Options | None = None, *, strict_bandwidth: 
     results += latency(plan)
     results += bandwidth(plan, strict=strict_bandwidth)
     results += load_balancer(plan, options)
+    results += monitoring(plan)
     return results
 
 

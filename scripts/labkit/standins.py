@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -226,10 +227,136 @@ def _nginx_ports(container: Container) -> list[int]:
     return [int(port) for port in _LISTEN.findall(uploaded)] or [80]
 
 
+# ---------------------------------------------------------------- monitoring (issue 12)
+# Debian's prometheus, prometheus-alertmanager, prometheus-node-exporter and
+# prometheus-blackbox-exporter run with the container's own arguments, container paths
+# mapped to the files the container would see; the endpoint runs scripts/nodemetrics.py as
+# uploaded; with no GPU in a namespace, dcgm-exporter's stand-in serves its counters at 0.
+
+_LISTEN_FLAG = re.compile(r"^--web\.listen-address=(?:[^:]*):(\d+)$")
+
+
+def _mapped(args: list[str], mounts: dict[str, str]) -> list[str]:
+    """Arguments with container paths replaced by where the lab keeps those files."""
+    result = []
+    for arg in args:
+        for path in sorted(mounts, key=len, reverse=True):
+            if path in arg:
+                arg = arg.replace(path, mounts[path])
+                break
+        result.append(arg)
+    return result
+
+
+def _listen_ports(container: Container) -> list[int]:
+    return [int(m.group(1)) for arg in container.command if (m := _LISTEN_FLAG.match(arg))]
+
+
+def _debian(binary: str, data_flag: str | None = None):
+    def launch(container: Container, host: Host) -> Launch:
+        mounts = _mounts(container, host)
+        run_dir = _run_dir(container, host)
+        args = _mapped([arg for arg in container.command if not arg.startswith("--path.rootfs")], mounts)
+        for arg in args:
+            if data_flag and arg.startswith(f"{data_flag}="):
+                Path(arg.split("=", 1)[1]).mkdir(parents=True, exist_ok=True)
+        return Launch([binary, *args], _environment(container, host), _listen_ports(container), str(run_dir))
+
+    return launch
+
+
+def _endpoint_config(container: Container) -> dict[str, Any]:
+    text = next((content for path, content in container.uploads.items() if path.endswith(".json")), "{}")
+    return json.loads(text)
+
+
+def _endpoint(container: Container, host: Host) -> Launch:
+    mounts = _mounts(container, host)
+    argv = _mapped(list(container.entrypoints), mounts)
+    if argv and argv[0].startswith("python"):
+        argv[0] = sys.executable
+    return Launch(
+        argv, _environment(container, host), _endpoint_ports(container), str(_run_dir(container, host))
+    )
+
+
+def _endpoint_ports(container: Container) -> list[int]:
+    listen = str(_endpoint_config(container).get("listen", ""))
+    return [int(listen.rpartition(":")[2])] if listen else []
+
+
+_DCGM_ADDRESS = re.compile(r"^(?:[\d.]*):(\d+)$")
+
+
+def _dcgm_ports(container: Container) -> list[int]:
+    args = container.command
+    return [
+        int(m.group(1))
+        for flag, value in zip(args, args[1:], strict=False)
+        if flag == "-a" and (m := _DCGM_ADDRESS.match(value))
+    ]
+
+
+def _dcgm(container: Container, host: Host) -> Launch:
+    """No GPU here: the counters the program enabled, every one 0, served as /metrics."""
+    run_dir = _run_dir(container, host)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    counters = next(iter(container.uploads.values()), "")
+    lines = []
+    for row in counters.splitlines():
+        if row.strip() and not row.startswith("#"):
+            field_name, kind = (part.strip() for part in row.split(",")[:2])
+            lines += [f"# TYPE {field_name} {kind}", f'{field_name}{{gpu="0",UUID="GPU-lab",xid="0"}} 0']
+    (run_dir / "metrics").write_text("\n".join(lines) + "\n")
+    port = (_dcgm_ports(container) or [9400])[0]
+    argv = [
+        sys.executable,
+        "-m",
+        "http.server",
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(run_dir),
+        str(port),
+    ]
+    return Launch(argv, _environment(container, host), [port], str(run_dir))
+
+
+MONITORING_STAND_INS: tuple[StandIn, ...] = (
+    StandIn(
+        "prom/node-exporter", "node-exporter", _debian("prometheus-node-exporter"), "SIGTERM", _listen_ports
+    ),
+    StandIn(
+        "prom/blackbox-exporter",
+        "blackbox-exporter",
+        _debian("prometheus-blackbox-exporter"),
+        "SIGTERM",
+        _listen_ports,
+    ),
+    StandIn(
+        "prom/prometheus",
+        "prometheus",
+        _debian("prometheus", "--storage.tsdb.path"),
+        "SIGTERM",
+        _listen_ports,
+    ),
+    StandIn(
+        "prom/alertmanager",
+        "alertmanager",
+        _debian("prometheus-alertmanager", "--storage.path"),
+        "SIGTERM",
+        _listen_ports,
+    ),
+    StandIn("python", "nodemetrics", _endpoint, "SIGTERM", _endpoint_ports),
+    StandIn("nvcr.io/nvidia/k8s/dcgm-exporter", "dcgm-exporter", _dcgm, "SIGTERM", _dcgm_ports),
+)
+
+
 STAND_INS: tuple[StandIn, ...] = (
     StandIn("vllm/vllm-openai", "model", _as_command, "SIGTERM", _vllm_ports),
     # The official image's Dockerfile: STOPSIGNAL SIGQUIT (nginx's graceful shutdown).
     StandIn("nginx", "nginx", _nginx, "SIGQUIT", _nginx_ports),
+    *MONITORING_STAND_INS,
 )
 
 

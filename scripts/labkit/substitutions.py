@@ -35,6 +35,9 @@ CLOCK_KEYS = (
     ("loadBalancer", "idleTimeoutSeconds"),
     ("rollout", "drainTimeoutSeconds"),
     ("rollout", "healthTimeoutSeconds"),
+    # Every monitoring duration follows the scrape interval (components/render/monitoring.py):
+    # 15 s becomes 1 s, an alert's `for` four seconds.
+    ("monitoring", "scrapeIntervalSeconds"),
 )
 
 
