@@ -104,3 +104,13 @@ def test_nginx_conf_moves_the_image_paths_and_the_mounts():
     )
     moved = substitutions.nginx_conf(text, run_dir="/r", mounts={"/etc/nginx/up.conf": "/h/up.conf"})
     assert moved == "pid /r/nginx.pid;\nerror_log /r/nginx/error.log;\ninclude /h/up.conf;\n"
+
+
+def test_every_host_path_of_the_program_is_moved_and_none_is_left(onprem):
+    rendered, _ = onprem
+    for resource in rendered.of_type(executor.COMMAND):
+        for key in ("create", "update", "delete"):
+            text = resource.inputs.get(key)
+            if text:
+                moved = substitutions.script(text, resource=resource.name, etc_root="/e/n", state_dir="/r/n")
+                assert not [word for word in substitutions.FORBIDDEN if word in moved], resource.name

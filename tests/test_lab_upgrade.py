@@ -14,7 +14,7 @@ import pytest
 
 from components import stackfile
 from scripts import lab as lab_cli
-from scripts.labkit import lab, netns, plan, probes, upgrade
+from scripts.labkit import lab, netns, plan, upgrade
 
 LABEL = f"u{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "ufw")
@@ -47,6 +47,11 @@ def _ran(result) -> dict[str, set[str]]:
 
 def _sysctl(namespace: str, key: str) -> str:
     return netns.exec_in(namespace, ["sysctl", "-n", key]).stdout.strip()
+
+
+def test_an_upgrade_of_a_lab_that_is_not_up_applies_nothing(capsys):
+    status = lab_cli.main(["upgrade", "onprem", "--label", f"{LABEL}n", "--change", "model.image=x:1"])
+    assert status == 2 and "is not up (no applied state)" in capsys.readouterr().out
 
 
 def test_a_sysctl_change_updates_the_drop_in_in_place_and_restarts_nothing(running, capsys):
@@ -100,9 +105,4 @@ def test_an_image_bump_rolls_one_replica_at_a_time_without_a_failure(running):
     assert result.max_replicas_down == 1, result.down_at_max
     replaced = [s.resource for s in result.steps if s.resource.endswith("-model-vllm") and s.op == "create"]
     assert sorted(replaced) == sorted(f"{m.node}-model-vllm" for m in lab_plan.heads)
-    lb = lab_plan.load_balancer.namespace
-    port = lab_plan.cluster.model_port
-    served = {
-        head.node: netns.call_in(lb, probes.get, head.ip, port, "/health").image for head in lab_plan.heads
-    }
-    assert served == {head.node: "vllm/vllm-openai:v0.11.1" for head in lab_plan.heads}
+    assert result.images == {head.node: "vllm/vllm-openai:v0.11.1" for head in lab_plan.heads}

@@ -68,7 +68,7 @@ def print_upgrade(console: Console, result) -> None:
     for failure in result.failures[:10]:
         console.print(f"[red]  {failure}[/]")
     if result.images:
-        console.print("last image served: " + ", ".join(f"{n} {i}" for n, i in sorted(result.images.items())))
+        console.print("images now: " + ", ".join(f"{n} {i}" for n, i in sorted(result.images.items())))
 
 
 def print_results(console: Console, results: list[Result], *, verbose: bool = False) -> None:

@@ -77,9 +77,11 @@ def path_map(etc_root: str, state_dir: str) -> list[tuple[str, str]]:
 
     /etc/<entry> for the entries `lab.ETC_ENTRIES` copies needs no substitution: `ip netns
     exec` bind-mounts /etc/netns/<ns>/<entry> over it. A directory the host does not have
-    cannot be bind-mounted, so it is rewritten to the node's copy instead."""
+    cannot be bind-mounted (`ip netns exec` warns and goes on, and the write would land on the
+    host), so it is rewritten to the node's lab dir instead; not under /etc/netns/<ns>/, where
+    every `ip netns exec` would try, and fail, to mount it."""
     return [
-        ("/etc/qwen-cluster", f"{etc_root}/qwen-cluster"),
+        ("/etc/qwen-cluster", f"{state_dir}/etc-qwen-cluster"),
         ("/var/lib/qwen-cluster", state_dir),
         ("/var/cache/qwen-cluster", f"{state_dir}/cache"),
     ]

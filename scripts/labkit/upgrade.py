@@ -232,7 +232,7 @@ class UpgradeReport:
     notes: list[str] = field(default_factory=list)
     down_at_max: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    images: dict[str, str] = field(default_factory=dict)  # the image each replica served last
+    images: dict[str, str] = field(default_factory=dict)  # the image each replica runs afterwards
     probe_sweeps: int | None = None
     opened: list[str] = field(default_factory=list)  # must-stay-closed probes seen open
 
@@ -307,10 +307,14 @@ def run(
         for o in outcomes
         if not o.ok
     ]
-    images: dict[str, str] = {}
-    for outcome in sorted(outcomes, key=lambda o: o.started):
-        if outcome.ok and outcome.node:
-            images[outcome.node] = outcome.image or ""
+    # Which version each replica runs now, asked from the load-balancer node.
+    images = {
+        head.node: netns.call_in(
+            after.load_balancer.namespace, probes.get, head.ip, after.cluster.model_port, "/health"
+        ).image
+        or ""
+        for head in after.heads
+    }
     opened = sorted(set(watch_probes.opened)) if watch_probes else []
     return UpgradeReport(
         requests=len(outcomes),
