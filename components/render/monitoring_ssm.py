@@ -20,7 +20,7 @@ import json
 import shlex
 from dataclasses import asdict
 
-from components.render import monitoring
+from components.render import monitoring, ssm
 from components.render.shell import script
 
 FILES_DIR = f"{monitoring.HOST_CONFIG_DIR}/files"
@@ -59,28 +59,13 @@ def run_script() -> str:
 
 
 def document() -> str:
-    """The SSM Command document (schemaVersion 2.2), as JSON text."""
-    return json.dumps(
-        {
-            "schemaVersion": "2.2",
-            "description": "qwen-cluster: one node's monitoring containers "
-            "(components/render/monitoring_ssm.py)",
-            "parameters": {
-                name: {"type": "String", "default": "", "allowedPattern": pattern, "description": text}
-                for name, (pattern, text) in PARAMETERS.items()
-            },
-            "mainSteps": [
-                {
-                    "action": "aws:runShellScript",
-                    "name": "monitoring",
-                    "inputs": {
-                        "runCommand": run_script().splitlines(),
-                        "timeoutSeconds": str(RUN_TIMEOUT_SECONDS),
-                    },
-                }
-            ],
-        },
-        indent=1,
+    """The monitoring SSM Command document."""
+    return ssm.command_document(
+        "qwen-cluster: one node's monitoring containers (components/render/monitoring_ssm.py)",
+        "monitoring",
+        PARAMETERS,
+        run_script(),
+        RUN_TIMEOUT_SECONDS,
     )
 
 

@@ -126,29 +126,40 @@ def run_script() -> str:
     )
 
 
-def document() -> str:
-    """The SSM Command document (schemaVersion 2.2), as JSON text."""
+def command_document(
+    description: str, step: str, parameters: dict[str, tuple[str, str]], run: str, timeout_seconds: int
+) -> str:
+    """An SSM Command document (schemaVersion 2.2) of one aws:runShellScript step, as JSON
+    text. Every parameter is a String, empty by default, held to its pattern."""
     return json.dumps(
         {
             "schemaVersion": "2.2",
-            "description": "qwen-cluster: run one node's model server (vLLM), draining and "
-            "gating on health (components/render/ssm.py)",
+            "description": description,
             "parameters": {
                 name: {"type": "String", "default": "", "allowedPattern": pattern, "description": text}
-                for name, (pattern, text) in PARAMETERS.items()
+                for name, (pattern, text) in parameters.items()
             },
             "mainSteps": [
                 {
                     "action": "aws:runShellScript",
-                    "name": "modelServer",
-                    "inputs": {
-                        "runCommand": run_script().splitlines(),
-                        "timeoutSeconds": str(RUN_TIMEOUT_SECONDS),
-                    },
+                    "name": step,
+                    "inputs": {"runCommand": run.splitlines(), "timeoutSeconds": str(timeout_seconds)},
                 }
             ],
         },
         indent=1,
+    )
+
+
+def document() -> str:
+    """The model server's SSM Command document."""
+    return command_document(
+        "qwen-cluster: run one node's model server (vLLM), draining and gating on health "
+        "(components/render/ssm.py)",
+        "modelServer",
+        PARAMETERS,
+        run_script(),
+        RUN_TIMEOUT_SECONDS,
     )
 
 
