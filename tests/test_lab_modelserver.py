@@ -2,50 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
-import socket
-import threading
 
 import pytest
 
 from scripts.labkit import modelserver, probes
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.standin_server import free_port, serving
 
 
 @pytest.fixture(scope="module")
 def server():
-    port, hold = _free_port(), _free_port()
-    loop = asyncio.new_event_loop()
-    instance = modelserver.ModelServer(
-        modelserver.Settings(node="node-a", token_delay=0.01, think=0.0, tokens=5)
-    )
-    loop.run_until_complete(instance.start("127.0.0.1", port, [hold]))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield port, hold, instance
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=5)
-    # Let open connections' handlers finish on a live loop before closing it.
-    for listener in instance.servers:
-        listener.close()
-    pending = asyncio.all_tasks(loop)
-    for task in pending:
-        task.cancel()
-
-    async def drain() -> None:
-        # gather() inside the loop's own coroutine: called outside, it binds to whatever loop
-        # is current in this thread (another test's, when the suite runs together).
-        await asyncio.gather(*pending, return_exceptions=True)
-
-    loop.run_until_complete(drain())
-    loop.close()
+    hold = free_port()
+    settings = modelserver.Settings(node="node-a", token_delay=0.01, think=0.0, tokens=5)
+    with serving(settings, [hold]) as (port, instance):
+        yield port, hold, instance
 
 
 def test_models_lists_the_served_model(server):
@@ -98,5 +69,5 @@ def test_bad_request_body_is_a_400_and_unknown_path_a_404(server):
 
 
 def test_closed_port_is_refused():
-    result = probes.tcp_connect("127.0.0.1", _free_port(), timeout=0.5)
+    result = probes.tcp_connect("127.0.0.1", free_port(), timeout=0.5)
     assert not result.open and result.detail == "refused"

@@ -2,45 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
-import socket
-import threading
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from components import stackfile
 from components.render import monitoring
 from scripts.labkit import modelserver, probes
+from tests.standin_server import serving
 
 
 def test_metrics_use_vllms_names_and_parse_with_prometheus_client():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    loop = asyncio.new_event_loop()
-    server = modelserver.ModelServer(modelserver.Settings(node="n1", token_delay=0.0, think=0.05, tokens=3))
-    loop.run_until_complete(server.start("127.0.0.1", port))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
+    settings = modelserver.Settings(node="n1", token_delay=0.0, think=0.05, tokens=3)
+    with serving(settings) as (port, _):
         probes.stream("127.0.0.1", port, "hello")
         probes.chat("127.0.0.1", port, "hello")
         text = probes.get("127.0.0.1", port, "/metrics").body.decode()
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
-        for listener in server.servers:
-            listener.close()
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-
-        async def drain() -> None:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-        loop.run_until_complete(drain())
-        loop.close()
     families = {family.name: family for family in text_string_to_metric_families(text)}
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert families[name].type == "gauge"
