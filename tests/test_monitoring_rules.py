@@ -531,3 +531,27 @@ def test_a_failed_probe_ends_before_the_endpoint_stops_waiting_and_that_before_t
     assert blackbox == monitoring.duration(times.probe_timeout)
     assert times.probe_timeout < endpoint < times.scrape_timeout
     assert scrape_timeout == monitoring.duration(times.scrape_timeout)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "onprem", "onprem-pipeline"])
+def test_each_nodes_endpoint_file_is_exactly_its_config_as_json(stack):
+    """aggregator_json splices each peer's probes, encoded once per cluster, into every
+    node's file: the bytes must be json.dumps of aggregator_config, whatever the node."""
+    import json
+
+    from components import config
+
+    if stack == "onprem-pipeline":  # Ray's ports join the probes; replicas of two nodes
+        raw = stackfile.read("onprem")
+        raw["qwen-cluster:model"] = {**raw["qwen-cluster:model"], "pipelineParallel": 2}
+        cluster = config.validate(stackfile.cluster_keys(raw))
+    else:
+        cluster = stackfile.load(stack)
+    for node in cluster.nodes:
+        for gpu in (None, False):
+            expected = json.dumps(
+                monitoring.aggregator_config(cluster, node.name, gpu=gpu), indent=2, sort_keys=True
+            )
+            assert monitoring.aggregator_json(cluster, node.name, gpu=gpu) == expected + "\n"
+    heads = {head.name for head in cluster.topology.heads}
+    assert any(node.name not in heads for node in cluster.nodes) == (stack == "onprem-pipeline")

@@ -179,15 +179,7 @@ def probes(
     return result
 
 
-def aggregator_config(
-    cluster,
-    node_name: str,
-    *,
-    gpu: bool | None = None,
-    listening: Mapping[str, list[tuple[str, int]]] | None = None,
-) -> dict:
-    """What `scripts/nodemetrics.py` on `node_name` fetches and serves on the endpoint port.
-    `gpu` defaults to whether the nodes have GPUs (the lab's stand-ins have none)."""
+def _aggregator_base(cluster, node_name: str, gpu: bool | None) -> dict:
     node = next(n for n in cluster.nodes if n.name == node_name)
     gpu = cluster.gpus_per_node > 0 if gpu is None else gpu
     times = timing(cluster)
@@ -202,14 +194,68 @@ def aggregator_config(
         "listen": f"0.0.0.0:{endpoint_port(cluster)}",
         "timeout": times.fetch_timeout,
         "sources": sources,
-        "probes": [
-            {"url": probe.url(), "labels": probe.labels()} for probe in probes(cluster, node_name, listening)
-        ],
     }
 
 
-def aggregator_json(cluster, node_name: str, **kwargs) -> str:
-    return json.dumps(aggregator_config(cluster, node_name, **kwargs), indent=2, sort_keys=True) + "\n"
+def _probe_entry(probe: Probe) -> dict:
+    return {"url": probe.url(), "labels": probe.labels()}
+
+
+def aggregator_config(
+    cluster,
+    node_name: str,
+    *,
+    gpu: bool | None = None,
+    listening: Mapping[str, list[tuple[str, int]]] | None = None,
+) -> dict:
+    """What `scripts/nodemetrics.py` on `node_name` fetches and serves on the endpoint port.
+    `gpu` defaults to whether the nodes have GPUs (the lab's stand-ins have none)."""
+    return {
+        **_aggregator_base(cluster, node_name, gpu),
+        "probes": [_probe_entry(probe) for probe in probes(cluster, node_name, listening)],
+    }
+
+
+def _dumps(config: dict) -> str:
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+_PROBES_SLOT = "__qwen_cluster_probes__"
+_peer_entries_cache: list = []  # [(cluster, {peer name: [entry text, ...]})]: the last cluster only
+
+
+def _peer_entries(cluster) -> dict[str, list[str]]:
+    """Every peer's probe entries as aggregator_json writes them inside "probes" (indented
+    two levels), encoded once per cluster: a peer is probed the same way from every node."""
+    if _peer_entries_cache and _peer_entries_cache[0][0] is cluster:
+        return _peer_entries_cache[0][1]
+    entries: dict[str, list[str]] = {node.name: [] for node in cluster.nodes}
+    # From a node outside the cluster, every member is a peer.
+    for probe in probes(cluster, node_name=""):
+        text = json.dumps(_probe_entry(probe), indent=2, sort_keys=True)
+        entries[probe.peer].append(text.replace("\n", "\n    ").join(("    ", "")))
+    _peer_entries_cache[:] = [(cluster, entries)]
+    return entries
+
+
+def aggregator_json(
+    cluster,
+    node_name: str,
+    *,
+    gpu: bool | None = None,
+    listening: Mapping[str, list[tuple[str, int]]] | None = None,
+) -> str:
+    """aggregator_config as the file the endpoint reads: json.dumps(indent=2, sort_keys=True),
+    byte for byte (tests/test_monitoring_rules.py holds it). A node probes every other member,
+    so at 256 nodes the files hold 65,280 probes; each peer's entries are encoded once per
+    cluster and spliced into every node's file instead of encoded again per node."""
+    if listening:
+        return _dumps(aggregator_config(cluster, node_name, gpu=gpu, listening=listening))
+    text = _dumps({**_aggregator_base(cluster, node_name, gpu), "probes": _PROBES_SLOT})
+    by_peer = _peer_entries(cluster)
+    items = [entry for node in cluster.nodes if node.name != node_name for entry in by_peer[node.name]]
+    probes_text = "[\n" + ",\n".join(items) + "\n  ]" if items else "[]"
+    return text.replace(json.dumps(_PROBES_SLOT), probes_text, 1)
 
 
 def blackbox_config(cluster) -> str:
