@@ -192,7 +192,8 @@ def test_rerunning_every_command_changes_no_ruleset_and_no_drop_in(running):
     else may differ, and nothing ever does after that."""
     lab_plan, options, _ = running
     first = _node_state(lab_plan)
-    assert lab.up(lab_plan, options, rerun=True).ok
+    rerun = lab.up(lab_plan, options, rerun=True)
+    assert rerun.ok, [(s.node, s.step, s.resource, s.op, s.detail) for s in rerun.steps if not s.ok]
     second = _node_state(lab_plan)
     third_report = lab.up(lab_plan, options, rerun=True)
     third = _node_state(lab_plan)

@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -121,6 +122,18 @@ def _run_dir(container: Container, host: Host) -> Path:
     return host.containers / container.name
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Replace a file's content in one rename, and only when it differs: the scripts that run
+    side by side (a reload here, an `nginx -t` or a `docker ps` there) read the files the lab
+    writes for them, and must never see one truncated or half written."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_text() == text:
+            return
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 def _mounts(container: Container, host: Host) -> dict[str, str]:
     """Container path -> host path: uploads are written under the stand-in's run dir."""
     run_dir = _run_dir(container, host)
@@ -128,7 +141,7 @@ def _mounts(container: Container, host: Host) -> dict[str, str]:
     for path, content in container.uploads.items():
         target = run_dir / "uploads" / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+        write_atomic(target, content)
         mounts[path] = str(target)
     for path, host_path in container.volumes.items():
         mounts[path] = substitutions.host_path(host_path, etc_root=host.etc_root, state_dir=host.state_dir)
@@ -200,7 +213,7 @@ def write_nginx_conf(container: Container, host: Host) -> Path:
     )
     text = substitutions.nginx_conf(text, run_dir=str(run_dir), mounts=mounts)
     path = nginx_conf_path(container, host)
-    path.write_text(text)
+    write_atomic(path, text)
     return path
 
 
@@ -473,7 +486,7 @@ def start(container: Container, host: Host) -> tuple[str, Record]:
         host=asdict(host),
         started=time.time(),
     )
-    record_path(host, container.name).write_text(json.dumps(asdict(record), indent=1))
+    write_atomic(record_path(host, container.name), json.dumps(asdict(record), indent=1))
     # dockerd returns once the process runs; the lab also waits for the stand-in to accept on
     # its ports, so an interpreter's start-up is not mistaken for the model's load time.
     deadline = time.monotonic() + READY_SECONDS
