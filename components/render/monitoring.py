@@ -30,6 +30,7 @@ thinking pause, and the whole monitoring stack runs at the lab's pace.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -259,7 +260,11 @@ def aggregator_json(
 
 
 def blackbox_config(cluster) -> str:
-    timeout = duration(timing(cluster).probe_timeout)
+    return _blackbox_yaml(duration(timing(cluster).probe_timeout))
+
+
+@functools.lru_cache(maxsize=8)  # every node's file is the same: YAML-dumped once, not per node
+def _blackbox_yaml(timeout: str) -> str:
     modules = {
         "icmp": {"prober": "icmp", "timeout": timeout, "icmp": {"preferred_ip_protocol": "ip4"}},
         "tcp_connect": {"prober": "tcp", "timeout": timeout, "tcp": {"preferred_ip_protocol": "ip4"}},

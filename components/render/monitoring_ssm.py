@@ -73,10 +73,11 @@ def spec_hash(spec: monitoring.ContainerSpec) -> str:
     return hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()
 
 
-def docker_run(spec: monitoring.ContainerSpec) -> list[str]:
+def docker_run(spec: monitoring.ContainerSpec, digest: str | None = None) -> list[str]:
     """`docker run` for a spec: host network, restart unless-stopped, its files bind-mounted
-    read-only from FILES_DIR/<name>/ (docker run has no uploads)."""
-    argv = ["docker", "run", "--detach", f"--name={spec.name}", f"--label={CONFIG_LABEL}={spec_hash(spec)}"]
+    read-only from FILES_DIR/<name>/ (docker run has no uploads). `digest`: spec_hash(spec)."""
+    digest = spec_hash(spec) if digest is None else digest
+    argv = ["docker", "run", "--detach", f"--name={spec.name}", f"--label={CONFIG_LABEL}={digest}"]
     argv += ["--label=qwen-cluster.role=monitoring", "--network=host", "--restart=unless-stopped"]
     for path, _ in spec.files:
         argv.append(f"--volume={FILES_DIR}/{spec.name}{path}:{path}:ro")
@@ -108,7 +109,8 @@ def containers_script(specs: list[monitoring.ContainerSpec]) -> str:
                 f"install -d -m 0755 {shlex.quote(target.rsplit('/', 1)[0])}\n"
                 f"cat > {shlex.quote(target)} <<'QWEN_FILE_EOF'\n{text.rstrip()}\nQWEN_FILE_EOF\n"
             )
-        running = f"--filter 'name=^{spec.name}$' --filter 'label={CONFIG_LABEL}={spec_hash(spec)}'"
+        digest = spec_hash(spec)
+        running = f"--filter 'name=^{spec.name}$' --filter 'label={CONFIG_LABEL}={digest}'"
         parts.append(
             f"""
 # {spec.role}
@@ -117,7 +119,7 @@ if [ -n "$(docker ps --quiet {running})" ]; then
 else
   docker pull {shlex.quote(spec.image)} >/dev/null
 {files}  docker rm --force {spec.name} >/dev/null 2>&1 || true
-  {shlex.join(docker_run(spec))} >/dev/null
+  {shlex.join(docker_run(spec, digest))} >/dev/null
   echo "{spec.name}: started"
 fi
 """
