@@ -154,3 +154,40 @@ def test_verify_prints_the_matrix_and_names_failing_pairs(tmp_path):
     assert lines["wrongly-open"][5:] == ["refused", "FAIL"]
     assert "a->b wrongly-open 7003/tcp: expected closed, got refused" in result.stderr
     assert "dropped" not in result.stderr
+
+
+FAKE_IP = """#!/bin/sh
+echo "2: eth0    inet 10.0.0.1/24 brd 10.0.0.255 scope global eth0"
+"""
+
+
+@pytest.mark.parametrize(
+    ("replies", "passes", "shown"),
+    [
+        (["0.081", "9.70", "0.090", "0.072", "0.101"], True, "0.090"),  # one late reply (ARP, a busy host)
+        (["1.6", "0.2", "1.8", "2.1", "0.3"], False, "1.6"),  # three of five over: the link is slow
+        (["0.4", "0.3", "1.2", "0.2"], True, "0.3"),  # a reply lost: the median of those that came
+        ([], False, "-"),
+    ],
+)
+def test_verify_holds_the_median_ping_rtt_to_the_latency_budget(tmp_path, replies, passes, shown):
+    """The verify script's latency row: ping's own output lines, parsed by the script."""
+    lines = "".join(
+        f"echo '64 bytes from 10.0.0.2: icmp_seq={n} ttl=64 time={rtt} ms'\n"
+        for n, rtt in enumerate(replies, 1)
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"ip": FAKE_IP, "ping": f"#!/bin/sh\n{lines}exit {0 if replies else 1}\n"}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "verify.sh"
+    script.write_text(verify.apply_script([], [Pair("a", "10.0.0.1", "b", "10.0.0.2")], max_latency_ms=1.0))
+    done = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    )
+    row = next(line.split() for line in done.stdout.splitlines() if line.startswith("a "))
+    assert row == ["a", "b", shown, "ok" if passes else "FAIL"]
+    assert done.returncode == (0 if passes else 1)
+    if not passes and replies:
+        assert f"a->b ping: median RTT {shown} ms is above maxLatencyMs 1" in done.stderr

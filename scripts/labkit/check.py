@@ -155,7 +155,7 @@ def latency(plan: LabPlan, workers: int = 6) -> list[Result]:
             "latency",
             source.node,
             target.node,
-            "ping RTT",
+            "median ping RTT",
             f"< {limit:g} ms",
             observed,
             _status(rtt is not None and rtt < limit),

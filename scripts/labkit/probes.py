@@ -186,19 +186,20 @@ def spread(ip: str, port: int, requests: int, *, timeout: float = 10.0) -> Sprea
     return result
 
 
-_RTT = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
+_REPLY_RTT = re.compile(r" time=([\d.]+) ?ms")
 
 
 def ping_rtt_ms(namespace: str, ip: str, count: int = 5) -> float | None:
-    """Average RTT in ms (ping needs a raw socket: run as a process in the namespace)."""
+    """The median RTT in ms of the replies (None: no reply), as the rendered verify script
+    holds it to maxLatencyMs (ping needs a raw socket: run as a process in the namespace)."""
     done = subprocess.run(
-        ["ip", "netns", "exec", namespace, "ping", "-n", "-q", "-c", str(count), "-i", "0.05", "-W", "1", ip],
+        ["ip", "netns", "exec", namespace, "ping", "-n", "-c", str(count), "-i", "0.05", "-W", "1", ip],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    match = _RTT.search(done.stdout)
-    return float(match.group(2)) if match else None
+    replies = sorted(float(rtt) for rtt in _REPLY_RTT.findall(done.stdout))
+    return replies[(len(replies) - 1) // 2] if replies else None
 
 
 def iperf3_gbps(
