@@ -114,3 +114,30 @@ def test_every_host_path_of_the_program_is_moved_and_none_is_left(onprem):
             if text:
                 moved = substitutions.script(text, resource=resource.name, etc_root="/e/n", state_dir="/r/n")
                 assert not [word for word in substitutions.FORBIDDEN if word in moved], resource.name
+
+
+def test_a_command_over_the_kernels_argument_limit_fails_as_sshd_would(onprem, tmp_path):
+    """The executor runs a command as sshd does, `bash -c '<the script>'`: one argument, which
+    Linux caps at 128 KiB. The script fails to start here as it would on a host; the step
+    says why (nothing runs: the limit hits before any namespace is entered)."""
+    import dataclasses
+
+    rendered, _ = onprem
+    preflight = rendered.named("master-preflight")
+    text = "#!/usr/bin/env bash\n" + "# padding\n" * (executor.MAX_ARG_STRLEN // 10)
+    huge = dataclasses.replace(preflight, inputs={**preflight.inputs, "create": text})
+    host = standins.Host(
+        node="master",
+        namespace="qcl-no-such-namespace",
+        ip="192.168.1.100",
+        etc_root=str(tmp_path / "etc"),
+        state_dir=str(tmp_path / "state"),
+        bin_dir=str(tmp_path / "bin"),
+    )
+    engine = executor.Executor({"192.168.1.100": host}, log_dir=tmp_path / "scripts")
+    step = engine.run_op("create", huge, rendered)
+    assert not step.ok
+    assert step.detail == (
+        f"the command is {len(text.encode())} bytes, over Linux's limit of 131072 for one argument "
+        "or environment string: a host's sshd could not run it either"
+    )

@@ -191,3 +191,48 @@ def test_verify_holds_the_median_ping_rtt_to_the_latency_budget(tmp_path, replie
     assert done.returncode == (0 if passes else 1)
     if not passes and replies:
         assert f"a->b ping: median RTT {shown} ms is above maxLatencyMs 1" in done.stderr
+
+
+def _scaled_onprem(count: int):
+    from components import config, stackfile
+    from scripts import bench
+
+    return config.validate(stackfile.cluster_keys(bench.scaled_stack("onprem", count)))
+
+
+def test_every_registered_command_fits_in_the_one_argument_sshd_passes_to_bash():
+    """At 24 nodes (the whole matrix in every node's verify script passed the limit at 17)."""
+    from components import offline
+    from components.render.shell import MAX_ARG_STRLEN
+    from scripts import bench
+
+    render = offline.render(bench.scaled_stack("onprem", 24), "onprem")
+    assert render.error is None
+    sizes = {
+        (resource.name, key): len(text.encode())
+        for resource in render.of_type("command:remote:Command")
+        for key in ("create", "update", "delete")
+        if isinstance(text := resource.inputs.get(key), str)
+    }
+    assert len({name for name, _ in sizes}) > 24 * 5
+    assert max(sizes.values()) < MAX_ARG_STRLEN, max(sizes.items(), key=lambda item: item[1])
+    # Each node's verify holds its own rows only.
+    text = render.named("worker-7-verify").inputs["create"]
+    sources = [line for line in text.splitlines() if line.startswith("@")]
+    assert sources == ["@worker-7|192.168.1.11"] * 2  # its probes, its pings
+
+
+def test_one_nodes_verify_script_fits_at_256_nodes():
+    from components.render.shell import MAX_ARG_STRLEN
+
+    cluster = _scaled_onprem(256)
+    text = verify.for_cluster(cluster, "worker-200", service_wait_seconds=1800)
+    probes = [line for line in text.splitlines() if line.endswith(("|service", "|reachable"))]
+    assert len(probes) == len(verify.cluster_probes(cluster, "worker-200")) == 255 * 7 + 1  # + the listener
+    assert len(text.encode()) < MAX_ARG_STRLEN
+
+
+def test_a_verify_script_too_long_for_sshd_is_refused_when_rendered():
+    cluster = _scaled_onprem(400)
+    with pytest.raises(ValueError, match=r"the verify script of worker-9 is \d+ bytes, over the 131072"):
+        verify.for_cluster(cluster, "worker-9")

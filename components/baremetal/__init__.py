@@ -70,12 +70,14 @@ class Cluster(pulumi.ComponentResource):
             self.load_balancer.container,
             *self.rollout.gates.values(),
         ]
-        script = verify.for_cluster(cluster, service_wait_seconds=SERVICE_WAIT_SECONDS)
+        def script(node_name: str) -> str:
+            return verify.for_cluster(cluster, node_name, service_wait_seconds=SERVICE_WAIT_SECONDS)
+
         worker_checks = [
             remote.Command(
                 f"{node.name}-verify",
                 connection=connections[node.name],
-                create=script,
+                create=script(node.name),
                 triggers=[str(node.ip)],  # identity only: a changed script re-runs as an update
                 opts=pulumi.ResourceOptions(parent=self, depends_on=everything),
             )
@@ -86,7 +88,7 @@ class Cluster(pulumi.ComponentResource):
         self.verify = remote.Command(
             f"{cluster.master.name}-verify",
             connection=connections[cluster.master.name],
-            create=script,
+            create=script(cluster.master.name),
             triggers=[str(cluster.master.ip)],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*everything, *worker_checks]),
         )

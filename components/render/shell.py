@@ -27,6 +27,10 @@ LAB_HOOKS = {
     "QWEN_NGINX_CTL": "an executable taking `test` or `reload` (exit 3: nginx is not running), in place "
     "of the docker commands that reach the nginx container",
 }
+# sshd runs a pulumi-command `create` as `$SHELL -c '<command>'`: the whole script is one
+# argument, and Linux caps one argv or environment string at 32 pages (linux/binfmts.h
+# MAX_ARG_STRLEN, NUL included). A longer script cannot start on a host.
+MAX_ARG_STRLEN = 32 * 4096
 _PLAIN_PATH = re.compile(r"^[A-Za-z0-9_./-]+$")
 
 HEADER = "#!/usr/bin/env bash\n# Rendered by qwen-cluster: {purpose}\nset -euo pipefail\n"

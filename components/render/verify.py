@@ -3,12 +3,13 @@
 Signatures:
     Probe(source, source_ip, dest, dest_ip, name, port, expect)   expect: service|reachable|closed
     Pair(source, source_ip, dest, dest_ip)                         ping (and iperf3) pair
-    cluster_probes(cluster: ClusterConfig) -> list[Probe]          every node to every other node
-    cluster_pairs(cluster: ClusterConfig) -> list[Pair]
+    cluster_probes(cluster: ClusterConfig, source: str | None = None) -> list[Probe]
+                                                                   every node (or source) to every other node
+    cluster_pairs(cluster: ClusterConfig, source: str | None = None) -> list[Pair]
     apply_script(probes: list[Probe], pairs: list[Pair], *, max_latency_ms: float,
                  min_bandwidth_gbps: float | None = None, iperf_port: int = 5201,
                  connect_timeout_seconds: int = 2, service_wait_seconds: int = 0) -> str
-    for_cluster(cluster: ClusterConfig, **options) -> str
+    for_cluster(cluster: ClusterConfig, node_name: str | None = None, **options) -> str
 
 The script runs the rows whose source address is local (so one script serves every node, and
 a lab runs it in each namespace with its own vantages: outsiders, intruders), prints the
@@ -20,10 +21,11 @@ firewalld sends). `service` must be open, `reachable` open or refused, `closed` 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from components.ports import SSH_PORT
-from components.render.shell import script
+from components.render.shell import MAX_ARG_STRLEN, script
 
 PINGS = 5  # per pair; the median of the replies is held to maxLatencyMs
 
@@ -53,29 +55,48 @@ class Pair:
     dest_ip: str
 
 
-def cluster_pairs(cluster) -> list[Pair]:
+def cluster_pairs(cluster, source: str | None = None) -> list[Pair]:
+    """Every ordered pair of nodes (`source`: only those from that node)."""
     return [
-        Pair(a.name, str(a.ip), b.name, str(b.ip)) for a in cluster.nodes for b in cluster.nodes if a != b
+        Pair(a.name, str(a.ip), b.name, str(b.ip))
+        for a in cluster.nodes
+        if source is None or a.name == source
+        for b in cluster.nodes
+        if a.name != b.name
     ]
 
 
-def cluster_probes(cluster) -> list[Probe]:
-    """From each node to each other node: SSH, both ends of every table range (the all-traffic
-    rule admits members), the model port on replica heads and the listener on the LB node as
-    services. What must be closed to non-members is probed by the lab, from its outsiders."""
+def cluster_probes(cluster, source: str | None = None) -> list[Probe]:
+    """From each node (`source`: that node) to each other node: SSH, both ends of every table
+    range (the all-traffic rule admits members), the model port on replica heads and the
+    listener on the LB node as services. What must be closed to non-members is probed by the
+    lab, from its outsiders."""
     topology = cluster.topology
     lb_node = cluster.load_balancer_node
+    model_port = cluster.model_port
+    ends = [
+        (entry.name, port) for entry in cluster.ports for port in sorted({entry.port.low, entry.port.high})
+    ]
     probes: list[Probe] = []
-    for pair in cluster_pairs(cluster):
+    for pair in cluster_pairs(cluster, source):
         row = (pair.source, pair.source_ip, pair.dest, pair.dest_ip)
+        head = topology.is_head(pair.dest)
         probes.append(Probe(*row, "ssh", SSH_PORT, "service"))
-        for entry in cluster.ports:
-            for port in sorted({entry.port.low, entry.port.high}):
-                service = port == cluster.model_port and topology.is_head(pair.dest)
-                probes.append(Probe(*row, entry.name, port, "service" if service else "reachable"))
+        for name, port in ends:
+            probes.append(Probe(*row, name, port, "service" if port == model_port and head else "reachable"))
         if lb_node is not None and lb_node.name == pair.dest:
             probes.append(Probe(*row, "listener", cluster.load_balancer.port, "service"))
     return probes
+
+
+def _rows(items: list, row) -> str:
+    lines = []
+    for (source, source_ip), group in itertools.groupby(
+        items, key=lambda item: (item.source, item.source_ip)
+    ):
+        lines.append(f"@{source}|{source_ip}")
+        lines += [row(item) for item in group]
+    return "\n".join(lines)
 
 
 def apply_script(
@@ -88,10 +109,10 @@ def apply_script(
     connect_timeout_seconds: int = 2,
     service_wait_seconds: int = 0,
 ) -> str:
-    probe_rows = "\n".join(
-        f"{p.source}|{p.source_ip}|{p.dest}|{p.dest_ip}|{p.name}|{p.port}|{p.expect}" for p in probes
-    )
-    pair_rows = "\n".join(f"{p.source}|{p.source_ip}|{p.dest}|{p.dest_ip}" for p in pairs)
+    # A row names its source once per run of rows from it (`@source|ip`): a node's script
+    # stays within the one argument sshd passes to bash (shell.MAX_ARG_STRLEN).
+    probe_rows = _rows(probes, lambda p: f"{p.dest}|{p.dest_ip}|{p.name}|{p.port}|{p.expect}")
+    pair_rows = _rows(pairs, lambda p: f"{p.dest}|{p.dest_ip}")
     bandwidth = "" if min_bandwidth_gbps is None else f"{min_bandwidth_gbps:g}"
     body = f"""
 connect_timeout={connect_timeout_seconds}
@@ -118,9 +139,15 @@ probe() {{
 }}
 
 printf '%-14s %-14s %-16s %6s %-10s %-9s %s\\n' source dest name port expect got result
-while IFS='|' read -r src src_ip dst dst_ip name port expect; do
-  [ -n "$src" ] || continue
-  is_local "$src_ip" || continue
+here=no
+while IFS='|' read -r dst dst_ip name port expect; do
+  [ -n "$dst" ] || continue
+  if [[ $dst == @* ]]; then  # the rows that follow are from this source
+    src=${{dst#@}} src_ip=$dst_ip here=no
+    if is_local "$src_ip"; then here=yes; fi
+    continue
+  fi
+  [ "$here" = yes ] || continue
   deadline=$((SECONDS + service_wait))
   while :; do
     got=$(probe "$dst_ip" "$port")
@@ -140,9 +167,15 @@ QWEN_PROBES_EOF
 
 echo
 printf '%-14s %-14s %12s %s\\n' source dest "rtt ms" result
-while IFS='|' read -r src src_ip dst dst_ip; do
-  [ -n "$src" ] || continue
-  is_local "$src_ip" || continue
+here=no
+while IFS='|' read -r dst dst_ip; do
+  [ -n "$dst" ] || continue
+  if [[ $dst == @* ]]; then
+    src=${{dst#@}} src_ip=$dst_ip here=no
+    if is_local "$src_ip"; then here=yes; fi
+    continue
+  fi
+  [ "$here" = yes ] || continue
   # The median of the replies to {PINGS} pings: one late reply (the first packet waiting for
   # ARP, a busy scheduler on either host) does not decide it, as it would the average.
   rtt=$(ping -n -c {PINGS} -i 0.2 -W 1 "$dst_ip" </dev/null 2>/dev/null \\
@@ -185,10 +218,21 @@ echo "verify: all checks passed"
     return script("network verification: probe matrix, latency, bandwidth", body)
 
 
-def for_cluster(cluster, **options) -> str:
-    return apply_script(
-        cluster_probes(cluster),
-        cluster_pairs(cluster),
+def for_cluster(cluster, node_name: str | None = None, **options) -> str:
+    """The verify script of `node_name`: its own rows only. A script is the command string
+    sshd hands to `bash -c`, one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN):
+    the whole cluster's matrix in every node's script passed that at 17 nodes, one node's
+    rows stay under it to beyond 256 (tests/test_render_scripts.py). None: every row."""
+    text = apply_script(
+        cluster_probes(cluster, node_name),
+        cluster_pairs(cluster, node_name),
         max_latency_ms=cluster.network.max_latency_ms,
         **options,
     )
+    if node_name is not None and len(text.encode()) >= MAX_ARG_STRLEN:
+        raise ValueError(
+            f"the verify script of {node_name} is {len(text.encode())} bytes, over the "
+            f"{MAX_ARG_STRLEN} that sshd can pass to bash in one argument: this many nodes "
+            f"({len(cluster.nodes)}) needs the probe table delivered another way"
+        )
+    return text

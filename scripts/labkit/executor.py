@@ -25,6 +25,7 @@ finish), as `pulumi up` does without --continue-on-error.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import subprocess
 import threading
@@ -37,6 +38,7 @@ from typing import Any
 
 from components import offline
 from components.offline import RecordedResource, Render
+from components.render.shell import MAX_ARG_STRLEN
 from scripts.labkit import standins, substitutions
 
 COMMAND = "command:remote:Command"
@@ -376,14 +378,29 @@ class Executor:
             # pulumi-command: the previous run's output is in the environment of the next.
             env["PULUMI_COMMAND_STDOUT"] = previous.get("stdout", "")
             env["PULUMI_COMMAND_STDERR"] = previous.get("stderr", "")
-        done = subprocess.run(
-            ["ip", "netns", "exec", host.namespace, "bash", str(path)],
-            input=inputs.get("stdin"),
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT,
-            env=env,
-        )
+        # As sshd runs a pulumi-command `create`: the login shell's `-c` with the whole script
+        # as one argument, so a script over Linux's 128 KiB argument cap fails here as it
+        # would on a host (the file above is the log of what ran).
+        try:
+            done = subprocess.run(
+                ["ip", "netns", "exec", host.namespace, "bash", "-c", script],
+                input=inputs.get("stdin"),
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT,
+                env=env,
+            )
+        except OSError as error:
+            if error.errno != errno.E2BIG:
+                raise
+            sizes = {"the command": len(script.encode())} | {
+                f"${key}": len(f"{key}={value}".encode()) for key, value in env.items()
+            }
+            what, size = max(sizes.items(), key=lambda item: item[1])
+            return False, (
+                f"{what} is {size} bytes, over Linux's limit of {MAX_ARG_STRLEN} for one argument "
+                "or environment string: a host's sshd could not run it either"
+            )
         with self._lock:
             self.outputs[resource.name] = {"stdout": done.stdout, "stderr": done.stderr}
         output = (done.stdout + done.stderr).strip()

@@ -48,4 +48,4 @@ def nginx_connect_timeout_seconds() -> int:
 
 def verify_script(cluster: ClusterConfig, node: str) -> str:
     # Bandwidth is measured by the lab's own probe (a veth is not a NIC: see check.bandwidth).
-    return verify.for_cluster(cluster, connect_timeout_seconds=1)
+    return verify.for_cluster(cluster, node, connect_timeout_seconds=1)
