@@ -11,8 +11,8 @@ Signatures:
                  connect_timeout_seconds: int = 2, service_wait_seconds: int = 0) -> str
     for_cluster(cluster: ClusterConfig, node_name: str | None = None, **options) -> str
 
-The script runs the rows whose source address is local (so one script serves every node, and
-a lab runs it in each namespace with its own vantages: outsiders, intruders), prints the
+The script runs the rows whose source address is local (a node's script holds only its own
+rows, `for_cluster(cluster, node)`; a script of several sources runs its local ones), prints the
 matrix and exits 1 naming the failing pairs. A TCP probe ends `open` (connected), `refused`
 (RST: the firewall let it through, nothing listens) or `filtered` (timeout, or the ICMP reject
 firewalld sends). `service` must be open, `reachable` open or refused, `closed` filtered.
