@@ -2,7 +2,7 @@
 
 import pulumi
 
-from components import config, sdk_fixes, summary
+from qwen_cluster import config, sdk_fixes, summary
 
 sdk_fixes.apply()
 
@@ -15,11 +15,11 @@ except config.ConfigError as error:
 pulumi.export("summary", summary.summary(cluster))
 
 if cluster.target is config.Target.AWS:
-    from components import aws
+    from qwen_cluster import aws
 
     outputs = aws.build(cluster)
 else:
-    from components import baremetal
+    from qwen_cluster import baremetal
 
     outputs = baremetal.build(cluster, ssh_private_key)
 

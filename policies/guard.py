@@ -3,7 +3,7 @@ node count and the security baseline. Importing this module has no side effects:
 list the thin `__main__.py` hands to `PolicyPack`, and the offline harness runs directly.
 
 The facts the policies judge against come from one place each: instance figures from
-`components.catalog`, ports and scopes from `components.ports` (the stack's own table when the
+`qwen_cluster.catalog`, ports and scopes from `qwen_cluster.ports` (the stack's own table when the
 stack config is readable, the project default otherwise), thresholds from the policy config.
 """
 
@@ -31,10 +31,10 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from components import catalog, config
-from components.ports import DEFAULT_PORTS, SSH_PORT, PortEntry, PortRange, Scope
-from policies import network as net
-from policies.network import UNKNOWN, Peer, Rule, get, items
+from policies import normalized as net
+from policies.normalized import UNKNOWN, Peer, Rule, get, items
+from qwen_cluster import catalog, config
+from qwen_cluster.ports import DEFAULT_PORTS, SSH_PORT, PortEntry, PortRange, Scope
 
 PACK_NAME = "qwen-cluster-guard"
 RDP_PORT = 3389
@@ -859,7 +859,7 @@ def _validate_bandwidth(args: ResourceValidationArgs, report: ReportViolation) -
         kind = catalog.instance_type(kind_name)
         if kind is None:
             report(
-                f"instance type {kind_name} is not in the catalog (components/catalog.py): add it with "
+                f"instance type {kind_name} is not in the catalog (qwen_cluster/catalog.py): add it with "
                 "AWS's published baseline bandwidth before using it for GPU nodes"
             )
         elif kind.baseline_gbps < floor:
@@ -1037,7 +1037,7 @@ POLICIES: list[ResourceValidationPolicy | StackValidationPolicy] = [
         enforcement_level=MANDATORY,
         config_schema=_schema("bandwidth-class"),
         severity=Severity.HIGH,
-        remediation_steps="Pick an instance type from components/catalog.py whose baseline meets the floor "
+        remediation_steps="Pick an instance type from qwen_cluster/catalog.py whose baseline meets the floor "
         "(g6e.12xlarge: 100 Gbit/s); on bare metal use NICs of at least the floor and declare nicSpeedGbps. "
         "A type missing from the catalog must be added there with AWS's published figures.",
     ),

@@ -1,108 +1,11 @@
-"""The main job: the offline preview of every stack (validated config, topology, resources, policy
-report, diagram in out/), then the lab rehearsal of onprem where this machine allows it."""
+"""`demo.py`: the main job, every stack's offline preview and the lab rehearsal (tooling/demo.py)."""
 
-from __future__ import annotations
-
-import contextlib
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import graphviz  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from components import config, stackfile, summary  # noqa: E402
-from components.render.diagram import diagram  # noqa: E402
-from scripts import lab as lab_cli  # noqa: E402
-from scripts import plan  # noqa: E402
-
-OUT = Path(__file__).resolve().parent.parent / "out"
-LAB_STACK = "onprem"
-
-
-def print_summary(console: Console, stack: str, data: dict) -> None:
-    band = data["bandwidthClass"]
-    topo = data["topology"]
-    console.rule(f"[bold]{stack}[/] ({data['target']})")
-    console.print(
-        f"bandwidth class {band['gbps']:g} Gbit/s from {band['source']}; floor "
-        f"{band['floor']:g} Gbit/s; EFA {'on' if band['efa'] else 'off'}; "
-        f"latency budget {data['network']['maxLatencyMs']:g} ms"
-    )
-    nodes = Table("node", "ip", "role", "replica head", title="nodes")
-    for node in data["nodes"]:
-        nodes.add_row(node["name"], node["ip"], node["role"], "yes" if node["head"] else "")
-    console.print(nodes)
-    table = Table("name", "port", "scope", "required", title="port table")
-    for entry in data["ports"]:
-        table.add_row(entry["name"], str(entry["port"]), entry["scope"], str(entry["required"]))
-    console.print(table)
-    console.print(
-        f"topology: {topo['replicas']} replicas x (TP {topo['tensorParallel']}, PP "
-        f"{topo['pipelineParallel']}) = {topo['gpusPerReplica']} GPUs each; load balancer "
-        f"targets {', '.join(topo['loadBalancerTargets'])}"
-    )
-    pinned = Table("Ray/vLLM port", "pinned to", title="ports pinned inside the cluster range")
-    for name, span in topo["pinnedPorts"].items():
-        pinned.add_row(name, span)
-    console.print(pinned)
-
-
-def main() -> int:
-    console = Console(width=None if sys.stdout.isatty() else 160)
-    OUT.mkdir(exist_ok=True)
-    reports = []
-    for stack in stackfile.STACKS:
-        # An invalid stack gets no summary; the plan report below lists every problem.
-        with contextlib.suppress(config.ConfigError):
-            print_summary(console, stack, summary.summary(stackfile.load(stack)))
-        report = plan.plan(stack)
-        if report["valid"]:
-            drawn = diagram(stackfile.load(stack), title=f"qwen-cluster {stack}")
-            try:
-                report["diagram"] = drawn.render(OUT / stack, format="svg", cleanup=True)
-            except graphviz.ExecutableNotFound:
-                console.print("[yellow]diagram skipped: graphviz's dot is not installed (make system)[/]")
-        plan.print_report(console, report)
-        if report.get("diagram"):
-            console.print(f"diagram: {report['diagram']}")
-        reports.append(report)
-    passed = sum(1 for r in reports if r["valid"] and not r["mandatory"])
-    console.rule("offline preview")
-    console.print(f"{passed} of {len(reports)} stacks valid and free of mandatory policy violations")
-    status = plan.exit_code(reports)
-
-    console.rule(f"lab rehearsal of {LAB_STACK}")
-    why_not = lab_unavailable()
-    if why_not:
-        console.print(
-            f"[yellow]lab skipped:[/] {why_not}. On a Linux machine as root: make lab STACK={LAB_STACK}"
-        )
-        lab_status = None
-    else:
-        lab_status = lab_cli.main(["run", LAB_STACK])
-    console.rule("demo")
-    lab_word = "skipped" if lab_status is None else ("green" if lab_status == 0 else "FAILED")
-    console.print(
-        f"offline preview: {passed}/{len(reports)} stacks clean; lab rehearsal of {LAB_STACK}: {lab_word}"
-    )
-    return status or (lab_status or 0)
-
-
-def lab_unavailable() -> str | None:
-    """Why the lab cannot run here, or None: it needs Linux, root and network namespaces."""
-    if sys.platform != "linux":
-        return f"the lab needs Linux network namespaces (this is {sys.platform})"
-    if os.geteuid() != 0:
-        return "the lab needs root (it creates network namespaces)"
-    from scripts.labkit import netns
-
-    missing = netns.missing_requirements()
-    return "; ".join(missing) if missing else None
-
+from tooling.demo import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Day 2 on AWS (issue 10): every routine change, planned offline against the replacement table.
 
 Each test renders the stack as it is and with one change, diffs the two
-(components/changes.py) and asserts what is replaced, in what order, and the rollout summary.
+(tooling/changes.py) and asserts what is replaced, in what order, and the rollout summary.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from components import changes, offline, stackfile
-from components.render import ssm, vllm
-from tests.aws_stacks import INSTANCE, render, render_stack
+from qwen_cluster.render import ssm, vllm
+from tests.helpers.aws_stacks import INSTANCE, render, render_stack
+from tooling import changes, offline, stackfile
 
 NEW_DLAMI = {
     "aws:ec2/getAmi:getAmi": {
@@ -251,10 +251,10 @@ def test_the_run_script_is_valid_bash(tmp_path):
 
 def test_the_config_hash_moves_with_what_the_container_runs_only():
     base = stackfile.load("dev")
-    from tests.aws_stacks import variant
+    from tests.helpers.aws_stacks import variant
 
     def load(**sections):
-        from components import config
+        from qwen_cluster import config
 
         return config.validate(stackfile.cluster_keys(variant("dev", **sections)))
 
@@ -267,7 +267,7 @@ def test_the_config_hash_moves_with_what_the_container_runs_only():
 
 @pytest.mark.parametrize("pipeline", [2])
 def test_pipeline_workers_start_before_their_head_and_only_heads_wait(pipeline):
-    from tests.aws_stacks import variant
+    from tests.helpers.aws_stacks import variant
 
     result = render(variant("prod", model={"pipelineParallel": pipeline}), "prod")
     worker = result.named("gpu-nodes-worker-1-server")

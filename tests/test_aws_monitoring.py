@@ -4,12 +4,12 @@ ContainerSpecs as bare metal; a new alert bound updates the monitoring node's as
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
-from components import changes, offline, stackfile
-from components.render import monitoring, monitoring_ssm
+from qwen_cluster.node import NODEMETRICS_SCRIPT
+from qwen_cluster.render import monitoring, monitoring_ssm
+from tooling import changes, offline, stackfile
 
-NODEMETRICS = (Path(__file__).resolve().parents[1] / "scripts" / "nodemetrics.py").read_text()
+NODEMETRICS = NODEMETRICS_SCRIPT.read_text()
 ASSOCIATION = "aws:ssm/association:Association"
 
 

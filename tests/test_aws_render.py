@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from components import catalog, config, stackfile
-from components.ports import Peer, Target
-from components.render import cloudinit, ec2, sg_rules, vpc_plan
-from components.render.sysctl import DROPIN_PATH
-from tests.aws_stacks import variant
+from qwen_cluster import catalog, config
+from qwen_cluster.ports import Peer, Target
+from qwen_cluster.render import cloudinit, ec2, sg_rules, vpc_plan
+from qwen_cluster.render.sysctl import DROPIN_PATH
+from tests.helpers.aws_stacks import variant
+from tooling import stackfile
 
 
 def cluster_of(stack_config) -> config.ClusterConfig:

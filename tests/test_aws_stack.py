@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
-from components import catalog, stackfile
-from tests.aws_stacks import (
+from qwen_cluster import catalog
+from tests.helpers.aws_stacks import (
     INSTANCE,
     LAUNCH_TEMPLATE,
     render,
@@ -16,6 +16,7 @@ from tests.aws_stacks import (
     sg_rule_resources,
     variant,
 )
+from tooling import stackfile
 
 WORLD = {"0.0.0.0/0", "::/0"}
 
@@ -137,7 +138,7 @@ def test_existing_vpc_is_used_and_not_created():
 
 
 def test_existing_vpc_too_small_for_the_plan_is_refused_in_preview():
-    from components import offline
+    from tooling import offline
 
     small_vpc = {
         "aws:ec2/getVpc:getVpc": {
@@ -448,7 +449,7 @@ def test_bastion_is_small_public_and_locked_down(prod):
 
 def test_efa_on_a_type_without_efa_is_a_config_error_naming_the_type():
     config = variant("dev", aws={"instanceType": "g5.xlarge"}, network={"minBandwidthGbps": 10})
-    from components import offline
+    from tooling import offline
 
     result = offline.render(config, "dev")
     assert result.error and "g5.xlarge has no EFA support" in result.error

@@ -1,5 +1,5 @@
 """Day 2 on bare metal, decided offline: two renders of onprem compared with the replacement
-rules of components/changes.py (the engine's update / replace / delete-before-replace), and
+rules of tooling/changes.py (the engine's update / replace / delete-before-replace), and
 the rollout chain's shape in the dependency graph."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from components import changes, offline, stackfile
-from tests.bm_helpers import shellcheck
+from tests.helpers.baremetal import shellcheck
+from tooling import changes, offline, stackfile
 
 COMMAND = "command:remote:Command"
 CONTAINER = "docker:index/container:Container"

@@ -1,12 +1,12 @@
 """Monitoring on bare metal, as the program registers it (offline render under mocks), and
-what a day-2 change does to it (components/changes.py)."""
+what a day-2 change does to it (tooling/changes.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from components import changes, offline, stackfile
-from components.render import monitoring
+from qwen_cluster.render import monitoring
+from tooling import changes, offline, stackfile
 
 CONTAINER = "docker:index/container:Container"
 
@@ -83,7 +83,7 @@ def test_monitoring_off_leaves_the_model_servers_alone(onprem):
 
 
 def test_the_lab_has_a_stand_in_for_every_monitoring_container_serving_its_ports(onprem):
-    from scripts.labkit import standins
+    from labkit import standins
 
     served = {}
     for resource in onprem.of_type(CONTAINER):

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from components import config, offline, stackfile
-from components.baremetal import connection
-from components.baremetal.host import STEPS
+from qwen_cluster import config
+from qwen_cluster.baremetal import connection
+from qwen_cluster.baremetal.host import STEPS
+from tooling import offline, stackfile
 
 NODES = {
     "master": "192.168.1.100",
@@ -72,7 +73,7 @@ def test_triggers_hold_only_each_steps_identity(render):
 
 
 def test_the_firewall_script_carries_the_document_the_policy_pack_reads(render):
-    from components.render import firewall as fw
+    from qwen_cluster.render import firewall as fw
 
     firewall = render.named("worker-2-firewall")
     (text,) = fw.embedded_documents(firewall.inputs["create"])
@@ -141,8 +142,8 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
 
 
 def test_nginx_runs_on_the_load_balancer_node_with_its_config_mounted_from_the_host(render):
-    from components import stackfile
-    from components.render import nginx
+    from qwen_cluster.render import nginx
+    from tooling import stackfile
 
     lb = render.named("load-balancer-nginx")
     assert lb.provider.split("::")[-1].startswith("master-model-docker")
@@ -169,7 +170,7 @@ def test_nginx_runs_on_the_load_balancer_node_with_its_config_mounted_from_the_h
 
 
 def test_nginx_container_may_open_the_files_its_config_asks_for(render):
-    from components.render import nginx
+    from qwen_cluster.render import nginx
 
     lb = render.named("load-balancer-nginx")
     limit = nginx.WORKER_RLIMIT_NOFILE
@@ -194,7 +195,7 @@ def test_outputs(render):
 
 
 def test_pipeline_workers_run_ray_against_their_head():
-    from components import stackfile
+    from tooling import stackfile
 
     stack = stackfile.read("onprem")
     stack["qwen-cluster:model"] = {**stack["qwen-cluster:model"], "pipelineParallel": 2}
@@ -214,7 +215,7 @@ def test_pipeline_workers_run_ray_against_their_head():
 
 
 def test_rdma_off_drops_the_device_and_disables_nccl_ib():
-    from components import stackfile
+    from tooling import stackfile
 
     stack = stackfile.read("onprem")
     stack["qwen-cluster:tuning"] = {**stack["qwen-cluster:tuning"], "rdma": False}
@@ -225,7 +226,7 @@ def test_rdma_off_drops_the_device_and_disables_nccl_ib():
 
 
 def test_host_keys_and_bastion_reach_the_connection():
-    from components import stackfile
+    from tooling import stackfile
 
     stack = stackfile.read("onprem")
     stack["qwen-cluster:bareMetal"] = {
@@ -270,7 +271,8 @@ def test_missing_key_without_agent_fails_clearly():
 
 
 def test_unknown_host_key_node_is_a_config_error():
-    from components import config, stackfile
+    from qwen_cluster import config
+    from tooling import stackfile
 
     raw = stackfile.cluster_keys(stackfile.read("onprem"))
     raw["bareMetal"] = {**raw["bareMetal"], "hostKeys": {"worker-9": "ssh-ed25519 AAAA"}}

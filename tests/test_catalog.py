@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components import catalog
+from qwen_cluster import catalog
 
 
 def test_catalog_holds_every_required_type():

@@ -1,4 +1,4 @@
-"""components/changes.py: the replacement table, diff over two renders, the rollout summary and
+"""tooling/changes.py: the replacement table, diff over two renders, the rollout summary and
 the --change syntax. Synthetic renders keep each rule's behaviour visible on its own; the
 stack-level changes (AWS, bare metal) are asserted in the targets' own tests."""
 
@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from components import changes, offline, stackfile
-from components.changes import ChangeSyntaxError, apply_changes, diff, rollout
-from components.offline import RecordedResource, Render
+from tooling import changes, offline, stackfile
+from tooling.changes import ChangeSyntaxError, apply_changes, diff, rollout
+from tooling.offline import RecordedResource, Render
 
 INSTANCE = "aws:ec2/instance:Instance"
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components import config
-from components.config import ConfigError, validate
+from qwen_cluster import config
+from qwen_cluster.config import ConfigError, validate
 
 
 def errors_of(raw: dict) -> list[str]:
@@ -585,7 +585,7 @@ def test_availability_zone_must_be_in_the_providers_region(aws_raw):
 
 
 def test_region_mismatch_stops_the_program_under_mocks():
-    from components import offline, stackfile
+    from tooling import offline, stackfile
 
     stack_config = stackfile.read("dev")
     stack_config["aws:region"] = "eu-west-1"

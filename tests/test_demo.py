@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scripts import demo
+from tooling import demo
 
 
 def test_lab_is_skipped_without_root_with_the_reason(monkeypatch):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from components import stackfile
-from components.config import validate
-from components.render.diagram import MAX_DRAWN_NODES, diagram
-from tests.conftest import nodes
+from qwen_cluster.config import validate
+from tests.helpers.configs import nodes
+from tooling import stackfile
+from tooling.diagram import MAX_DRAWN_NODES, diagram
 
 
 def test_onprem_diagram_draws_nodes_lb_and_flows():

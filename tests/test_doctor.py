@@ -9,9 +9,8 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from components import stackfile
-from components.render import monitoring
-from scripts import doctor
+from qwen_cluster.render import monitoring
+from tooling import doctor, stackfile
 
 ONPREM = stackfile.load("onprem")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components import stackfile
-from scripts.labkit import executor, standins, substitutions
+from labkit import executor, standins, substitutions
+from tooling import stackfile
 
 
 @pytest.fixture(scope="module")

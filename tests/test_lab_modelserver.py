@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from scripts.labkit import modelserver, probes
-from tests.standin_server import free_port, serving
+from labkit import modelserver, probes
+from tests.helpers.standin_server import free_port, serving
 
 
 @pytest.fixture(scope="module")

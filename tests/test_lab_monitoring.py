@@ -1,5 +1,5 @@
 """Monitoring in the lab: the program's monitoring containers run as Debian's Prometheus,
-Alertmanager and exporters in the namespaces (scripts/labkit/standins.py), on the lab's clock
+Alertmanager and exporters in the namespaces (labkit/standins.py), on the lab's clock
 (a 1 s scrape). `check` has a monitoring group; a node's cut link fires node-unreachable and
 replica-down and `scripts/doctor.py onprem --lab` names the node, both resolve once the link is
 back; a netem delay above network.maxLatencyMs fires the latency alert.
@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from components import changes, stackfile
-from scripts import doctor
-from scripts.labkit import check, lab, netns, plan
+from labkit import blueprint, check, lifecycle, netns
 from tests.test_lab_namespaces import MISSING
+from tooling import changes, doctor, stackfile
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,13 +32,13 @@ WITHIN = 60
 @pytest.fixture(scope="module")
 def running():
     """Its own lab (module scope: down before the next module's lab goes up)."""
-    lab.down(LABEL)
-    lab_plan = plan.build(stackfile.load("onprem"), LABEL)
-    options = lab.Options()
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.build(stackfile.load("onprem"), LABEL)
+    options = lifecycle.Options()
     try:
-        yield lab_plan, options, lab.up(lab_plan, options)
+        yield lab_plan, options, lifecycle.up(lab_plan, options)
     finally:
-        lab.down(LABEL)
+        lifecycle.down(LABEL)
 
 
 def _doctor(label: str) -> tuple[int, dict]:
@@ -144,7 +143,7 @@ def test_a_delay_over_the_latency_budget_fires_the_latency_alert(running):
 
 
 def _pid(lab_plan, node: str, container: str) -> int:
-    record = Path(lab.node_state(lab_plan, lab_plan.node(node))) / "containers" / f"{container}.json"
+    record = Path(lifecycle.node_state(lab_plan, lab_plan.node(node))) / "containers" / f"{container}.json"
     return json.loads(record.read_text())["pid"]
 
 
@@ -156,8 +155,8 @@ def test_a_new_alert_bound_reloads_prometheus_and_restarts_nothing(running):
         "prometheus": _pid(lab_plan, "master", "qwen-prometheus"),
         **{node.name: _pid(lab_plan, node.name, "qwen-head") for node in lab_plan.cluster.nodes},
     }
-    config = changes.apply_changes(lab.stack_config(lab_plan), ["monitoring.maxRequestsWaiting=7"])
-    report = lab.apply(lab_plan, options, config=config)
+    config = changes.apply_changes(lifecycle.stack_config(lab_plan), ["monitoring.maxRequestsWaiting=7"])
+    report = lifecycle.apply(lab_plan, options, config=config)
     assert report.ok, [step for step in report.steps if not step.ok]
     ran = {(step.resource, step.op) for step in report.steps if step.op in ("create", "update", "delete")}
     assert ran == {("monitoring-config", "update")}

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import stackfile
-from components.ports import Vantage
-from components.render.firewall import Rule
-from scripts import lab as lab_cli
-from scripts.labkit import executor, lab, netns, plan, probes, renderers
+from labkit import blueprint, executor, lifecycle, netns, probes, renderers
+from labkit import cli as lab_cli
+from qwen_cluster.ports import Vantage
+from qwen_cluster.render.firewall import Rule
+from tooling import stackfile
 
 ONPREM = stackfile.load("onprem")
 LABEL = f"t{os.getpid() % 100000}"
@@ -58,14 +58,14 @@ def host_before() -> dict:
 
 @pytest.fixture(scope="session")
 def running(host_before):
-    lab.down(LABEL)
-    lab_plan = plan.build(ONPREM, LABEL)
-    options = lab.Options()
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.build(ONPREM, LABEL)
+    options = lifecycle.Options()
     try:
-        report = lab.up(lab_plan, options)
+        report = lifecycle.up(lab_plan, options)
         yield lab_plan, options, report
     finally:
-        lab.down(LABEL)
+        lifecycle.down(LABEL)
 
 
 def _client(lab_plan):
@@ -125,7 +125,7 @@ def test_up_runs_every_rendered_step_on_every_node(running):
 
 def test_up_runs_what_the_program_registered_in_the_engines_order(running):
     lab_plan, _, report = running
-    rendered = executor.load_state(lab.state_file(lab_plan)).render
+    rendered = executor.load_state(lifecycle.state_file(lab_plan)).render
     ran = {step.resource: step for step in report.steps if step.resource}
     assert set(ran) == {resource.name for resource in rendered.custom_resources}
     assert {ran[name].op for name in ran} == {"create"}
@@ -192,10 +192,10 @@ def test_rerunning_every_command_changes_no_ruleset_and_no_drop_in(running):
     else may differ, and nothing ever does after that."""
     lab_plan, options, _ = running
     first = _node_state(lab_plan)
-    rerun = lab.up(lab_plan, options, rerun=True)
+    rerun = lifecycle.up(lab_plan, options, rerun=True)
     assert rerun.ok, [(s.node, s.step, s.resource, s.op, s.detail) for s in rerun.steps if not s.ok]
     second = _node_state(lab_plan)
-    third_report = lab.up(lab_plan, options, rerun=True)
+    third_report = lifecycle.up(lab_plan, options, rerun=True)
     third = _node_state(lab_plan)
     assert third == second
     for node, (ruleset, drop_in) in first.items():
@@ -227,21 +227,22 @@ def test_strict_6000_6100_rule_blocks_an_ephemeral_port_the_cluster_rule_admits(
     port = server.getsockname()[1]
     assert not 6000 <= port <= 6100
     try:
-        strict = lab.firewall(lab_plan, target, flavour=flavour, rules=_strict_rules(lab_plan, target.node))
+        rules = _strict_rules(lab_plan, target.node)
+        strict = lifecycle.firewall(lab_plan, target, flavour=flavour, rules=rules)
         assert strict.ok, strict.detail
         blocked = netns.call_in(source.namespace, probes.tcp_connect, target.ip, port, 1.0)
-        project = lab.firewall(lab_plan, target, flavour=flavour)
+        project = lifecycle.firewall(lab_plan, target, flavour=flavour)
         assert project.ok, project.detail
         admitted = netns.call_in(source.namespace, probes.tcp_connect, target.ip, port, 1.0)
     finally:
         server.close()
         if flavour == "nftables":  # back to the stack's own flavour alone
-            from components.render import firewall as firewall_render
+            from qwen_cluster.render import firewall as firewall_render
 
             revert = firewall_render.revert_script(
                 "nftables",
-                etc=lab.node_etc(target),
-                state_dir=lab.node_state(lab_plan, target),
+                etc=lifecycle.node_etc(target),
+                state_dir=lifecycle.node_state(lab_plan, target),
                 persist=False,
             )
             netns.exec_in(target.namespace, ["bash", "-c", revert])
@@ -254,10 +255,10 @@ def test_a_replica_killed_under_load_loses_no_request_and_rejoins(running):
     victim = lab_plan.node("worker-2")
     with Load(lab_plan) as load:
         time.sleep(0.5)
-        lab.stop_model_server(lab_plan, victim)
+        lifecycle.stop_model_server(lab_plan, victim)
         time.sleep(1.5)
         during = len(load.replies)
-        assert lab.start_model_server(lab_plan, victim, options).ok
+        assert lifecycle.start_model_server(lab_plan, victim, options).ok
         time.sleep(0.5)
     failed = [reply.error or reply.status for reply in load.replies if not reply.ok]
     assert during > 10 and not failed
@@ -285,14 +286,14 @@ def test_a_cut_link_costs_at_most_the_connect_timeout(running):
 def test_all_replicas_down_gives_a_prompt_502_or_503_and_recovers(running):
     lab_plan, options, _ = running
     for head in lab_plan.heads:
-        lab.stop_model_server(lab_plan, head)
+        lifecycle.stop_model_server(lab_plan, head)
     try:
         replies = [
             netns.call_in(_client(lab_plan), probes.chat, *_lb(lab_plan), timeout=15) for _ in range(3)
         ]
     finally:
         for head in lab_plan.heads:
-            assert lab.start_model_server(lab_plan, head, options).ok
+            assert lifecycle.start_model_server(lab_plan, head, options).ok
     assert [reply.status for reply in replies] in ([502] * 3, [503] * 3, [502, 503, 503], [502, 502, 503])
     assert max(reply.seconds for reply in replies) < 2.0
     waited = _wait_for_rejoin(lab_plan, lab_plan.heads[0].node)
@@ -315,12 +316,12 @@ def test_a_stack_that_fails_validation_builds_nothing(tmp_path, capsys):
 
 def test_down_after_a_crash_finds_everything_by_its_prefix():
     label = f"{LABEL}c"
-    small = plan.build(plan.with_node_count(ONPREM, 2), label)
-    lab.up(small)
+    small = blueprint.build(blueprint.with_node_count(ONPREM, 2), label)
+    lifecycle.up(small)
     pids = [pid for member in small.members for pid in netns.pids(member.namespace)]
     assert pids
     # A crash: the process that ran `up` is gone; `down` knows only the label.
-    removed = lab.down(label)
+    removed = lifecycle.down(label)
     assert set(removed) == set(small.namespaces)
     assert not [name for name in netns.listed() if name.startswith(f"qcl-{label}-")]
     assert not [p for p in netns.NETNS_ETC.glob(f"qcl-{label}-*")]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from components.ports import Vantage
-from scripts.labkit import check, lab, modelserver, netns, plan
+from labkit import blueprint, check, lifecycle, modelserver, netns
+from qwen_cluster.ports import Vantage
 
 LABEL = f"o{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "nft", "ufw", "sysctl")
@@ -33,10 +33,10 @@ PROMPT = "how many nodes answer this prompt"
 @pytest.fixture(scope="module")
 def seen():
     """The lab (onprem, two nodes) up, the real client run once in the client namespace."""
-    lab.down(LABEL)
-    lab_plan = plan.load("onprem", nodes=2, label=LABEL)
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.load("onprem", nodes=2, label=LABEL)
     try:
-        up = lab.up(lab_plan, lab.Options(token_delay=0.02))
+        up = lifecycle.up(lab_plan, lifecycle.Options(token_delay=0.02))
         assert up.ok, [(step.node, step.step, step.detail[-300:]) for step in up.steps if not step.ok]
         client = lab_plan.vantage(Vantage.CLIENT).namespace
         contained = [r for r in check.containment(lab_plan) if r.source in ("client", "host")]
@@ -52,7 +52,7 @@ def seen():
         assert result.returncode == 0, result.stderr[-3000:]
         yield lab_plan, json.loads(result.stdout)
     finally:
-        lab.down(LABEL)
+        lifecycle.down(LABEL)
 
 
 def _content_chunks(stream: list[dict]) -> list[dict]:

@@ -6,17 +6,17 @@ import ipaddress
 
 import pytest
 
-from components import stackfile
-from components.config import ConfigError
-from components.ports import Vantage
-from scripts.labkit import plan
+from labkit import blueprint
+from qwen_cluster.config import ConfigError
+from qwen_cluster.ports import Vantage
+from tooling import stackfile
 
 ONPREM = stackfile.load("onprem")
 
 
 @pytest.fixture(scope="module")
-def onprem() -> plan.LabPlan:
-    return plan.build(ONPREM, "onprem")
+def onprem() -> blueprint.LabPlan:
+    return blueprint.build(ONPREM, "onprem")
 
 
 def _in(ip: str, cidrs) -> bool:
@@ -76,27 +76,27 @@ def test_a_monitoring_host_inside_client_cidrs_is_expected_to_be_a_client_too(on
 
 
 def test_node_count_override_adds_workers_on_free_addresses():
-    bigger = plan.with_node_count(ONPREM, 6)
+    bigger = blueprint.with_node_count(ONPREM, 6)
     assert [node.name for node in bigger.nodes][-2:] == ["worker-4", "worker-5"]
     assert [str(node.ip) for node in bigger.nodes][-2:] == ["192.168.1.104", "192.168.1.105"]
-    smaller = plan.with_node_count(ONPREM, 2)
+    smaller = blueprint.with_node_count(ONPREM, 2)
     assert [node.name for node in smaller.nodes] == ["master", "worker-1"]
 
 
 def test_node_count_override_is_validated_like_a_stack():
     with pytest.raises(ConfigError, match="at least 2"):
-        plan.with_node_count(ONPREM, 1)
+        blueprint.with_node_count(ONPREM, 1)
 
 
 def test_aws_stacks_are_refused_with_the_reason():
-    with pytest.raises(plan.PlanError, match="bare-metal"):
-        plan.build(stackfile.load("dev"), "dev")
+    with pytest.raises(blueprint.PlanError, match="bare-metal"):
+        blueprint.build(stackfile.load("dev"), "dev")
 
 
 def test_firewalld_is_refused_with_the_reason():
     bare_metal = ONPREM.bare_metal.model_copy(update={"firewall": "firewalld"})
-    with pytest.raises(plan.PlanError, match="D-Bus"):
-        plan.build(ONPREM.model_copy(update={"bare_metal": bare_metal}), "x")
+    with pytest.raises(blueprint.PlanError, match="D-Bus"):
+        blueprint.build(ONPREM.model_copy(update={"bare_metal": bare_metal}), "x")
 
 
 def test_probe_ports_cover_every_expected_port(onprem):

@@ -12,9 +12,9 @@ import shutil
 
 import pytest
 
-from components import stackfile
-from scripts import lab as lab_cli
-from scripts.labkit import lab, netns, plan, upgrade
+from labkit import blueprint, lifecycle, netns, upgrade
+from labkit import cli as lab_cli
+from tooling import stackfile
 
 LABEL = f"u{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "ufw")
@@ -27,15 +27,15 @@ NEW_NODE = {"name": "worker-4", "ip": "192.168.1.104"}
 
 @pytest.fixture(scope="module")
 def running():
-    lab.down(LABEL)
-    lab_plan = plan.load("onprem", label=LABEL)
-    options = lab.Options()
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.load("onprem", label=LABEL)
+    options = lifecycle.Options()
     try:
-        report = lab.up(lab_plan, options)
+        report = lifecycle.up(lab_plan, options)
         assert report.ok, [(s.resource, s.detail[-300:]) for s in report.steps if not s.ok]
         yield lab_plan, options
     finally:
-        lab.down(LABEL)
+        lifecycle.down(LABEL)
 
 
 def _ran(result) -> dict[str, set[str]]:
@@ -94,7 +94,7 @@ def test_a_node_removed_is_deleted_without_a_failed_request(running):
     assert result.failed == 0 and result.streams_cut == 0, result.failures
     assert ran["worker-4-model-vllm"] == {"delete"}
     assert not [name for name in ran if name.endswith("-vllm") and not name.startswith("worker-4")]
-    assert not [name for name in lab.lab_namespaces(LABEL) if name.endswith("node-worker-4")]
+    assert not [name for name in lifecycle.lab_namespaces(LABEL) if name.endswith("node-worker-4")]
 
 
 def test_an_image_bump_rolls_one_replica_at_a_time_without_a_failure(running):

@@ -6,10 +6,10 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from components import stackfile
-from components.render import monitoring
-from scripts.labkit import modelserver, probes
-from tests.standin_server import serving
+from labkit import modelserver, probes
+from qwen_cluster.render import monitoring
+from tests.helpers.standin_server import serving
+from tooling import stackfile
 
 
 def test_metrics_use_vllms_names_and_parse_with_prometheus_client():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import ConfigError, validate
+from qwen_cluster.config import ConfigError, validate
 
 
 def errors_of(raw: dict) -> list[str]:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from components import config
-from components.render import monitoring
-from scripts import doctor
-from scripts.labkit import netns
-from tests.bm_helpers import needs_netns, netns_pair
+from labkit import netns
+from qwen_cluster import config
+from qwen_cluster.node import NODEMETRICS_SCRIPT
+from qwen_cluster.render import monitoring
+from tests.helpers.baremetal import needs_netns, netns_pair
+from tooling import doctor
 
 ROOT = Path(__file__).resolve().parents[1]
 MASTER_IP, WORKER_IP = "10.231.0.1", "10.231.0.2"
@@ -78,7 +79,7 @@ def start_node(procs: Processes, cluster: config.ClusterConfig, namespace: str, 
         namespace, "blackbox", ["prometheus-blackbox-exporter", *monitoring.blackbox_args(str(blackbox))]
     )
     procs.start(
-        namespace, "nodemetrics", [sys.executable, str(ROOT / "scripts" / "nodemetrics.py"), str(endpoint)]
+        namespace, "nodemetrics", [sys.executable, str(NODEMETRICS_SCRIPT), str(endpoint)]
     )
     procs.start(
         namespace,
@@ -86,7 +87,7 @@ def start_node(procs: Processes, cluster: config.ClusterConfig, namespace: str, 
         [
             sys.executable,
             "-m",
-            "scripts.labkit.modelserver",
+            "labkit.modelserver",
             "--node",
             node,
             "--port",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import stackfile
-from components.render import monitoring
+from qwen_cluster.render import monitoring
+from tooling import stackfile
 
 ONPREM = stackfile.load("onprem")
 TARGETS = {
@@ -539,7 +539,7 @@ def test_each_nodes_endpoint_file_is_exactly_its_config_as_json(stack):
     node's file: the bytes must be json.dumps of aggregator_config, whatever the node."""
     import json
 
-    from components import config
+    from qwen_cluster import config
 
     if stack == "onprem-pipeline":  # Ray's ports join the probes; replicas of two nodes
         raw = stackfile.read("onprem")

@@ -1,4 +1,4 @@
-"""The node's :8000 endpoint (scripts/nodemetrics.py): merged sources, one health metric per
+"""The node's :8000 endpoint (qwen_cluster/node/nodemetrics.py): merged sources, one health metric per
 source, output that Prometheus's text format parsers accept."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from components import stackfile
-from components.render import monitoring
-from scripts import nodemetrics
+from qwen_cluster.node import nodemetrics
+from qwen_cluster.render import monitoring
+from tooling import stackfile
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_waiting Number of requests waiting to be processed.

@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from components import offline, stackfile
-from scripts import bench
+from tooling import bench, offline, stackfile
 
 
 def recorded(render: offline.Render) -> dict:

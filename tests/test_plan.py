@@ -7,20 +7,19 @@ import shutil
 
 import pytest
 
-from components import stackfile
-from scripts import plan
+from tooling import preview, stackfile
 
 
 @pytest.mark.parametrize("stack", stackfile.STACKS)
 def test_every_stack_previews_clean(stack):
-    report = plan.plan(stack)
+    report = preview.plan(stack)
     assert report["valid"] and report["mandatory"] == 0, report.get("violations") or report.get("errors")
     assert report["total"] == sum(report["counts"].values()) > 0
     assert {rule["name"] for rule in report["exposure"]} >= {"cluster-all", "model-service", "listener"}
 
 
 def test_resources_are_grouped_under_their_components():
-    report = plan.plan("prod")
+    report = preview.plan("prod")
     components = {row["component"] for row in report["resources"]}
     assert any(c.startswith("qwen-cluster:aws:") for c in components)
     listener = next(row for row in report["resources"] if row["type"] == "aws:lb/listener:Listener")
@@ -30,29 +29,29 @@ def test_resources_are_grouped_under_their_components():
 def test_an_invalid_config_exits_two_naming_the_problem():
     stack_config = stackfile.read("dev")
     stack_config["qwen-cluster:nodes"] = [{"name": "solo", "ip": "10.42.1.100", "role": "master"}]
-    report = plan.plan("dev", stack_config)
+    report = preview.plan("dev", stack_config)
     assert report == {
         "stack": "dev",
         "valid": False,
         "errors": ["nodes has 1 entries; the cluster needs at least 2 (4 or more recommended)"],
     }
-    assert plan.exit_code([report]) == 2
+    assert preview.exit_code([report]) == 2
 
 
 def test_a_mandatory_violation_exits_one_and_an_advisory_does_not():
-    assert plan.exit_code([{"valid": True, "mandatory": 1, "advisory": 0}]) == 1
-    assert plan.exit_code([{"valid": True, "mandatory": 0, "advisory": 3}]) == 0
+    assert preview.exit_code([{"valid": True, "mandatory": 1, "advisory": 0}]) == 1
+    assert preview.exit_code([{"valid": True, "mandatory": 0, "advisory": 3}]) == 0
 
 
 def test_cli_json_is_the_same_report(capsys):
-    assert plan.main(["onprem", "--json"]) == 0
+    assert preview.main(["onprem", "--json"]) == 0
     (report,) = json.loads(capsys.readouterr().out)
     assert report["stack"] == "onprem" and report["target"] == "bare-metal"
     assert report["counts"]["command:remote:Command"] > 0
 
 
 def test_cli_unknown_stack_exits_two(capsys):
-    assert plan.main(["staging"]) == 2
+    assert preview.main(["staging"]) == 2
     assert "no stack file Pulumi.staging.yaml" in capsys.readouterr().out
 
 
@@ -61,7 +60,7 @@ def test_cli_unknown_stack_exits_two(capsys):
 )
 def test_cli_draws_the_diagram(tmp_path, capsys):
     target = tmp_path / "prod.png"
-    assert plan.main(["prod", "--diagram", str(target)]) == 0
+    assert preview.main(["prod", "--diagram", str(target)]) == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"diagram: {target}" in capsys.readouterr().out
 
@@ -72,8 +71,8 @@ def test_printed_report_shows_counts_and_the_verdict():
     from rich.console import Console
 
     buffer = io.StringIO()
-    report = plan.plan("dev")
-    plan.print_report(Console(file=buffer, width=160), report)
+    report = preview.plan("dev")
+    preview.print_report(Console(file=buffer, width=160), report)
     text = buffer.getvalue()
     assert "aws:ec2/launchTemplate:LaunchTemplate" in text
     assert f"dev (aws): {report['total']} resources in {report['components']} components" in text

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 
-from components import stackfile
-from scripts import plan
+from tooling import preview, stackfile
 
 
 def run(capsys, *argv: str) -> tuple[int, str]:
-    code = plan.main(list(argv))
+    code = preview.main(list(argv))
     return code, capsys.readouterr().out
 
 

@@ -22,7 +22,7 @@ How the CLI runs a Python pack (pulumi/pulumi, read for this test):
   configures the runtime without an engine, so the pack's logging goes to stderr and nothing
   calls back. A fake engine still answers on that address here, in case a future SDK does.
 
-The verdicts over gRPC must equal the offline harness's (policies/harness.py), message for message.
+The verdicts over gRPC must equal the offline harness's (tooling/policy_harness.py), message for message.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ import pytest
 from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, engine_pb2, engine_pb2_grpc
 
-from components import stackfile
-from components.offline import RecordedResource
-from policies import guard, harness
-from tests.policy_fixtures import mutation_cases, previewed, rendered
+from policies import guard
+from tests.helpers.policy_fixtures import mutation_cases, previewed, rendered
+from tooling import policy_harness, stackfile
+from tooling.offline import RecordedResource
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 EXAMPLE_CONFIG = POLICIES_DIR / "config.example.json"
@@ -142,7 +142,7 @@ class Pack:
             self.stub.ConfigureStack(
                 analyzer_pb2.AnalyzerStackConfigureRequest(
                     stack=self.stack,
-                    project=harness.PROJECT,
+                    project=policy_harness.PROJECT,
                     organization="organization",
                     dry_run=True,
                     config=values,
@@ -185,10 +185,10 @@ class Pack:
     def stderr(self) -> str:
         return self.stderr_path.read_text()[-4000:]
 
-    def analyze(self, stack: str, resources: list[RecordedResource]) -> list[harness.Violation]:
+    def analyze(self, stack: str, resources: list[RecordedResource]) -> list[policy_harness.Violation]:
         """What the engine sees in a preview: Analyze per resource (inputs), then AnalyzeStack."""
         assert self.stub is not None
-        violations: list[harness.Violation] = []
+        violations: list[policy_harness.Violation] = []
         by_name = {}
         for resource in resources:
             by_name.setdefault(resource.name, resource)
@@ -196,15 +196,15 @@ class Pack:
             parent = by_name.get(resource.parent) if resource.parent else None
             response = self.stub.Analyze(
                 analyzer_pb2.AnalyzeRequest(
-                    urn=harness.urn_of(stack, resource),
+                    urn=policy_harness.urn_of(stack, resource),
                     type=resource.type,
                     name=resource.name,
                     properties=wire(resource.inputs),
-                    options=options(harness.urn_of(stack, parent) if parent else None),
+                    options=options(policy_harness.urn_of(stack, parent) if parent else None),
                 )
             )
             violations += self._verdicts(response, resource.name, resource.type, {})
-        stack_view = harness.policy_resources(stack, resources, outputs=True)
+        stack_view = policy_harness.policy_resources(stack, resources, outputs=True)
         request = analyzer_pb2.AnalyzeStackRequest()
         for resource, view in zip(resources, stack_view, strict=True):
             entry = request.resources.add(
@@ -222,7 +222,7 @@ class Pack:
         violations += self._verdicts(self.stub.AnalyzeStack(request), None, None, by_urn)
         return violations
 
-    def _verdicts(self, response, name, type_, by_urn) -> list[harness.Violation]:
+    def _verdicts(self, response, name, type_, by_urn) -> list[policy_harness.Violation]:
         found = []
         for diagnostic in response.diagnostics:
             message = diagnostic.message.removeprefix(diagnostic.description + "\n")
@@ -231,7 +231,7 @@ class Pack:
                 target = by_urn[diagnostic.urn]
                 resource_name, resource_type = target.name, target.resource_type
             found.append(
-                harness.Violation(
+                policy_harness.Violation(
                     diagnostic.policyName,
                     LEVELS[diagnostic.enforcementLevel],
                     resource_name,
@@ -248,7 +248,7 @@ def start(stack: str | None, engine_address: str, tmp: Path) -> Pack:
         values, _ = stackfile.as_pulumi_config(stackfile.read(stack))
         env |= {
             "PULUMI_CONFIG": json.dumps(values),
-            "PULUMI_PROJECT": harness.PROJECT,
+            "PULUMI_PROJECT": policy_harness.PROJECT,
             "PULUMI_STACK": stack,
             "PULUMI_ORGANIZATION": "organization",
             "PULUMI_DRY_RUN": "true",
@@ -298,10 +298,10 @@ def packs(engine, tmp_path_factory) -> Iterator[dict[str | None, Pack]]:
 
 def direct(stack: str, resources: list[RecordedResource], configured: bool, pack: Pack) -> list:
     cluster = stackfile.load(stack) if configured else None
-    return harness.analyze(resources, stack=stack, cluster=cluster, policy_config=pack.policy_config)
+    return policy_harness.analyze(resources, stack=stack, cluster=cluster, policy_config=pack.policy_config)
 
 
-def ordered(violations: list[harness.Violation]) -> list[harness.Violation]:
+def ordered(violations: list[policy_harness.Violation]) -> list[policy_harness.Violation]:
     return sorted(violations, key=lambda v: (v.policy, v.resource or "", v.message, v.enforcement))
 
 
@@ -331,7 +331,7 @@ def test_the_real_stacks_get_the_same_verdicts_over_grpc(packs, stack, configure
     render, _ = rendered(stack)
     over_grpc = pack.analyze(stack, render.resources)
     assert ordered(over_grpc) == ordered(direct(stack, render.resources, configured, pack))
-    assert harness.mandatory(over_grpc) == []
+    assert policy_harness.mandatory(over_grpc) == []
     advisories = [v.policy for v in over_grpc if v.enforcement == "advisory"]
     assert advisories == ([] if configured else ["stack-config"])
 
@@ -347,7 +347,7 @@ def test_a_refused_mutation_gets_the_same_verdicts_over_grpc(packs, stack, label
     resources = mutate(render.resources)
     over_grpc = pack.analyze(stack, resources)
     assert ordered(over_grpc) == ordered(direct(stack, resources, configured, pack))
-    assert policy in {v.policy for v in harness.mandatory(over_grpc)}
+    assert policy in {v.policy for v in policy_harness.mandatory(over_grpc)}
 
 
 @pytest.mark.parametrize("configured", [True, False], ids=["with PULUMI_CONFIG", "without PULUMI_CONFIG"])
@@ -359,7 +359,7 @@ def test_a_preview_gets_the_same_verdicts_over_grpc(packs, stack, configured):
     preview = previewed(stack)
     over_grpc = pack.analyze(stack, preview.resources)
     assert ordered(over_grpc) == ordered(direct(stack, preview.resources, configured, pack))
-    assert harness.mandatory(over_grpc) == []
+    assert policy_harness.mandatory(over_grpc) == []
 
 
 @pytest.mark.parametrize(
@@ -373,7 +373,7 @@ def test_a_refused_mutation_of_a_preview_gets_the_same_verdicts_over_grpc(
     resources = mutate(previewed(stack).resources)
     over_grpc = pack.analyze(stack, resources)
     assert ordered(over_grpc) == ordered(direct(stack, resources, True, pack))
-    assert policy in {v.policy for v in harness.mandatory(over_grpc)}
+    assert policy in {v.policy for v in policy_harness.mandatory(over_grpc)}
 
 
 def _dev_with(type_: str, **changes: Any) -> list[RecordedResource]:

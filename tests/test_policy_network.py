@@ -6,8 +6,8 @@ import json
 import pytest
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 
-from components.ports import PortRange
-from policies import network as net
+from policies import normalized as net
+from qwen_cluster.ports import PortRange
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_firewall_documents_are_read_as_json_text_or_objects(as_text):
 @pytest.mark.parametrize("key", ["create", "update"])
 def test_firewall_documents_are_read_from_the_script_that_writes_them(key):
     """The bare-metal target carries the document in its firewall script, not in `triggers`."""
-    from components.render import firewall
+    from qwen_cluster.render import firewall
 
     document = _document(protocol="tcp", ports="6000-6100", sources=["192.168.1.0/24"])
     rules = [firewall.Rule("ssh", "203.0.113.10/32", "22", "tcp")]

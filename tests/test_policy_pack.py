@@ -11,10 +11,9 @@ import pytest
 from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
-from components import stackfile
-from policies import guard, harness
-from policies import network as net
-from tests.policy_fixtures import (
+from policies import guard
+from policies import normalized as net
+from tests.helpers.policy_fixtures import (
     aws_stack,
     bare_metal_stack,
     egress,
@@ -26,6 +25,7 @@ from tests.policy_fixtures import (
     res,
     without_egress_self_rule,
 )
+from tooling import policy_harness, stackfile
 
 DEV = stackfile.load("dev")
 PROD = stackfile.load("prod")
@@ -35,7 +35,7 @@ POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
 def refused(resources, policy, cluster=DEV, **kwargs):
     """Names of the resources `policy` refuses (None: the stack as a whole)."""
-    violations = harness.analyze(resources, cluster=cluster, **kwargs)
+    violations = policy_harness.analyze(resources, cluster=cluster, **kwargs)
     return {v.resource for v in violations if v.policy == policy}
 
 
@@ -44,8 +44,8 @@ def fail_names(resources):
 
 
 def test_the_good_fixture_stacks_pass_every_policy():
-    assert harness.analyze(aws_stack(), cluster=DEV) == []
-    assert harness.analyze(bare_metal_stack(), cluster=ONPREM) == []
+    assert policy_harness.analyze(aws_stack(), cluster=DEV) == []
+    assert policy_harness.analyze(bare_metal_stack(), cluster=ONPREM) == []
 
 
 # --- port-exposure ------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def test_port_exposure_refuses_exactly_the_fail_fixtures():
 
 
 def test_port_exposure_messages_name_the_rule_and_the_reason():
-    violations = harness.analyze(aws_stack() + PORT_EXPOSURE_FIXTURES, cluster=DEV)
+    violations = policy_harness.analyze(aws_stack() + PORT_EXPOSURE_FIXTURES, cluster=DEV)
     messages = {v.resource: v.message for v in violations if v.policy == "port-exposure"}
     assert "SSH/RDP" in messages["fail_ssh_world_on_lb"]
     assert "only the load balancer listener" in messages["fail_model_world_ipv6"]
@@ -375,13 +375,13 @@ def test_without_a_stack_config_host_members_are_the_hosts_addresses_even_aggreg
 
 
 def test_without_a_stack_config_one_advisory_names_the_relaxed_checks():
-    violations = harness.analyze(aws_stack() + PORT_EXPOSURE_FIXTURES, cluster=None)
+    violations = policy_harness.analyze(aws_stack() + PORT_EXPOSURE_FIXTURES, cluster=None)
     (notice,) = [v for v in violations if v.policy == "stack-config"]
     assert notice.enforcement == "advisory" and notice.resource is None
     assert "PULUMI_CONFIG is not set" in notice.message
     for relaxed in ("port-exposure", "required-paths", "efa-placement", "bandwidth-class"):
         assert f"{relaxed}:" in notice.message
-    assert not [v for v in harness.analyze(aws_stack(), cluster=DEV) if v.policy == "stack-config"]
+    assert not [v for v in policy_harness.analyze(aws_stack(), cluster=DEV) if v.policy == "stack-config"]
 
 
 def test_the_stack_config_from_the_engine_is_validated_or_says_why_it_is_missing():
@@ -443,8 +443,8 @@ def test_bandwidth_class_refuses_exactly_the_fail_fixtures():
 
 
 def test_an_unknown_gpu_type_is_sent_to_the_catalog():
-    violations = harness.analyze([res(net.INSTANCE, "n", instanceType="g7.99xlarge")])
-    assert "not in the catalog (components/catalog.py)" in violations[0].message
+    violations = policy_harness.analyze([res(net.INSTANCE, "n", instanceType="g7.99xlarge")])
+    assert "not in the catalog (qwen_cluster/catalog.py)" in violations[0].message
 
 
 def test_the_stack_floor_and_the_policy_config_both_raise_the_bar():
@@ -482,13 +482,13 @@ def test_required_paths_refuses_a_target_group_on_the_wrong_port(port):
     resources = aws_stack()
     group = next(r for r in resources if r.name == "dev-model")
     group.inputs["port"] = group.outputs["port"] = port
-    violations = harness.analyze(resources, cluster=DEV)
+    violations = policy_harness.analyze(resources, cluster=DEV)
     (message,) = [v.message for v in violations if v.policy == "required-paths"]
     assert message == "target group dev-model forwards to port 8000; the model listens on 5000"
 
 
 def test_the_harness_hands_the_policies_numbers_as_the_engine_does():
-    assert harness.as_sent({"port": 5000, "ok": True, "ports": (22, 3389), "n": None}) == {
+    assert policy_harness.as_sent({"port": 5000, "ok": True, "ports": (22, 3389), "n": None}) == {
         "port": 5000.0,
         "ok": True,
         "ports": [22.0, 3389.0],
@@ -549,7 +549,7 @@ def test_efa_placement_refuses_nodes_in_two_subnets():
     resources = aws_stack() + [
         instance("dev-worker-2", subnetId="other-subnet", availabilityZone="us-west-2b")
     ]
-    violations = harness.analyze(resources, cluster=DEV)
+    violations = policy_harness.analyze(resources, cluster=DEV)
     messages = [v.message for v in violations if v.policy == "efa-placement"]
     assert any("2 subnets" in m for m in messages) and any("2 availability zones" in m for m in messages)
 
@@ -567,7 +567,7 @@ def test_efa_placement_counts_one_efa_device_per_network_card():
     for r in resources:
         if r.type in (net.INSTANCE, net.LAUNCH_TEMPLATE):
             r.outputs["instanceType"] = "p5.48xlarge"
-    violations = harness.analyze(resources, cluster=PROD)
+    violations = policy_harness.analyze(resources, cluster=PROD)
     messages = {v.message for v in violations if v.policy == "efa-placement"}
     assert any("needs 32" in m for m in messages)
 
@@ -680,14 +680,14 @@ def test_idle_timeout_is_advisory_and_refuses_exactly_the_fail_fixtures():
             create="proxy_read_timeout 60s; proxy_read_timeout 10s;",
         ),
     ]
-    violations = harness.analyze(fixtures, cluster=None)
+    violations = policy_harness.analyze(fixtures, cluster=None)
     assert {v.resource for v in violations if v.policy == "baseline-idle-timeout"} == fail_names(fixtures)
     assert {v.enforcement for v in violations if v.policy == "baseline-idle-timeout"} == {"advisory"}
 
 
 def test_an_nlb_idle_timeout_of_60_s_is_flagged_and_printed_as_an_integer():
     fixtures = [res(net.LISTENER, "nlb", protocol="TCP", tcpIdleTimeoutSeconds=60.0)]
-    violations = harness.analyze(
+    violations = policy_harness.analyze(
         fixtures, policy_config={"baseline-idle-timeout": {"minIdleTimeoutSeconds": 900}}
     )
     assert [v.message for v in violations if v.policy == "baseline-idle-timeout"] == [
@@ -708,7 +708,7 @@ def test_a_policy_that_reads_an_unknown_value_gets_the_analyzers_preview_advisor
     ]
     rule = ingress("rule", "g", ipProtocol="-1")
     rule.inputs["securityGroupId"] = rule.outputs["securityGroupId"] = UNKNOWN_STRING_VALUE
-    violations = harness.analyze([rule], policies=policies)
+    violations = policy_harness.analyze([rule], policies=policies)
     pack = "from policy pack 'qwen-cluster-guard@v0.0.1' during preview"
     unknown = "string value at .securityGroupId can't be known during preview"
     assert [(v.policy, v.enforcement, v.resource, v.message) for v in violations] == [
@@ -725,7 +725,8 @@ def test_a_secret_script_is_judged_on_its_plain_text():
 
 def test_config_numbers_are_printed_as_integers():
     config = {"node-count": {"minNodes": 3.0}}
-    (violation,) = [v for v in harness.analyze(one_node(aws_stack()), cluster=DEV, policy_config=config)]
+    violations = policy_harness.analyze(one_node(aws_stack()), cluster=DEV, policy_config=config)
+    (violation,) = list(violations)
     assert "the cluster needs at least 3 (4 or more recommended)" in violation.message
 
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import base64
 import json
 
-from components.render import ssm
-from policies import harness
-from policies import network as net
-from tests.aws_stacks import render_stack
-from tests.policy_fixtures import res
+from policies import normalized as net
+from qwen_cluster.render import ssm
+from tests.helpers.aws_stacks import render_stack
+from tests.helpers.policy_fixtures import res
+from tooling import policy_harness
 
 
 def refused(resources, policy):
-    return {v.resource for v in harness.analyze(resources, cluster=None) if v.policy == policy}
+    return {v.resource for v in policy_harness.analyze(resources, cluster=None) if v.policy == policy}
 
 
 def document(lines):

@@ -1,26 +1,26 @@
 """The pack over the real stacks, rendered under mocks: they pass, and each mutation is refused.
 
 The same mutations run over the fixture stacks (shaped like what the targets build) and over
-the real renders of dev, prod (components/aws) and onprem (components/baremetal).
+the real renders of dev, prod (qwen_cluster/aws) and onprem (qwen_cluster/baremetal).
 """
 
 import pytest
 
-from components import stackfile
-from policies import guard, harness
-from tests.policy_fixtures import aws_stack, bare_metal_stack, mutation_cases, rendered
+from policies import guard
+from tests.helpers.policy_fixtures import aws_stack, bare_metal_stack, mutation_cases, rendered
+from tooling import policy_harness, stackfile
 
 
 def mandatory_policies(resources, stack: str) -> set[str]:
-    violations = harness.analyze(resources, stack=stack, cluster=stackfile.load(stack))
-    return {v.policy for v in harness.mandatory(violations)}
+    violations = policy_harness.analyze(resources, stack=stack, cluster=stackfile.load(stack))
+    return {v.policy for v in policy_harness.mandatory(violations)}
 
 
 @pytest.mark.parametrize("stack", stackfile.STACKS)
 def test_the_real_stacks_produce_no_mandatory_violation(stack):
     render, violations = rendered(stack)
     assert render.error is None
-    assert harness.mandatory(violations) == []
+    assert policy_harness.mandatory(violations) == []
 
 
 @pytest.mark.parametrize(
@@ -46,8 +46,8 @@ def test_a_mutated_fixture_stack_is_refused_by_the_named_policy(stack, label, mu
 @pytest.mark.parametrize("stack", stackfile.STACKS)
 def test_without_a_stack_config_the_real_stacks_pass_with_one_advisory(stack):
     render, _ = rendered(stack)
-    violations = harness.analyze_render(render, cluster=None)
-    assert harness.mandatory(violations) == []
+    violations = policy_harness.analyze_render(render, cluster=None)
+    assert policy_harness.mandatory(violations) == []
     assert [v.policy for v in violations if v.enforcement == "advisory"] == ["stack-config"]
 
 
@@ -58,10 +58,10 @@ def test_without_a_stack_config_the_real_stacks_pass_with_one_advisory(stack):
 def test_without_a_stack_config_a_mutated_real_stack_is_still_refused(stack, label, mutate, policy):
     """World exposure, the EFA self rules and the baseline need no stack config."""
     render, _ = rendered(stack)
-    violations = harness.analyze(mutate(render.resources), stack=stack, cluster=None)
-    assert policy in {v.policy for v in harness.mandatory(violations)}
+    violations = policy_harness.analyze(mutate(render.resources), stack=stack, cluster=None)
+    assert policy in {v.policy for v in policy_harness.mandatory(violations)}
 
 
 def test_check_config_renders_and_analyzes_a_stack_config():
-    violations = harness.check_config(stackfile.read("dev"), "dev")
+    violations = policy_harness.check_config(stackfile.read("dev"), "dev")
     assert {v.policy for v in violations} <= {policy.name for policy in guard.POLICIES}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from components import ports
-from components.config import validate
-from components.ports import Peer, PortRange, Target, Vantage
+from qwen_cluster import ports
+from qwen_cluster.config import validate
+from qwen_cluster.ports import Peer, PortRange, Target, Vantage
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_monitoring_closed_when_no_monitoring_cidrs(aws_raw):
 
 
 def test_rules_do_not_grow_with_the_node_count(aws_raw):
-    from tests.conftest import nodes
+    from tests.helpers.configs import nodes
 
     small = validate(aws_raw).exposures()
     aws_raw["nodes"] = nodes(64, prefix="192.168.")

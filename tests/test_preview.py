@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from pulumi.runtime.rpc import UNKNOWN
 
-from components import config, offline, stackfile
-from policies import harness
-from tests.aws_stacks import render, variant
-from tests.policy_fixtures import mutation_cases, previewed
+from qwen_cluster import config
+from tests.helpers.aws_stacks import render, variant
+from tests.helpers.policy_fixtures import mutation_cases, previewed
+from tooling import offline, policy_harness, stackfile
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dev": ("dev", stackfile.read("dev")),
@@ -125,8 +125,8 @@ def test_an_existing_vpc_too_small_is_refused_in_preview_too():
 def test_the_pack_judges_a_preview_as_it_judges_the_update(label):
     _, stack_config = VARIANTS[label]
     cluster = config.validate(stackfile.cluster_keys(stack_config), aws_region=stack_config.get("aws:region"))
-    in_preview = harness.analyze_render(preview_of(label), cluster=cluster)
-    assert in_preview == harness.analyze_render(update_of(label), cluster=cluster)
+    in_preview = policy_harness.analyze_render(preview_of(label), cluster=cluster)
+    assert in_preview == policy_harness.analyze_render(update_of(label), cluster=cluster)
 
 
 @pytest.mark.parametrize(
@@ -134,10 +134,10 @@ def test_the_pack_judges_a_preview_as_it_judges_the_update(label):
     [pytest.param(*case, id=f"{case[0]}: {case[1]}") for case in mutation_cases(stackfile.STACKS)],
 )
 def test_a_mutated_preview_is_refused_by_the_named_policy(stack, label, mutate, policy):
-    violations = harness.analyze(
+    violations = policy_harness.analyze(
         mutate(preview_of(stack).resources), stack=stack, cluster=stackfile.load(stack)
     )
-    assert policy in {v.policy for v in harness.mandatory(violations)}
+    assert policy in {v.policy for v in policy_harness.mandatory(violations)}
 
 
 def test_the_deploy_order_follows_the_property_dependencies_the_sdk_sends():

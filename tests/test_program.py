@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components import offline, stackfile
+from tooling import offline, stackfile
 
 
 @pytest.mark.parametrize("stack", stackfile.STACKS)

@@ -6,13 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components import config, stackfile
-from components.config import validate
-from components.render import firewall
-from components.render.firewall import Rule
-from policies import network as net
-from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
-from tests.conftest import BASE_BARE_METAL
+from policies import normalized as net
+from qwen_cluster import config
+from qwen_cluster.config import validate
+from qwen_cluster.render import firewall
+from qwen_cluster.render.firewall import Rule
+from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
+from tests.helpers.configs import BASE_BARE_METAL
+from tooling import stackfile
 
 
 def rules_of(node: str) -> list[Rule]:

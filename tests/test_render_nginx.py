@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from components.render import nginx
-from tests.bm_helpers import ONPREM
+from qwen_cluster.render import nginx
+from tests.helpers.baremetal import ONPREM
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_workers_may_open_twice_as_many_files_as_connections(conf):
 
 
 def pinned_nginx_version() -> str:
-    from components.baremetal.serving import NGINX_IMAGE
+    from qwen_cluster.baremetal.serving import NGINX_IMAGE
 
     version = NGINX_IMAGE.removeprefix("nginx:")
     assert re.fullmatch(r"\d+\.\d+\.\d+", version), f"NGINX_IMAGE {NGINX_IMAGE} is not a pinned release"

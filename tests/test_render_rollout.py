@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from components.render import nginx, rollout
-from tests.bm_helpers import shellcheck
+from qwen_cluster.render import nginx, rollout
+from tests.helpers.baremetal import shellcheck
 
 pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
 

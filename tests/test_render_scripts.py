@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from components.render import preflight, rdma, selinux, verify
-from components.render.verify import Pair, Probe
-from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
+from qwen_cluster.render import preflight, rdma, selinux, verify
+from qwen_cluster.render.verify import Pair, Probe
+from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 
 def test_rdma_installs_the_guides_packages_and_requires_a_device():
@@ -194,17 +194,16 @@ def test_verify_holds_the_median_ping_rtt_to_the_latency_budget(tmp_path, replie
 
 
 def _scaled_onprem(count: int):
-    from components import config, stackfile
-    from scripts import bench
+    from qwen_cluster import config
+    from tooling import bench, stackfile
 
     return config.validate(stackfile.cluster_keys(bench.scaled_stack("onprem", count)))
 
 
 def test_every_registered_command_fits_in_the_one_argument_sshd_passes_to_bash():
     """At 24 nodes (the whole matrix in every node's verify script passed the limit at 17)."""
-    from components import offline
-    from components.render.shell import MAX_ARG_STRLEN
-    from scripts import bench
+    from qwen_cluster.render.shell import MAX_ARG_STRLEN
+    from tooling import bench, offline
 
     render = offline.render(bench.scaled_stack("onprem", 24), "onprem")
     assert render.error is None
@@ -223,7 +222,7 @@ def test_every_registered_command_fits_in_the_one_argument_sshd_passes_to_bash()
 
 
 def test_one_nodes_verify_script_fits_at_256_nodes():
-    from components.render.shell import MAX_ARG_STRLEN
+    from qwen_cluster.render.shell import MAX_ARG_STRLEN
 
     cluster = _scaled_onprem(256)
     text = verify.for_cluster(cluster, "worker-200", service_wait_seconds=1800)

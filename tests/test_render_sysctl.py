@@ -1,7 +1,7 @@
 import subprocess
 
-from components.render import sysctl
-from tests.bm_helpers import ONPREM, needs_netns, netns_pair, run_in, shellcheck
+from qwen_cluster.render import sysctl
+from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
 VALUES = {"net.core.rmem_max": 16777216, "net.ipv4.tcp_fastopen": 3, "net.core.wmem_max": 16777216}
 

@@ -1,4 +1,4 @@
-"""The one vLLM command (components/render/vllm.py) and its config: `model.vllmFlags`, `rollout`."""
+"""The one vLLM command (qwen_cluster/render/vllm.py) and its config: `model.vllmFlags`, `rollout`."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import shlex
 
 import pytest
 
-from components import config, stackfile
-from components.baremetal import serving
-from components.config import ConfigError
-from components.render import ssm, vllm
-from tests.aws_stacks import variant
+from qwen_cluster import config
+from qwen_cluster.baremetal import serving
+from qwen_cluster.config import ConfigError
+from qwen_cluster.render import ssm, vllm
+from tests.helpers.aws_stacks import variant
+from tooling import stackfile
 
 
 def cluster_of(stack_config) -> config.ClusterConfig:

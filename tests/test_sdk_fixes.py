@@ -1,4 +1,4 @@
-"""The SDK workaround (components/sdk_fixes.py) answers exactly as the SDK's own search."""
+"""The SDK workaround (qwen_cluster/sdk_fixes.py) answers exactly as the SDK's own search."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pulumi.runtime import resource_cycle_breaker
 
-from components import offline, sdk_fixes
+from qwen_cluster import sdk_fixes
+from tooling import offline
 
 
 class Node:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from components import topology
-from components.config import validate
-from components.ports import PortEntry, Scope
+from qwen_cluster import topology
+from qwen_cluster.config import validate
+from qwen_cluster.ports import PortEntry, Scope
 
 
 def cluster_entry(low: int, high: int) -> PortEntry:

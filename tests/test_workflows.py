@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from components import stackfile
+from tooling import stackfile
 
 WORKFLOWS = stackfile.PROJECT_ROOT / ".github" / "workflows"
 

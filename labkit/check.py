@@ -1,0 +1,387 @@
+"""`check`: the rendered verify step and the lab's probes, as a list of results.
+
+A result is `pass`, `warn` (reported, not a failure: e.g. a sysctl key the kernel keeps
+global, which a namespace cannot set) or `fail`. The lab fails on any `fail`.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from labkit import lifecycle, netns, probes, renderers
+from labkit.blueprint import LabPlan
+from qwen_cluster.ports import Vantage
+
+CLOSED_PROBE_TIMEOUT = 0.7  # a DROP costs this much; probes run in parallel
+SPREAD_PER_HEAD = 3
+
+
+@dataclass(frozen=True)
+class Result:
+    group: str
+    source: str
+    target: str
+    what: str
+    expected: str
+    observed: str
+    status: str  # pass | warn | fail
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "fail"
+
+
+def _status(ok: bool) -> str:
+    return "pass" if ok else "fail"
+
+
+def reachability(plan: LabPlan, workers: int = 32) -> list[Result]:
+    expectations = plan.expectations()
+
+    def probe(exp):
+        outcome = netns.call_in(exp.source, probes.tcp_connect, exp.target_ip, exp.port, CLOSED_PROBE_TIMEOUT)
+        want = "open" if exp.open else "closed"
+        seen = "open" if outcome.open else f"closed ({outcome.detail})"
+        return Result(
+            "ports",
+            exp.vantage,
+            exp.target_node,
+            f"{exp.name} {exp.port}/tcp",
+            f"{want} ({exp.why})",
+            seen,
+            _status(outcome.open == exp.open),
+        )
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(probe, expectations))
+
+
+def containment(plan: LabPlan) -> list[Result]:
+    """No lab namespace has a route off the lab, and the host holds none of its links."""
+    results = []
+    for member in plan.members:
+        route = netns.run(["ip", "-n", member.namespace, "route", "get", "8.8.8.8"], check=False)
+        results.append(
+            Result(
+                "containment",
+                member.node or member.vantage.value,
+                "off-lab 8.8.8.8",
+                "route",
+                "none",
+                "none" if route.returncode != 0 else route.stdout.strip(),
+                _status(route.returncode != 0),
+            )
+        )
+    host_links = netns.run(["ip", "-o", "link", "show", "master", "br0"], check=False).stdout
+    bridged = [
+        line for line in host_links.splitlines() if any(m.switch_port + "@" in line for m in plan.members)
+    ]
+    results.append(
+        Result(
+            "containment",
+            "host",
+            plan.switch,
+            "bridge",
+            "in the switch namespace",
+            "host has lab links" if bridged else "in the switch namespace",
+            _status(not bridged),
+        )
+    )
+    return results
+
+
+def sysctl(plan: LabPlan) -> list[Result]:
+    results = []
+    wanted = plan.cluster.tuning.sysctl
+    for member in plan.nodes:
+        for key, value in sorted(wanted.items()):
+            got = netns.exec_in(member.namespace, ["sysctl", "-n", key], check=False).stdout.strip()
+            ok = got.split() == str(value).split()
+            drop_in = (
+                netns.NETNS_ETC / member.namespace / "sysctl.d" / renderers.SYSCTL_DROPIN.rsplit("/", 1)[1]
+            )
+            written = drop_in.exists() and f"{key} = {value}" in drop_in.read_text()
+            results.append(
+                Result(
+                    "sysctl",
+                    member.node,
+                    member.node,
+                    key,
+                    str(value),
+                    got
+                    if ok
+                    else f"{got} (global key: a namespace cannot set it; drop-in written: {written})",
+                    "pass" if ok else ("warn" if written else "fail"),
+                )
+            )
+    return results
+
+
+def verify(plan: LabPlan) -> list[Result]:
+    results = []
+    for member in plan.nodes:
+        text = renderers.verify_script(plan.cluster, member.node)
+        if text is None:
+            continue
+        path = lifecycle.state_dir(plan) / f"{member.node}.verify.sh"
+        path.write_text(text)
+        done = netns.exec_in(member.namespace, ["bash", str(path)], check=False, timeout=120)
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        results.append(
+            Result(
+                "verify",
+                member.node,
+                member.node,
+                "rendered verify script",
+                "exit 0",
+                f"exit {done.returncode}: " + "; ".join(lines[-4:]),
+                _status(done.returncode == 0),
+            )
+        )
+    return results
+
+
+def latency(plan: LabPlan, workers: int = 6) -> list[Result]:
+    limit = plan.cluster.network.max_latency_ms
+    pairs = [(a, b) for a in plan.nodes for b in plan.nodes if a is not b]
+
+    def measure(pair):
+        source, target = pair
+        rtt = probes.ping_rtt_ms(source.namespace, target.ip)
+        observed = "no reply" if rtt is None else f"{rtt:.3f} ms"
+        return Result(
+            "latency",
+            source.node,
+            target.node,
+            "median ping RTT",
+            f"< {limit:g} ms",
+            observed,
+            _status(rtt is not None and rtt < limit),
+        )
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(measure, pairs))
+
+
+def bandwidth(plan: LabPlan, *, strict: bool = False, seconds: float = 1.0) -> list[Result]:
+    """iperf3 from each node to the next, one at a time (they share the machine's CPUs).
+
+    A veth's speed is this machine's CPU, not a NIC: below the floor is a `warn` unless
+    `strict`, since the floor is for the hosts' NICs (bareMetal.nicSpeedGbps, checked by the
+    preflight on real hosts). Getting no throughput at all is always a failure."""
+    floor = plan.cluster.network.min_bandwidth_gbps
+    results = []
+    nodes = plan.nodes
+    for index, source in enumerate(nodes):
+        target = nodes[(index + 1) % len(nodes)]
+        gbps, detail = probes.iperf3_gbps(
+            source.namespace, target.ip, seconds=seconds, port=lifecycle.IPERF_PORT
+        )
+        if gbps is None:
+            status, observed = "fail", detail
+        else:
+            observed = f"{gbps:.1f} Gbit/s"
+            status = "pass" if gbps >= floor else ("fail" if strict else "warn")
+            if status == "warn":
+                observed += " (veth bound by this machine's CPU)"
+        results.append(
+            Result(
+                "bandwidth", source.node, target.node, "iperf3 TCP", f">= {floor:g} Gbit/s", observed, status
+            )
+        )
+    return results
+
+
+def load_balancer(plan: LabPlan, options: lifecycle.Options) -> list[Result]:
+    cluster = plan.cluster
+    lb, port = plan.load_balancer, cluster.load_balancer.port
+    client = plan.vantage(Vantage.CLIENT).namespace
+    heads = [head.node for head in plan.heads]
+    results = []
+    requests = SPREAD_PER_HEAD * len(heads)
+    spread = netns.call_in(client, probes.spread, lb.ip, port, requests)
+    missing = [head for head in heads if not spread.counts.get(head)]
+    counts = ", ".join(f"{node} {spread.counts.get(node, 0)}" for node in heads)
+    results.append(
+        Result(
+            "load balancer",
+            "client",
+            f"{lb.node}:{port}",
+            f"{requests} requests",
+            "every replica answers, no failures",
+            counts + (f"; {len(spread.failures)} failed" if spread.failures else ""),
+            _status(not missing and not spread.failures),
+        )
+    )
+    results += streaming(plan, options)
+    return results
+
+
+def read_timeout_seconds(site: str) -> float | None:
+    match = re.search(r"proxy_read_timeout\s+(\d+)(ms|s|m|h)?\s*;", site)
+    if not match:
+        return None
+    unit = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}[match.group(2)]
+    return int(match.group(1)) * unit
+
+
+def clock(scale: float) -> str:
+    return f"1/{1 / scale:g}" if 0 < scale < 1 else f"{scale:g}"
+
+
+def streaming(plan: LabPlan, options: lifecycle.Options, pause: float | None = None) -> list[Result]:
+    """A streamed answer through nginx with a silent thinking pause just over nginx's
+    default read timeout, on the lab's clock: the first event must come before the end,
+    and the stream must not be cut."""
+    cluster = plan.cluster
+    lb, port = plan.load_balancer, cluster.load_balancer.port
+    client = plan.vantage(Vantage.CLIENT).namespace
+    scale = options.clock_scale
+    pause = lifecycle.THINKING_PAUSE * scale if pause is None else pause
+    site = lifecycle.delivered_nginx_conf(plan)
+    timeout = read_timeout_seconds(site)
+    results = [
+        Result(
+            "load balancer",
+            "rendered nginx",
+            lb.node,
+            "proxy_read_timeout",
+            f"> thinking pause {lifecycle.THINKING_PAUSE} s",
+            "not set: nginx's 60 s default cuts thinking responses"
+            if timeout is None
+            else f"{cluster.load_balancer.idle_timeout_seconds} s (lab clock x{clock(scale)}: {timeout:g} s)",
+            _status(timeout is not None and timeout > pause),
+        )
+    ]
+    seen = netns.call_in(
+        client, probes.stream, lb.ip, port, headers={"X-Lab-Think": f"{pause:.3f}"}, timeout=pause + 30
+    )
+    first_ok = seen.first_event is not None and seen.end is not None and seen.first_event < seen.end
+    results.append(
+        Result(
+            "load balancer",
+            "client",
+            f"{lb.node}:{port}",
+            f"stream, silent {pause:.2f} s (= {pause / scale:.0f} s x{clock(scale)})",
+            "first event before the end; not cut",
+            (
+                f"first event {seen.first_event:.3f} s, [DONE] at {seen.end:.2f} s, {seen.tokens} tokens"
+                if seen.ok and first_ok
+                else (seen.error or f"HTTP {seen.status}")
+            ),
+            _status(seen.ok and first_ok and seen.longest_silence >= pause * 0.9),
+        )
+    )
+    return results
+
+
+MONITORING_WAIT_SECONDS = 30
+
+
+def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Result]:
+    """The cluster's own Prometheus, asked from inside the lab: every node's endpoint scraped,
+    every rendered rule loaded, no alert firing. A fresh lab gets `wait` seconds to settle
+    (the first scrapes, and alerts pending from the start resolving)."""
+    import time
+
+    from qwen_cluster.render import monitoring as rendered
+    from tooling import doctor
+
+    cluster = plan.cluster
+    if cluster.monitoring_node is None:
+        return []
+    where = cluster.monitoring_node.name
+    url = doctor.configured_url(cluster)
+    fetch = doctor.http_fetch(url, timeout=2)
+
+    def ask(path: str):
+        return netns.call_in(plan.node(where).namespace, fetch, path)
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            targets = [
+                t for t in ask("/api/v1/targets")["activeTargets"] if t["labels"].get("job") == rendered.JOB
+            ]
+            found = doctor.findings(ask, cluster)
+            error = ""
+        except doctor.Unreachable as unreachable:
+            targets, found, error = [], [], str(unreachable)
+        up = {t["labels"].get("node"): t["health"] for t in targets}
+        healthy = not error and len(up) == len(cluster.nodes) and set(up.values()) == {"up"} and not found
+        if healthy or time.monotonic() >= deadline:
+            break
+        time.sleep(1)
+    if error:
+        return [Result("monitoring", where, "prometheus", f"Prometheus at {url}", "answers", error, "fail")]
+    results = [
+        Result(
+            "monitoring",
+            where,
+            node.name,
+            f"endpoint {node.ip}:{rendered.endpoint_port(cluster)} scraped",
+            "up",
+            up.get(node.name, "not a target"),
+            _status(up.get(node.name) == "up"),
+        )
+        for node in cluster.nodes
+    ]
+    loaded = [f for f in found if not f.alert]  # rules not loaded / failing
+    results.append(
+        Result(
+            "monitoring",
+            where,
+            "prometheus",
+            f"{len(rendered.alerts(cluster))} alert rules",
+            "loaded",
+            "; ".join(f.what for f in loaded) or "loaded",
+            _status(not loaded),
+        )
+    )
+    firing = [f for f in found if f.alert]
+    results.append(
+        Result(
+            "monitoring",
+            where,
+            "alertmanager",
+            "alerts firing",
+            "none",
+            "; ".join(f"{f.alert}: {f.what}" for f in firing) or "none",
+            _status(not firing),
+        )
+    )
+    return results
+
+
+def run(
+    plan: LabPlan, options: lifecycle.Options | None = None, *, strict_bandwidth: bool = False
+) -> list[Result]:
+    options = options or lifecycle.Options()
+    results: list[Result] = []
+    results += containment(plan)
+    results += sysctl(plan)
+    results += verify(plan)
+    results += reachability(plan)
+    results += latency(plan)
+    results += bandwidth(plan, strict=strict_bandwidth)
+    results += load_balancer(plan, options)
+    results += monitoring(plan)
+    return results
+
+
+def as_json(plan: LabPlan, results: list[Result]) -> dict:
+    return {
+        "stack": plan.label,
+        "ok": all(result.ok for result in results),
+        "summary": summary(results),
+        "notes": list(plan.notes),
+        "results": [asdict(result) for result in results],
+    }
+
+
+def summary(results: list[Result]) -> str:
+    counts = {status: sum(1 for r in results if r.status == status) for status in ("pass", "warn", "fail")}
+    verdict = "GREEN" if not counts["fail"] else "RED"
+    return f"{verdict}: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed"

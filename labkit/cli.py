@@ -1,0 +1,130 @@
+"""The lab: rehearse a stack's cluster network in Linux network namespaces (root).
+
+scripts/lab.py up STACK [--nodes N]       apply the program to the lab (day 0, or what changed)
+scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure
+scripts/lab.py upgrade STACK --change KEY=VALUE [...] [--json] [--probe-matrix]
+                                          apply a change under client load; exit 1 on a
+                                          failed step, request or cut stream
+scripts/lab.py down STACK                 remove everything the lab made (also after a crash)
+scripts/lab.py run STACK                  up, check, down (what `make lab` does)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from labkit import blueprint, check, executor, lifecycle, netns, report, upgrade
+from qwen_cluster.config import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lab.py", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("up", "check", "upgrade", "down", "run"))
+    parser.add_argument("stack", help="a stack name (Pulumi.<stack>.yaml)")
+    parser.add_argument("--json", action="store_true", help="check results as JSON on stdout")
+    parser.add_argument("--nodes", type=int, help="override the node count (rehearse a bigger cluster)")
+    parser.add_argument("--label", help="name the lab's namespaces qcl-<label>-* (default: the stack name)")
+    parser.add_argument("--root", type=Path, default=None, help="directory holding Pulumi.<stack>.yaml")
+    parser.add_argument("--verbose", action="store_true", help="show every port probe")
+    parser.add_argument(
+        "--strict-bandwidth",
+        action="store_true",
+        help="fail (not warn) when a lab link is below minBandwidthGbps",
+    )
+    parser.add_argument(
+        "--clock-scale",
+        type=float,
+        default=lifecycle.DEFAULT_CLOCK_SCALE,
+        help="lab clock for timeouts and the thinking pause (1 = real time)",
+    )
+    parser.add_argument(
+        "--change",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="upgrade: a stack config change, as scripts/plan.py --change (repeatable)",
+    )
+    parser.add_argument(
+        "--probe-matrix",
+        action="store_true",
+        help="upgrade: sweep the probes that must stay closed while the change applies",
+    )
+    parser.add_argument(
+        "--max-requests", type=int, default=upgrade.LoadSettings.max_requests, help="upgrade: client load cap"
+    )
+    parser.add_argument(
+        "--model-load-seconds",
+        type=float,
+        default=lifecycle.MODEL_LOAD_SECONDS,
+        help="the stand-in model's load time before /health answers (on the lab clock)",
+    )
+    args = parser.parse_args(argv)
+    console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
+    options = lifecycle.Options(clock_scale=args.clock_scale, model_load_seconds=args.model_load_seconds)
+
+    if args.command == "down":
+        removed = lifecycle.down(args.label or args.stack)
+        console.print(f"removed {len(removed)} namespaces of lab {args.label or args.stack}")
+        return 0
+    if args.command == "upgrade":
+        return _upgrade(args, console, options)
+    try:
+        lab_plan = blueprint.load(args.stack, nodes=args.nodes, label=args.label, root=args.root)
+    except (ConfigError, blueprint.PlanError, FileNotFoundError) as error:
+        console.print(f"[bold red]lab {args.stack}: nothing built[/]\n{error}")
+        return 2
+    missing = netns.missing_requirements()
+    if missing:
+        console.print("[bold red]the lab cannot run here:[/] " + "; ".join(missing))
+        return 2
+
+    status = 0
+    try:
+        if args.command in ("up", "run"):
+            report.print_plan(console, lab_plan)
+            up_report = lifecycle.up(lab_plan, options)
+            report.print_up(console, up_report)
+            if not up_report.ok:
+                status = 1
+        if args.command in ("check", "run") and status == 0:
+            results = check.run(lab_plan, options, strict_bandwidth=args.strict_bandwidth)
+            if args.json:
+                print(report.json_text(lab_plan, results))
+            else:
+                report.print_results(console, results, verbose=args.verbose)
+            report.print_summary(console, results)
+            status = 0 if all(result.ok for result in results) else 1
+    finally:
+        if args.command == "run":
+            removed = lifecycle.down(lab_plan.label)
+            console.print(f"removed {len(removed)} namespaces of lab {lab_plan.label}")
+    return status
+
+
+def _upgrade(args, console: Console, options: lifecycle.Options) -> int:
+    if not args.change:
+        console.print("[bold red]upgrade needs at least one --change KEY=VALUE[/]")
+        return 2
+    missing = netns.missing_requirements()
+    if missing:
+        console.print("[bold red]the lab cannot run here:[/] " + "; ".join(missing))
+        return 2
+    load = upgrade.LoadSettings(max_requests=args.max_requests)
+    try:
+        result = upgrade.run(
+            args.label or args.stack, args.change, options, load=load, probe_matrix=args.probe_matrix
+        )
+    except (upgrade.UpgradeError, ConfigError, executor.ExecutorError) as error:
+        console.print(f"[bold red]lab upgrade {args.stack}: nothing applied[/]\n{error}")
+        return 2
+    if args.json:
+        print(json.dumps(result.as_json(), indent=2))
+    else:
+        report.print_upgrade(console, result)
+    clean = result.ok and not result.failed and not result.streams_cut
+    return 0 if clean else 1

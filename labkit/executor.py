@@ -1,0 +1,512 @@
+"""The lab's engine: what the program registered, executed in network namespaces.
+
+`render` runs the program under Pulumi's mocks (tooling/offline.py) with the lab's stack
+substitutions. `Executor.apply(old, new)` then does what `pulumi up` would do between those
+two renders, resource by resource:
+
+- a `command:remote:Command` runs its `create` (or `update`, else `create` again, on an
+  in-place update; the old state's `delete` on a delete) inside the namespace of its
+  `connection.host` (pulumi-command provider/pkg/provider/remote/commandController.go:
+  Update runs `update` if set, else `create`; Delete runs the stored state's `delete`);
+- a `docker:index/container:Container` becomes a stand-in process (standins.STAND_INS) in
+  the namespace of its provider's `ssh://` host; an image pull and the providers are no-ops;
+- what changed, and whether a change updates in place or replaces (create-before-delete, or
+  delete-before-replace), is decided by `tooling/changes.py` (`diff`), the project's one
+  table of replacement rules.
+
+Order is the engine's: a resource's step starts when every resource it depends on (the
+dependency graph of `Render.dependencies()`, plus its provider) has finished; independent
+steps run in parallel. A delete-before-replace deletes the old resource just before the
+new one is created; create-before-delete replacements and removed resources are deleted at
+the end, dependents first. The first failure stops new steps from starting (in-flight ones
+finish), as `pulumi up` does without --continue-on-error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labkit import standins, substitutions
+from qwen_cluster.render.shell import MAX_ARG_STRLEN
+from tooling import offline
+from tooling.offline import RecordedResource, Render
+
+COMMAND = "command:remote:Command"
+CONTAINER = "docker:index/container:Container"
+IMAGE = "docker:index/remoteImage:RemoteImage"
+PROVIDER_PREFIX = "pulumi:providers:"
+SECRET_SIG = "4dabf18193072939515e22adb298388d"  # Pulumi's marker of a secret value
+COMMAND_TIMEOUT = 900.0
+
+
+@dataclass
+class StepResult:
+    node: str
+    step: str
+    ok: bool
+    detail: str = ""
+    resource: str = ""
+    op: str = ""  # create | update | delete | same | fixture
+    started: float = 0.0  # seconds since the apply started
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ExecutorError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- renders and state
+
+
+def render(stack_config: dict[str, Any], stack: str, clock_scale: float) -> tuple[Render, list[str]]:
+    """The program under mocks, with the lab's stack substitutions; fails naming the error."""
+    config, made = substitutions.stack_config(stack_config, clock_scale)
+    result = offline.render(config, stack)
+    if result.error:
+        raise ExecutorError(f"the program failed under mocks: {result.error}")
+    return as_stored(result), made
+
+
+def plain(value: Any) -> Any:
+    """Inputs as the lab reads them: secrets unwrapped."""
+    if isinstance(value, dict):
+        if SECRET_SIG in value and "value" in value:
+            return plain(value["value"])
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+
+def render_to_json(rendered: Render) -> dict[str, Any]:
+    resources = []
+    for resource in rendered.resources:
+        entry = asdict(resource)
+        # The lab's renders hold the offline placeholder key, never a real one; drop it anyway.
+        connection = plain(entry["inputs"]).get("connection")
+        if isinstance(connection, dict):
+            connection.pop("privateKey", None)
+            entry["inputs"] = {**plain(entry["inputs"]), "connection": connection}
+            entry["outputs"] = {}
+        resources.append(entry)
+    return {"stack": rendered.stack, "resources": resources, "outputs": rendered.outputs}
+
+
+def as_stored(rendered: Render) -> Render:
+    """A render as the lab's state keeps it (secrets unwrapped, no key), so that a fresh
+    render and a stored one compare like for like."""
+    return render_from_json(json.loads(json.dumps(render_to_json(rendered), default=str)))
+
+
+def render_from_json(document: dict[str, Any]) -> Render:
+    return Render(
+        document["stack"],
+        [RecordedResource(**entry) for entry in document["resources"]],
+        document.get("outputs", {}),
+        [],
+    )
+
+
+@dataclass
+class State:
+    """What the last apply left: the config it applied, the render of what exists, and each
+    command's last output (pulumi-command keeps stdout/stderr in its state)."""
+
+    config: dict[str, Any]
+    render: Render
+    outputs: dict[str, dict[str, str]]
+
+
+def save_state(
+    path: Path, stack_config: dict[str, Any], rendered: Render, outputs: dict[str, dict[str, str]]
+) -> None:
+    document = {"config": stack_config, "render": render_to_json(rendered), "outputs": outputs}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(document, default=str))
+    tmp.replace(path)
+
+
+def load_state(path: Path) -> State | None:
+    if not path.exists():
+        return None
+    document = json.loads(path.read_text())
+    return State(document["config"], render_from_json(document["render"]), document.get("outputs", {}))
+
+
+# ---------------------------------------------------------------- the graph
+
+
+def graph(rendered: Render) -> dict[str, set[str]]:
+    """Who waits for whom: Render.dependencies() plus each resource's provider (the engine
+    creates a provider before any resource that uses it)."""
+    deps = rendered.dependencies()
+    names = set(deps)
+    for resource in rendered.custom_resources:
+        if resource.provider:
+            provider = resource.provider.split("::")[-2] if "::" in resource.provider else ""
+            if provider in names and provider != resource.name:
+                deps[resource.name].add(provider)
+    return deps
+
+
+def topological(deps: dict[str, set[str]], order: list[str]) -> list[str]:
+    """`order` (registration order) rearranged so every resource follows what it waits for."""
+    done: set[str] = set()
+    result: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in done:
+            return
+        if name in path:
+            raise ExecutorError(f"dependency cycle: {' -> '.join((*path, name))}")
+        for dependency in sorted(deps.get(name, ())):
+            visit(dependency, (*path, name))
+        done.add(name)
+        result.append(name)
+
+    for name in order:
+        visit(name, ())
+    return result
+
+
+# ---------------------------------------------------------------- changes
+
+
+@dataclass(frozen=True)
+class Change:
+    """What the engine does with one resource between two renders."""
+
+    name: str
+    type: str
+    action: str  # create | update | replace | delete | same
+    delete_before_replace: bool = False
+    keys: tuple[str, ...] = ()
+
+
+def changes_between(old: Render | None, new: Render) -> dict[str, Change]:
+    """Per custom resource of either render: from tooling/changes.py when there is an old
+    render, every resource a `create` when there is none (day 0)."""
+    if old is None:
+        return {r.name: Change(r.name, r.type, "create") for r in new.custom_resources}
+    from tooling import changes  # the one table of replacement rules (issue 10)
+
+    result = {}
+    for entry in changes.diff(old, new):
+        entry = entry if isinstance(entry, dict) else asdict(entry)
+        action = str(entry.get("action", "same"))
+        strategy = str(entry.get("strategy") or "")
+        result[entry["name"]] = Change(
+            entry["name"],
+            entry["type"],
+            action,
+            delete_before_replace="delete-before" in strategy or "deleteBeforeReplace" in strategy,
+            keys=tuple(entry.get("keys") or ()),
+        )
+    for resource in new.custom_resources:
+        result.setdefault(resource.name, Change(resource.name, resource.type, "same"))
+    return result
+
+
+# ---------------------------------------------------------------- the executor
+
+
+@dataclass
+class Applied:
+    steps: list[StepResult] = field(default_factory=list)
+    state: dict[str, RecordedResource] = field(default_factory=dict)  # what now exists
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(step.ok for step in self.steps)
+
+
+class Executor:
+    """Runs resource steps in namespaces. `hosts` maps a node IP to where its things run."""
+
+    def __init__(
+        self,
+        hosts: dict[str, standins.Host],
+        *,
+        workers: int = 8,
+        log_dir: Path,
+        on_step: Callable[[StepResult], None] | None = None,
+        outputs: dict[str, dict[str, str]] | None = None,
+    ):
+        self.hosts = hosts
+        self.workers = workers
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.on_step = on_step
+        self.started = time.monotonic()
+        self.outputs: dict[str, dict[str, str]] = dict(outputs or {})  # command stdout/stderr
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------ where a resource runs
+
+    def host_of(self, resource: RecordedResource, rendered: Render) -> standins.Host | None:
+        inputs = plain(resource.inputs)
+        if resource.type == COMMAND:
+            ip = (inputs.get("connection") or {}).get("host")
+        elif resource.provider and "::" in resource.provider:
+            provider_name = resource.provider.split("::")[-2]
+            provider = next((r for r in rendered.resources if r.name == provider_name), None)
+            address = str(plain(provider.inputs).get("host", "")) if provider else ""
+            ip = address.rsplit("@", 1)[-1].split(":")[0] if address.startswith("ssh://") else None
+        else:
+            return None
+        if ip is None:
+            return None
+        if ip not in self.hosts:
+            raise ExecutorError(f"{resource.name}: host {ip} is not a node of the lab")
+        return self.hosts[ip]
+
+    # ------------------------------------------------ one resource operation
+
+    def _record(self, result: StepResult) -> StepResult:
+        if self.on_step is not None:
+            self.on_step(result)
+        return result
+
+    def _step_name(self, resource: RecordedResource, host: standins.Host | None) -> tuple[str, str]:
+        node = host.node if host is not None else "-"
+        name = resource.name.removeprefix(f"{node}-") if host is not None else resource.name
+        if resource.type == CONTAINER:
+            with contextlib.suppress(standins.StandInError):
+                name = standins.stand_in_for(
+                    standins.Container.from_inputs(resource.name, plain(resource.inputs))
+                ).kind
+        return node, name
+
+    def run_op(
+        self, op: str, resource: RecordedResource, rendered: Render, *, grace: float = 0
+    ) -> StepResult:
+        started = time.monotonic()
+        host = self.host_of(resource, rendered)
+        node, step = self._step_name(resource, host)
+        try:
+            ok, detail = self._dispatch(op, resource, host)
+        except (standins.StandInError, substitutions.SubstitutionError, ExecutorError, OSError) as error:
+            ok, detail = False, str(error)
+        except subprocess.TimeoutExpired as error:
+            ok, detail = False, f"timed out after {error.timeout:g} s"
+        return self._record(
+            StepResult(
+                node,
+                step,
+                ok,
+                detail,
+                resource.name,
+                op,
+                round(started - self.started, 3),
+                round(time.monotonic() - started, 3),
+            )
+        )
+
+    def _dispatch(self, op: str, resource: RecordedResource, host: standins.Host | None) -> tuple[bool, str]:
+        inputs = plain(resource.inputs)
+        if resource.type == COMMAND:
+            if host is None:
+                raise ExecutorError(f"{resource.name}: no connection.host")
+            text = (
+                inputs.get("delete")
+                if op == "delete"
+                else (
+                    inputs.get("update") or inputs.get("create") if op == "update" else inputs.get("create")
+                )
+            )
+            if not text:
+                return True, f"no {op} command"
+            return self._run_command(resource, host, op, text, inputs)
+        if resource.type == CONTAINER:
+            if host is None:
+                raise ExecutorError(f"{resource.name}: its docker provider has no ssh:// host")
+            container = standins.Container.from_inputs(resource.name, inputs)
+            try:
+                standins.stand_in_for(container)
+            except standins.StandInError as error:
+                # Shown in every report; the lab stays usable until the table has an entry.
+                return True, f"not run: {error}"
+            if op == "delete":
+                grace = container.destroy_grace_seconds * float(host.lab_env.get("QCL_LAB_CLOCK", "1"))
+                return True, standins.stop(host, container.name, grace=grace)
+            if op == "update":
+                return True, "updated in place (no process change)"
+            if op == "rerun":
+                running = standins.running(host, container.name)
+                if running is not None and running.container == asdict(container):
+                    return True, "running"
+                standins.stop(host, container.name)
+            detail, _ = standins.start(container, host)
+            return True, detail
+        if resource.type == IMAGE:
+            return True, "no docker pull in the lab: a stand-in needs no image"
+        if resource.type.startswith(PROVIDER_PREFIX):
+            return True, "provider"
+        return True, f"the lab has nothing to run for {resource.type} (skipped)"
+
+    def _run_command(
+        self, resource: RecordedResource, host: standins.Host, op: str, text: str, inputs: dict[str, Any]
+    ) -> tuple[bool, str]:
+        script = substitutions.script(
+            text, resource=resource.name, etc_root=host.etc_root, state_dir=host.state_dir
+        )
+        path = self.log_dir / f"{resource.name}.{op if op != 'rerun' else 'create'}.sh"
+        path.write_text(script)
+        env = {
+            "PATH": f"{host.bin_dir}:{standins.BASE_PATH}",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            **{key: str(value) for key, value in (inputs.get("environment") or {}).items()},
+            **host.lab_env,
+        }
+        previous = self.outputs.get(resource.name)
+        if op == "update" and previous is not None and inputs.get("addPreviousOutputInEnv", True):
+            # pulumi-command: the previous run's output is in the environment of the next.
+            env["PULUMI_COMMAND_STDOUT"] = previous.get("stdout", "")
+            env["PULUMI_COMMAND_STDERR"] = previous.get("stderr", "")
+        # As sshd runs a pulumi-command `create`: the login shell's `-c` with the whole script
+        # as one argument, so a script over Linux's 128 KiB argument cap fails here as it
+        # would on a host (the file above is the log of what ran).
+        try:
+            done = subprocess.run(
+                ["ip", "netns", "exec", host.namespace, "bash", "-c", script],
+                input=inputs.get("stdin"),
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT,
+                env=env,
+            )
+        except OSError as error:
+            if error.errno != errno.E2BIG:
+                raise
+            sizes = {"the command": len(script.encode())} | {
+                f"${key}": len(f"{key}={value}".encode()) for key, value in env.items()
+            }
+            what, size = max(sizes.items(), key=lambda item: item[1])
+            return False, (
+                f"{what} is {size} bytes, over Linux's limit of {MAX_ARG_STRLEN} for one argument "
+                "or environment string: a host's sshd could not run it either"
+            )
+        with self._lock:
+            self.outputs[resource.name] = {"stdout": done.stdout, "stderr": done.stderr}
+        output = (done.stdout + done.stderr).strip()
+        if done.returncode != 0:
+            return False, f"exit {done.returncode}: {output[-2000:]}"
+        return True, output[-2000:]
+
+    # ------------------------------------------------ a whole apply
+
+    def apply(
+        self,
+        old: Render | None,
+        new: Render,
+        *,
+        state: dict[str, RecordedResource] | None = None,
+        rerun: bool = False,
+    ) -> Applied:
+        """`pulumi up` from `old` to `new`. `rerun`: every command runs again as an in-place
+        update would, containers whose inputs did not change are left running (the lab's
+        idempotency check)."""
+        self.started = time.monotonic()
+        applied = Applied(state=dict(state or {r.name: r for r in (old.custom_resources if old else [])}))
+        changes = changes_between(old, new)
+        new_by_name = {r.name: r for r in new.custom_resources}
+        old_by_name = {r.name: r for r in old.custom_resources} if old else {}
+        deps = graph(new)
+        order = topological(deps, [r.name for r in new.custom_resources])
+        deferred: list[str] = []  # old resources to delete at the end
+        failed = threading.Event()
+
+        def step(name: str) -> list[StepResult]:
+            change = changes[name]
+            resource = new_by_name[name]
+            results: list[StepResult] = []
+            action = change.action
+            if rerun and action == "same":
+                action = "rerun"
+            if action == "same":
+                return results
+            if action == "replace" and change.delete_before_replace:
+                results.append(self.run_op("delete", old_by_name[name], old))
+                if not results[-1].ok:
+                    return results
+                applied.state.pop(name, None)
+                action = "create"
+            elif action == "replace":
+                deferred.append(name)
+                action = "create"
+            if action == "rerun" and resource.type == COMMAND:
+                action = "update"
+            results.append(self.run_op(action, resource, new))
+            if results[-1].ok:
+                applied.state[name] = resource
+            return results
+
+        pending = {name: set(deps.get(name, ())) & set(order) for name in order}
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            running: dict[Future, str] = {}
+            finished: set[str] = set()
+            while pending or running:
+                if not failed.is_set():
+                    for name in [n for n in order if n in pending and pending[n] <= finished]:
+                        del pending[name]
+                        running[pool.submit(step, name)] = name
+                elif not running:
+                    break
+                if not running:
+                    if pending:
+                        stuck = ", ".join(sorted(pending))
+                        raise ExecutorError(f"nothing can start; waiting forever: {stuck}")
+                    break
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    name = running.pop(future)
+                    results = future.result()
+                    applied.steps += results
+                    if all(r.ok for r in results):
+                        finished.add(name)
+                    else:
+                        failed.set()
+        if failed.is_set():
+            applied.seconds = time.monotonic() - self.started
+            return applied
+        # Deletes last: removed resources and create-before-delete replacements, each only
+        # after whatever depended on it is gone (reverse dependency order of the old render).
+        removed = [name for name, change in changes.items() if change.action == "delete"]
+        doomed = set(removed) | set(deferred)
+        if old is not None and doomed:
+            old_deps = graph(old)
+            old_order = topological(old_deps, [r.name for r in old.custom_resources])
+            for name in reversed([n for n in old_order if n in doomed]):
+                result = self.run_op("delete", old_by_name[name], old)
+                applied.steps.append(result)
+                if not result.ok:
+                    break
+                if name in removed:
+                    applied.state.pop(name, None)
+        applied.seconds = time.monotonic() - self.started
+        return applied
+
+
+def state_render(stack: str, state: dict[str, RecordedResource], new: Render) -> Render:
+    """What exists after an apply, as a render: the version of each resource that exists (the
+    new one where its step ran, the old one where it did not), components from the new render,
+    leftovers of the old one after them."""
+    resources = [state.get(r.name, r) for r in new.resources if not r.custom or r.name in state]
+    names = {r.name for r in resources}
+    resources += [r for name, r in state.items() if name not in names]
+    return Render(stack, resources, new.outputs, [])

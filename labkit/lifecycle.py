@@ -1,0 +1,440 @@
+"""Build, check and tear down a lab from a LabPlan.
+
+Everything the lab makes is named with the plan's prefix (`qcl-<label>-`): namespaces,
+their /etc/netns/<ns>/ directories, and the state directory under /run. `down` finds it
+all again by that prefix, so it also cleans up after a crash. Nothing is created in the
+host's network namespace: the bridge lives in the switch namespace and every member's
+only link is a veth into it; no namespace has a route off the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labkit import executor, netns, renderers, standins, substitutions
+from labkit.blueprint import BRIDGE, MEMBER_IF, PREFIX, STATE_ROOT, LabPlan, Member, namespace_prefix
+from labkit.executor import StepResult
+from qwen_cluster.config import NAMESPACE
+from tooling.offline import Render
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Per-node copies of the host's files that the rendered scripts write to. `ip netns exec`
+# bind-mounts /etc/netns/<ns>/<entry> over /etc/<entry>, so ufw's rules, /etc/default/ufw,
+# the sysctl drop-in and nftables.conf land in the node's copy and the host's /etc stays as it was.
+ETC_ENTRIES = ("sysctl.d", "ufw", "default", "nftables.conf")
+ETC_MARKER = Path(STATE_ROOT) / "created-etc-netns"
+IPERF_PORT = 5201
+# The guide's trap: nginx cuts an upstream that stays silent for proxy_read_timeout, 60 s
+# by default. A thinking pause just past it must pass through.
+NGINX_DEFAULT_READ_TIMEOUT = 60
+THINKING_PAUSE = NGINX_DEFAULT_READ_TIMEOUT + 1
+# The lab's clock: 1/30 turns the 61 s pause into about 2 s, and scales the load balancer's
+# idle timeout alike, so the check keeps the ratio the stack promises without waiting minutes.
+DEFAULT_CLOCK_SCALE = 1 / 30
+
+
+# vLLM loads Qwen3-32B's weights for minutes before /health answers; the stand-in takes this
+# long (on the lab clock: 2 s at 1/30), answering 503 meanwhile.
+MODEL_LOAD_SECONDS = 60.0
+
+
+@dataclass
+class Options:
+    clock_scale: float = DEFAULT_CLOCK_SCALE
+    token_delay: float = 0.005
+    workers: int = 8
+    model_load_seconds: float = MODEL_LOAD_SECONDS
+
+
+@dataclass
+class UpReport:
+    steps: list[StepResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # the lab's stack substitutions
+    applied: executor.Applied | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(step.ok for step in self.steps)
+
+
+def state_dir(plan: LabPlan) -> Path:
+    return Path(plan.state_dir)
+
+
+# ---------------------------------------------------------------- topology
+
+
+def _member_link(plan: LabPlan, member: Member) -> None:
+    ns = member.namespace
+    netns.add(ns)
+    have = netns.run(["ip", "-n", plan.switch, "link", "show", member.switch_port], check=False)
+    if have.returncode != 0:
+        # Created in the switch namespace, the peer moved straight into the member: no
+        # interface of the lab ever exists in the host's namespace.
+        netns.run(
+            ["ip", "-n", plan.switch, "link", "add", member.switch_port, "type", "veth"]
+            + ["peer", "name", MEMBER_IF, "netns", ns]
+        )
+    netns.run(["ip", "-n", plan.switch, "link", "set", member.switch_port, "master", BRIDGE, "up"])
+    netns.run(["ip", "-n", ns, "addr", "replace", f"{member.ip}/{member.prefixlen}", "dev", MEMBER_IF])
+    netns.run(["ip", "-n", ns, "link", "set", MEMBER_IF, "up"])
+    # On-link host routes to every other lab address and nothing else: no default route.
+    for other in plan.members:
+        if other.ip != member.ip:
+            netns.run(["ip", "-n", ns, "route", "replace", f"{other.ip}/32", "dev", MEMBER_IF])
+
+
+def _etc_copy(namespace: str) -> None:
+    target = netns.NETNS_ETC / namespace
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in ETC_ENTRIES:
+        source, copy = Path("/etc") / entry, target / entry
+        if copy.exists() or copy.is_symlink():
+            continue
+        if source.is_dir():
+            shutil.copytree(source, copy, symlinks=True)
+        elif source.exists():
+            shutil.copy2(source, copy)
+        # An entry the host lacks cannot be bind-mounted; the scripts would write to /etc.
+        # Create it so that the write lands in the node's copy.
+        elif entry.endswith(".d") or entry in ("ufw", "default"):
+            copy.mkdir()
+        else:
+            copy.touch()
+
+
+# ---------------------------------------------------------------- where things run
+
+
+def node_etc(member: Member) -> str:
+    return str(netns.NETNS_ETC / member.namespace)
+
+
+def node_state(plan: LabPlan, member: Member) -> str:
+    return str(state_dir(plan) / member.node)
+
+
+def bin_dir(plan: LabPlan) -> Path:
+    return state_dir(plan) / "bin"
+
+
+def state_file(plan: LabPlan) -> Path:
+    """The last applied render (and the config it came from): what the next apply diffs against."""
+    return state_file_for(plan.label)
+
+
+def state_file_for(label: str) -> Path:
+    return Path(STATE_ROOT) / label / "applied.json"
+
+
+def host(plan: LabPlan, member: Member, options: Options) -> standins.Host:
+    state = node_state(plan, member)
+    return standins.Host(
+        node=member.node,
+        namespace=member.namespace,
+        ip=member.ip,
+        etc_root=node_etc(member),
+        state_dir=state,
+        bin_dir=str(bin_dir(plan)),
+        lab_env={
+            "QCL_LAB_STATE": str(state_dir(plan)),
+            "QCL_LAB_NODE": member.node,
+            "QCL_LAB_NAMESPACE": member.namespace,
+            "QCL_LAB_NODE_IP": member.ip,
+            "QCL_LAB_NODE_STATE": state,
+            "QCL_LAB_ETC": node_etc(member),
+            "QCL_LAB_BIN": str(bin_dir(plan)),
+            "QCL_LAB_CLOCK": f"{options.clock_scale:g}",
+            "QCL_LAB_TOKEN_DELAY": f"{options.token_delay:g}",
+            "QCL_LAB_LOAD_DELAY": f"{options.model_load_seconds * options.clock_scale:.3f}",
+            **substitutions.environment(node_etc(member), state, str(bin_dir(plan))),
+        },
+    )
+
+
+def hosts(plan: LabPlan, options: Options) -> dict[str, standins.Host]:
+    return {member.ip: host(plan, member, options) for member in plan.nodes}
+
+
+def plan_from_config(config: dict[str, Any], label: str) -> LabPlan:
+    from labkit import blueprint
+
+    return blueprint.from_stack_config(config, label)
+
+
+def stack_config(plan: LabPlan) -> dict[str, Any]:
+    """The `config:` map the lab renders: the stack file's when the plan came from one."""
+    if plan.stack_config is not None:
+        return plan.stack_config
+    dumped = plan.cluster.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {f"{NAMESPACE}:{key}": value for key, value in dumped.items()}
+
+
+# ---------------------------------------------------------------- the machines
+
+
+def _start(plan: LabPlan, member: Member, name: str, argv: list[str]) -> StepResult:
+    pidfile = state_dir(plan) / f"{member.node}.{name}.pid"
+    argfile = pidfile.with_suffix(".argv")
+    if _alive(pidfile, member.namespace):
+        if not argfile.exists() or argfile.read_text() == json.dumps(argv):
+            return StepResult(member.node, name, True, "running", op="fixture")
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)  # started with other arguments
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _alive(pidfile, member.namespace):
+            time.sleep(0.02)
+    process = netns.spawn(
+        member.namespace,
+        argv,
+        state_dir(plan) / f"{member.node}.{name}.log",
+        env={"PYTHONPATH": str(PROJECT_ROOT)},
+    )
+    pidfile.write_text(str(process.pid))
+    argfile.write_text(json.dumps(argv))
+    return StepResult(member.node, name, True, f"started pid {process.pid}", op="fixture")
+
+
+def _alive(pidfile: Path, namespace: str) -> bool:
+    try:
+        pid = int(pidfile.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return pid in netns.pids(namespace)
+
+
+def served_ports(rendered: Render, member: Member) -> set[int]:
+    """Ports a container of the program serves on this node (the holder leaves them alone)."""
+    served = set()
+    for resource in rendered.of_type(executor.CONTAINER):
+        provider = (resource.provider or "").split("::")[-2] if "::" in (resource.provider or "") else ""
+        owner = next((r for r in rendered.resources if r.name == provider), None)
+        if owner is None or not str(executor.plain(owner.inputs).get("host", "")).endswith(f"@{member.ip}"):
+            continue
+        container = standins.Container.from_inputs(resource.name, executor.plain(resource.inputs))
+        served |= set(standins.serves(container))
+    return served
+
+
+def holder(plan: LabPlan, member: Member, rendered: Render) -> StepResult:
+    """A listener on every probed port no container serves, so that a probe that fails was
+    refused by the firewall, not by an empty port."""
+    hold = [port for port in plan.probe_ports(member.node) if port not in served_ports(rendered, member)]
+    argv = [sys.executable, "-m", "labkit.modelserver", "--node", member.node]
+    argv += ["--hold", ",".join(map(str, hold))]
+    return _start(plan, member, "holder", argv)
+
+
+def machines(plan: LabPlan, options: Options) -> list[StepResult]:
+    """The hosts the program is applied to: namespaces on the lab switch, their /etc copies
+    and state dirs, the shims, an iperf3 server each. Idempotent."""
+    missing = netns.missing_requirements()
+    if missing:
+        raise netns.NetnsError("; ".join(missing))
+    state_dir(plan).mkdir(parents=True, exist_ok=True)
+    if not netns.NETNS_ETC.exists():
+        # Remembered so that `down` removes /etc/netns only if the lab made it.
+        netns.NETNS_ETC.mkdir()
+        ETC_MARKER.touch()
+    netns.add(plan.switch)
+    if netns.run(["ip", "-n", plan.switch, "link", "show", BRIDGE], check=False).returncode != 0:
+        netns.run(["ip", "-n", plan.switch, "link", "add", BRIDGE, "type", "bridge"])
+    netns.run(["ip", "-n", plan.switch, "link", "set", BRIDGE, "up"])
+    substitutions.install_shims(bin_dir(plan), PROJECT_ROOT)
+    with ThreadPoolExecutor(max_workers=options.workers) as pool:
+        list(pool.map(lambda member: _member_link(plan, member), plan.members))
+    steps = []
+    for member in plan.nodes:
+        _etc_copy(member.namespace)
+        (Path(node_state(plan, member)) / "containers").mkdir(parents=True, exist_ok=True)
+        steps.append(_start(plan, member, "iperf3", ["iperf3", "-s", "-p", str(IPERF_PORT)]))
+    return steps
+
+
+def _prune(plan: LabPlan) -> list[str]:
+    """Namespaces of nodes that left the stack (after their resources were deleted)."""
+    keep = set(plan.namespaces)
+    gone = [name for name in lab_namespaces(plan.label) if name not in keep]
+    for name in gone:
+        netns.delete(name)
+    return gone
+
+
+# ---------------------------------------------------------------- applying the program
+
+
+def apply(
+    plan: LabPlan,
+    options: Options,
+    *,
+    config: dict[str, Any] | None = None,
+    rerun: bool = False,
+    on_step=None,
+) -> UpReport:
+    """`pulumi up` of `config` (default: the plan's) onto the lab: the program rendered under
+    mocks, then what it registered executed in the namespaces, from the last applied render
+    (none: day 0) to this one. The machines come first; nodes that left go last."""
+    report = UpReport(steps=machines(plan, options))
+    config = stack_config(plan) if config is None else config
+    rendered, report.notes = executor.render(config, plan.label, options.clock_scale)
+    for member in plan.nodes:
+        report.steps.append(holder(plan, member, rendered))
+    previous = executor.load_state(state_file(plan))
+    old = previous.render if previous else None
+    # A node that leaves is still there while its resources are deleted.
+    where = hosts(plan_from_config(previous.config, plan.label), options) if previous else {}
+    engine = executor.Executor(
+        {**where, **hosts(plan, options)},
+        workers=options.workers,
+        log_dir=state_dir(plan) / "scripts",
+        on_step=on_step,
+        outputs=previous.outputs if previous else None,
+    )
+    applied = engine.apply(old, rendered, rerun=rerun)
+    executor.save_state(
+        state_file(plan), config, executor.state_render(plan.label, applied.state, rendered), engine.outputs
+    )
+    report.steps += applied.steps
+    report.applied = applied
+    if applied.ok:
+        _prune(plan)
+        report.steps.append(wait_until_serving(plan, options))
+    return report
+
+
+def up(plan: LabPlan, options: Options | None = None, *, rerun: bool = False) -> UpReport:
+    """Build the lab and apply the stack. A later `up` applies only what changed since the
+    last; `rerun` runs every command again (in place) and restarts no container whose
+    inputs are unchanged (the lab's idempotency check)."""
+    return apply(plan, options or Options(), rerun=rerun)
+
+
+def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
+    """Every replica head answers /health (the stand-in loads for model_load_seconds on the
+    lab clock), asked from the load-balancer node as nginx would."""
+    from labkit import probes
+
+    started = time.monotonic()
+    limit = options.model_load_seconds * options.clock_scale + 15
+    lb = plan.load_balancer.namespace
+    waiting = list(plan.heads)
+    while waiting and time.monotonic() - started < limit:
+        waiting = [
+            head
+            for head in waiting
+            if netns.call_in(lb, probes.get, head.ip, plan.cluster.model_port, "/health", timeout=1).status
+            != 200
+        ]
+        if waiting:
+            time.sleep(0.1)
+    seconds = time.monotonic() - started
+    if waiting:
+        names = ", ".join(head.node for head in waiting)
+        return StepResult(
+            plan.load_balancer.node, "serving", False, f"no /health 200 from {names} in {seconds:.1f} s"
+        )
+    return StepResult(
+        plan.load_balancer.node, "serving", True, f"every replica healthy after {seconds:.2f} s", op="fixture"
+    )
+
+
+# ---------------------------------------------------------------- stand-ins, for fault tests
+
+
+def _record(plan: LabPlan, member: Member, kind: str, options: Options | None = None):
+    node_host = host(plan, member, options or Options())
+    for record in standins.all_records(state_dir(plan)):
+        if record.kind == kind and record.host["node"] == member.node:
+            return node_host, record
+    raise standins.StandInError(f"no {kind} container on {member.node}")
+
+
+def stop_model_server(plan: LabPlan, member: Member) -> None:
+    """The model container dies (SIGKILL, as a crash)."""
+    node_host, record = _record(plan, member, "model")
+    if standins.alive(record.pid):
+        os.killpg(record.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and standins.alive(record.pid):
+            time.sleep(0.02)
+
+
+def start_model_server(plan: LabPlan, member: Member, options: Options) -> StepResult:
+    """The same container started again (`docker start`, or its restart policy)."""
+    try:
+        node_host, record = _record(plan, member, "model", options)
+        return StepResult(member.node, "model", True, standins.restart(node_host, record.name))
+    except standins.StandInError as error:
+        return StepResult(member.node, "model", False, str(error))
+
+
+def delivered_nginx_conf(plan: LabPlan) -> str:
+    """The nginx.conf the load balancer runs: what the program delivered, as the lab runs it."""
+    node_host, record = _record(plan, plan.load_balancer, "nginx")
+    return standins.nginx_conf_path(standins.Container(**record.container), node_host).read_text()
+
+
+# ---------------------------------------------------------------- a rule set of the test's own
+
+
+def _script(plan: LabPlan, member: Member, step: str, text: str) -> StepResult:
+    path = state_dir(plan) / f"{member.node}.{step}.sh"
+    path.write_text(text)
+    done = netns.exec_in(member.namespace, ["bash", str(path)], check=False, timeout=120)
+    output = (done.stdout + done.stderr).strip()
+    return StepResult(member.node, step, done.returncode == 0, output[-2000:])
+
+
+def firewall(plan: LabPlan, member: Member, flavour: str | None = None, rules=None) -> StepResult:
+    """A firewall the fault tests choose (another flavour, the guide's strict rules), rendered
+    by the project's renderer with the lab's paths; the program's own runs through `apply`."""
+    text = renderers.firewall_script(
+        plan.cluster,
+        member.node,
+        etc_root=node_etc(member),
+        state_dir=node_state(plan, member),
+        flavour=flavour,
+        rules=rules,
+    )
+    return _script(plan, member, "firewall", text)
+
+
+def lab_namespaces(label: str | None = None) -> list[str]:
+    prefix = namespace_prefix(label) if label else PREFIX
+    return [name for name in netns.listed() if name.startswith(prefix)]
+
+
+def down(label: str | None = None) -> list[str]:
+    """Remove every namespace (and its processes and /etc/netns dir) of the lab `label`,
+    or of every lab when label is None. Works from names alone, so also after a crash."""
+    removed = lab_namespaces(label)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(netns.delete, removed))
+    prefix = namespace_prefix(label) if label else PREFIX
+    if netns.NETNS_ETC.exists():
+        for leftover in netns.NETNS_ETC.iterdir():
+            if leftover.name.startswith(prefix):
+                shutil.rmtree(leftover, ignore_errors=True)
+    root = Path(STATE_ROOT)
+    if label:
+        shutil.rmtree(root / label, ignore_errors=True)
+    elif root.exists():
+        for entry in root.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+    created = ETC_MARKER.exists()
+    remaining = [entry for entry in root.iterdir() if entry.is_dir()] if root.exists() else []
+    if not remaining:
+        netns.remove_etc_root_if_empty(created)
+        ETC_MARKER.unlink(missing_ok=True)
+        if root.exists() and not any(root.iterdir()):
+            root.rmdir()
+    return removed

@@ -1,0 +1,191 @@
+"""The programs the lab answers itself inside a node's namespace (why: substitutions.SHIMS).
+
+Run as `python -m labkit.shims NAME ARGS...` by the launchers `substitutions.
+install_shims` writes; the launchers come first on PATH for the program's commands and the
+stand-ins. The node comes from the environment the executor sets (QCL_LAB_*).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from labkit import standins
+
+
+def _host() -> standins.Host:
+    state = Path(os.environ["QCL_LAB_NODE_STATE"])
+    return standins.Host(
+        node=os.environ["QCL_LAB_NODE"],
+        namespace=os.environ["QCL_LAB_NAMESPACE"],
+        ip=os.environ.get("QCL_LAB_NODE_IP", ""),
+        etc_root=os.environ["QCL_LAB_ETC"],
+        state_dir=str(state),
+        bin_dir=os.environ["QCL_LAB_BIN"],
+        lab_env={key: value for key, value in os.environ.items() if key.startswith("QCL_LAB_")},
+    )
+
+
+def systemctl(args: list[str]) -> int:
+    print(f"lab: systemctl {' '.join(args)}: skipped (no persistence in the lab)")
+    return 0
+
+
+def timedatectl(args: list[str]) -> int:
+    if "NTPSynchronized" in " ".join(args):
+        print("yes")
+    else:
+        print("System clock synchronized: yes (lab: one clock for every namespace)")
+    return 0
+
+
+def _signal(name: str) -> int:
+    name = name.upper()
+    if name.isdigit():
+        return int(name)
+    return int(getattr(signal, name if name.startswith("SIG") else f"SIG{name}"))
+
+
+def docker(args: list[str]) -> int:
+    """The few docker commands a program's remote command may run against its containers."""
+    if not args:
+        print("lab docker: no command", file=sys.stderr)
+        return 125
+    command, rest = args[0], args[1:]
+    host = _host()
+    try:
+        if command == "kill":
+            sig = signal.SIGKILL
+            names = []
+            index = 0
+            while index < len(rest):
+                word = rest[index]
+                if word in ("-s", "--signal"):
+                    sig, index = _signal(rest[index + 1]), index + 2
+                    continue
+                if word.startswith("--signal="):
+                    sig = _signal(word.split("=", 1)[1])
+                elif not word.startswith("-"):
+                    names.append(word)
+                index += 1
+            for name in names:
+                print(standins.send(host, name, sig), file=sys.stderr)
+                print(name)
+            return 0
+        if command == "exec":
+            words = [word for word in rest if not word.startswith("-")]
+            name, inner = words[0], words[1:]
+            if inner[:3] == ["nginx", "-s", "reload"]:
+                print(standins.send(host, name, signal.SIGHUP), file=sys.stderr)
+                return 0
+            if inner[:1] == ["nginx"] and "-t" in inner:
+                done = standins.nginx_test(host, name)
+                sys.stderr.write(done.stderr)
+                return done.returncode
+            print(f"lab docker: exec {' '.join(inner)} in {name} is not modelled", file=sys.stderr)
+            return 126
+        if command in ("restart", "start"):
+            for name in [word for word in rest if not word.startswith("-")]:
+                if command == "start" and standins.running(host, name):
+                    print(name)
+                    continue
+                print(standins.restart(host, name), file=sys.stderr)
+                print(name)
+            return 0
+        if command == "stop":
+            for name in [word for word in rest if not word.startswith("-")]:
+                print(standins.stop(host, name, grace=10.0), file=sys.stderr)
+                print(name)
+            return 0
+        if command == "inspect":
+            name = [word for word in rest if not word.startswith("-") and "{{" not in word][-1]
+            record = standins.running(host, name)
+            if "{{.State.Running}}" in " ".join(rest):
+                print("true" if record else "false")
+                return 0 if standins.read_record(host, name) else 1
+            return 0 if record else 1
+    except standins.StandInError as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(
+        f"lab docker: `docker {command}` is not modelled by the lab (labkit/shims.py)",
+        file=sys.stderr,
+    )
+    return 125
+
+
+def vllm(args: list[str]) -> int:
+    """`vllm serve MODEL --host H --port P ...` -> the stand-in model server."""
+    if not args or args[0] != "serve":
+        print(f"lab vllm: only `vllm serve` is modelled, not {' '.join(args)}", file=sys.stderr)
+        return 2
+    model = args[1] if len(args) > 1 and not args[1].startswith("-") else "Qwen/Qwen3-32B"
+
+    def flag(name: str, default: str) -> str:
+        for index, word in enumerate(args):
+            if word == name and index + 1 < len(args):
+                return args[index + 1]
+            if word.startswith(name + "="):
+                return word.split("=", 1)[1]
+        return default
+
+    env = os.environ
+    argv = [sys.executable, "-m", "labkit.modelserver", "--node", env.get("QCL_LAB_NODE", "?")]
+    argv += ["--host", flag("--host", "0.0.0.0"), "--port", flag("--port", "8000"), "--model", model]
+    argv += [
+        "--token-delay",
+        env.get("QCL_LAB_TOKEN_DELAY", "0"),
+        "--load-delay",
+        env.get("QCL_LAB_LOAD_DELAY", "0"),
+    ]
+    argv += ["--image", env.get("QCL_LAB_IMAGE", "")]
+    print(f"lab vllm: stand-in for `vllm serve {' '.join(args[1:])}`", flush=True)
+    os.execv(sys.executable, argv)
+    return 0
+
+
+def ray(args: list[str]) -> int:
+    if "--block" in args:
+        print("lab ray: holding like `ray start --block`", flush=True)
+        signal.pause()
+    print(f"lab ray: `ray {' '.join(args)}`: ok")
+    return 0
+
+
+def nginx_ctl(args: list[str]) -> int:
+    """QWEN_NGINX_CTL test|reload: 3 when no nginx runs on this node, else nginx's own status."""
+    host = _host()
+    record = standins.running_kind(host, "nginx")
+    if record is None:
+        print("lab nginx-ctl: nginx is not running on this node", file=sys.stderr)
+        return 3
+    if args[:1] == ["test"]:
+        done = standins.nginx_test(host, record.name)
+        sys.stderr.write(done.stderr)
+        return done.returncode
+    if args[:1] == ["reload"]:
+        print(standins.send(host, record.name, signal.SIGHUP), file=sys.stderr)
+        return 0
+    print(f"lab nginx-ctl: test or reload, not {' '.join(args)}", file=sys.stderr)
+    return 2
+
+
+HANDLERS = {
+    "systemctl": systemctl,
+    "timedatectl": timedatectl,
+    "docker": docker,
+    "vllm": vllm,
+    "ray": ray,
+    "nginx-ctl": nginx_ctl,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return HANDLERS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Every way the lab departs from what the program registered, in one place.
+
+The lab runs the program's own commands and containers. A namespace on this machine is not
+a host, though, so a few things are substituted, each for the reason given beside it:
+
+1. Stack config (before the render): the lab's clock, and the hosts the lab has.
+2. Script text (after the render): paths that would land on this machine's disk.
+3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
+   machine rather than on the namespace (`systemctl`, `docker`, `timedatectl`), and the
+   container stand-ins (`vllm`, `ray`).
+4. The container stand-ins themselves (`labkit/standins.py`: image -> process).
+
+After substitution a script must not name any of `FORBIDDEN`: if a program change brings a
+new host path, the lab refuses to run it (naming the resource) instead of touching the host.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from qwen_cluster.config import NAMESPACE
+
+# -------------------------------------------------------------- 1. stack config
+
+# A veth reports 10000 Mbit/s (/sys/class/net/<if>/speed): the lab's hosts have 10 Gbit/s NICs.
+VETH_GBPS = 10
+# Stack-config keys holding durations in seconds, put on the lab's clock (Options.clock_scale):
+# with 1/30 the hour of idle timeout is 2 minutes and the 5-minute drain 10 s, so the ratios
+# the stack promises hold while a rehearsal takes seconds.
+CLOCK_KEYS = (
+    ("loadBalancer", "idleTimeoutSeconds"),
+    ("rollout", "drainTimeoutSeconds"),
+    ("rollout", "healthTimeoutSeconds"),
+    # Every monitoring duration follows the scrape interval (qwen_cluster/render/monitoring.py):
+    # 15 s becomes 1 s, an alert's `for` four seconds.
+    ("monitoring", "scrapeIntervalSeconds"),
+)
+
+
+def stack_config(raw: dict[str, Any], clock_scale: float) -> tuple[dict[str, Any], list[str]]:
+    """The stack config the lab renders, and one line per substitution made."""
+    config = copy.deepcopy(raw)
+    made: list[str] = []
+
+    def section(name: str) -> dict[str, Any] | None:
+        value = config.get(f"{NAMESPACE}:{name}")
+        return value if isinstance(value, dict) else None
+
+    for name, key in CLOCK_KEYS:
+        values = section(name)
+        if values is not None and isinstance(values.get(key), int | float):
+            scaled = max(1, round(values[key] * clock_scale))
+            made.append(f"{name}.{key} {values[key]} -> {scaled} (lab clock)")
+            values[key] = scaled
+    tuning = section("tuning")
+    if tuning is not None and tuning.get("rdma"):
+        # No RDMA NIC in a namespace: the lab's hosts run NCCL over TCP, as the stack would
+        # with tuning.rdma false (and the rdma step installs nothing from the network).
+        tuning["rdma"] = False
+        made.append("tuning.rdma true -> false (no RDMA NIC in a namespace)")
+    bare_metal = section("bareMetal")
+    if bare_metal is not None and bare_metal.get("nicSpeedGbps", VETH_GBPS) != VETH_GBPS:
+        made.append(f"bareMetal.nicSpeedGbps {bare_metal['nicSpeedGbps']} -> {VETH_GBPS} (a veth's speed)")
+        bare_metal["nicSpeedGbps"] = VETH_GBPS
+    return config, made
+
+
+# -------------------------------------------------------------- 2. script text
+
+
+def path_map(etc_root: str, state_dir: str) -> list[tuple[str, str]]:
+    """Host paths the program's scripts write, and where the lab puts them for one node.
+
+    /etc/<entry> for the entries `lab.ETC_ENTRIES` copies needs no substitution: `ip netns
+    exec` bind-mounts /etc/netns/<ns>/<entry> over it. A directory the host does not have
+    cannot be bind-mounted (`ip netns exec` warns and goes on, and the write would land on the
+    host), so it is rewritten to the node's lab dir instead; not under /etc/netns/<ns>/, where
+    every `ip netns exec` would try, and fail, to mount it."""
+    return [
+        ("/etc/qwen-cluster", f"{state_dir}/etc-qwen-cluster"),
+        ("/var/lib/qwen-cluster", state_dir),
+        ("/var/cache/qwen-cluster", f"{state_dir}/cache"),
+    ]
+
+
+# Applying the host's every sysctl file from inside a namespace would re-set the global keys
+# (kernel.*, vm.*) of this machine: the lab applies the program's drop-in alone.
+TEXT = (("sysctl -e --system", 'sysctl -e -p "$dropin"'),)
+FORBIDDEN = ("/etc/qwen-cluster", "/var/lib/qwen-cluster", "/var/cache/qwen-cluster", "--system")
+
+
+class SubstitutionError(RuntimeError):
+    pass
+
+
+def script(text: str, *, resource: str, etc_root: str, state_dir: str) -> str:
+    """A registered command's text as the lab runs it in a node's namespace."""
+    for old, new in [*path_map(etc_root, state_dir), *TEXT]:
+        text = text.replace(old, new)
+    left = [word for word in FORBIDDEN if word in text]
+    if left:
+        raise SubstitutionError(
+            f"{resource}: the script still names {', '.join(left)} after the lab's substitutions; "
+            "add a substitution in labkit/substitutions.py rather than touch this machine"
+        )
+    return text
+
+
+def host_path(path: str, *, etc_root: str, state_dir: str) -> str:
+    """A host path a container mounts (a volume's host_path), as the lab keeps it."""
+    for old, new in path_map(etc_root, state_dir):
+        if path == old or path.startswith(old + "/"):
+            return new + path[len(old) :]
+    if path.startswith("/etc/"):
+        return etc_root + path[len("/etc") :]
+    return path
+
+
+def environment(etc_root: str, state_dir: str, bin_dir: str) -> dict[str, str]:
+    """The lab hooks the bare-metal scripts read (qwen_cluster/render/shell.py LAB_HOOKS); a real
+    host never has them (sshd passes only AcceptEnv variables; pulumi-command sets none)."""
+    return {
+        "QWEN_STATE_DIR": state_dir,  # not the /var/lib/qwen-cluster every namespace shares
+        "QWEN_PERSIST": "no",  # no boot persistence: nothing is enabled for a boot that never comes
+        "QWEN_SYSCTL_SCOPE": "dropin",  # only the drop-in: `--system` would re-set global keys
+        "QWEN_NGINX_CTL": f"{bin_dir}/nginx-ctl",  # test/reload the nginx stand-in, not a container
+    }
+
+
+# -------------------------------------------------------------- 3. shims on PATH
+
+# name -> why the lab answers it itself (the handler is labkit/shims.py)
+SHIMS = {
+    "systemctl": "no persistence: nothing is enabled for a boot that never comes",
+    "docker": "containers are stand-in processes: kill/exec/restart reach them, not dockerd",
+    "timedatectl": "every namespace shares this machine's clock: synchronised by construction",
+    "vllm": "`vllm serve` starts the stand-in model server (labkit/modelserver.py)",
+    "ray": "`ray start` succeeds; `--block` holds the container like a pipeline worker",
+    "nginx-ctl": "QWEN_NGINX_CTL: `test` / `reload` the node's nginx stand-in (exit 3: not running)",
+}
+
+
+def install_shims(bin_dir: Path, project_root: Path) -> Path:
+    """Write one small launcher per shim into `bin_dir` (prepended to PATH in namespaces)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in SHIMS:
+        path = bin_dir / name
+        path.write_text(
+            "#!/bin/sh\n"
+            f'PYTHONPATH={project_root} exec {sys.executable} -m labkit.shims {name} "$@"\n'
+        )
+        path.chmod(0o755)
+    return bin_dir
+
+
+# -------------------------------------------------------------- 4. nginx's image filesystem
+
+# The official nginx image's own paths, as the real nginx process the lab runs keeps them.
+NGINX_IMAGE_PATHS = ("/var/cache/nginx", "/var/log/nginx", "/var/run/nginx.pid", "/run/nginx.pid")
+
+
+def nginx_conf(text: str, *, run_dir: str, mounts: dict[str, str]) -> str:
+    """The delivered nginx.conf for a process outside the image: the image's paths under
+    `run_dir`, files the container mounts at their host paths, workers as nginx's default
+    user (the image's `nginx` user does not exist here)."""
+    text = re.sub(r"^\s*user\s+[^;]+;\s*$\n?", "", text, flags=re.M)
+    for container_path in sorted(mounts, key=len, reverse=True):
+        text = text.replace(container_path, mounts[container_path])
+    for path in NGINX_IMAGE_PATHS:
+        text = text.replace(path, f"{run_dir}/{Path(path).name}")
+    return text

@@ -1,0 +1,116 @@
+"""ModelLoadBalancer: the NLB in front of the replica heads' model port."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+HEALTH_CHECK_PATH = "/health"  # vLLM's OpenAI server answers 200 once the model is loaded
+# AWS: tcp_idle_timeout_seconds is 60-6000 (config.IDLE_TIMEOUT_LIMITS checks it).
+
+
+@dataclass
+class ModelLoadBalancerArgs:
+    vpc_id: pulumi.Input[str]
+    subnet_ids: list[pulumi.Input[str]]
+    security_group_id: pulumi.Input[str]
+    internal: bool
+    listener_port: int
+    model_port: int
+    idle_timeout_seconds: int
+    # rollout.drainTimeoutSeconds: how long a deregistered head keeps its open streams, the
+    # same bound the model-server run waits for (qwen_cluster/render/ssm.py). One fact.
+    deregistration_delay_seconds: int
+    tags: dict[str, str]
+
+    def validate(self) -> None:
+        if not self.subnet_ids:
+            raise ValueError("the load balancer needs a subnet")
+        if not 60 <= self.idle_timeout_seconds <= 6000:
+            raise ValueError(f"NLB TCP idle timeout {self.idle_timeout_seconds} is outside 60-6000")
+
+
+class ModelLoadBalancer(pulumi.ComponentResource):
+    """A TCP NLB with a security group.
+
+    Why an NLB security group: the node SG can then admit the model port from the LB's group
+    alone, which holds even with client IP preservation, and clientCidrs are enforced on the
+    LB (https://docs.aws.amazon.com/elasticloadbalancing/latest/network/load-balancer-security-groups.html).
+    Without one, the targets would have to admit clientCidrs (or the LB subnets) on the model
+    port directly. A security group can only be given to an NLB when it is created.
+    """
+
+    dns_name: pulumi.Output[str]
+    arn: pulumi.Output[str]
+    endpoint: pulumi.Output[str]
+    target_group_arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ModelLoadBalancerArgs, opts: pulumi.ResourceOptions | None = None):
+        args.validate()
+        super().__init__("qwen-cluster:aws:ModelLoadBalancer", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        load_balancer = aws.lb.LoadBalancer(
+            f"{name}-nlb",
+            load_balancer_type="network",
+            internal=args.internal,
+            subnets=args.subnet_ids,
+            security_groups=[args.security_group_id],
+            # The targets sit in one AZ (the placement group); an internet-facing NLB spans two.
+            enable_cross_zone_load_balancing=len(args.subnet_ids) > 1,
+            tags={**args.tags, "Name": f"{name}-nlb"},
+            opts=child,
+        )
+        target_group = aws.lb.TargetGroup(
+            f"{name}-heads",
+            port=args.model_port,
+            protocol="TCP",
+            target_type="instance",
+            vpc_id=args.vpc_id,
+            deregistration_delay=args.deregistration_delay_seconds,
+            # Client IP preservation off: a node calling the endpoint could otherwise be sent
+            # to itself and time out (NLB does not support hairpinning with it on).
+            preserve_client_ip="false",
+            health_check={
+                "enabled": True,
+                "protocol": "HTTP",
+                "path": HEALTH_CHECK_PATH,
+                "port": "traffic-port",
+                "matcher": "200",
+                "interval": 10,
+                "timeout": 6,
+                "healthy_threshold": 3,
+                "unhealthy_threshold": 3,
+            },
+            tags={**args.tags, "Name": f"{name}-heads"},
+            opts=child,
+        )
+        aws.lb.Listener(
+            f"{name}-listener",
+            load_balancer_arn=load_balancer.arn,
+            port=args.listener_port,
+            protocol="TCP",
+            tcp_idle_timeout_seconds=args.idle_timeout_seconds,
+            default_actions=[{"type": "forward", "target_group_arn": target_group.arn}],
+            tags={**args.tags, "Name": f"{name}-listener"},
+            opts=child,
+        )
+        self._name, self._model_port = name, args.model_port
+        self.target_group_arn = target_group.arn
+        self.dns_name = load_balancer.dns_name
+        self.arn = load_balancer.arn
+        self.endpoint = load_balancer.dns_name.apply(lambda dns: f"http://{dns}:{args.listener_port}")
+        self.register_outputs({"dnsName": self.dns_name, "endpoint": self.endpoint})
+
+    def attach(self, node_name: str, instance_id: pulumi.Input[str]) -> aws.lb.TargetGroupAttachment:
+        """Register a replica head. Called by the node group as each head's instance is
+        declared (the nodes' rollout chain needs the target group first). Every attachment
+        field is ForceNew (elbv2/target_group_attachment.go): a new instance, a new attachment."""
+        return aws.lb.TargetGroupAttachment(
+            f"{self._name}-{node_name}",
+            target_group_arn=self.target_group_arn,
+            target_id=instance_id,
+            port=self._model_port,
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -1,0 +1,125 @@
+"""The bare-metal target: hosts configured over SSH, vLLM and nginx as containers.
+
+    build(cluster: ClusterConfig, ssh_private_key: Output[str] | None) -> dict[str, Any]
+
+Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
+ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; the Rollout chain that
+starts (and on Day 2 replaces) the model containers one replica at a time; and the verify
+commands, the master's last of all. Returns the stack outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pulumi_command import remote
+
+from qwen_cluster.baremetal import connection
+from qwen_cluster.baremetal import monitoring as node_monitoring
+from qwen_cluster.baremetal.host import HostSetup, HostSetupArgs
+from qwen_cluster.baremetal.rollout import Rollout, RolloutArgs
+from qwen_cluster.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
+from qwen_cluster.config import ClusterConfig
+from qwen_cluster.render import monitoring, verify
+
+# vLLM loads Qwen3-32B's weights before it answers: the verify step waits for it.
+SERVICE_WAIT_SECONDS = 1800
+
+
+class Cluster(pulumi.ComponentResource):
+    def __init__(self, name: str, cluster: ClusterConfig, ssh_private_key: Any, opts=None):
+        super().__init__("qwen-cluster:baremetal:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.hosts: dict[str, HostSetup] = {}
+        self.servers: dict[str, ModelServer] = {}
+        connections = {n.name: connection.node_connection(cluster, n, ssh_private_key) for n in cluster.nodes}
+        for node in cluster.nodes:
+            self.hosts[node.name] = HostSetup(
+                node.name, HostSetupArgs(cluster, node, connections[node.name]), opts=child
+            )
+        # Containers start once every host's firewall and tuning are in place: NCCL needs the
+        # whole cluster reachable, not just its own host.
+        setup_done = [host.last for host in self.hosts.values()]
+        for node in cluster.nodes:
+            docker_host, ssh_opts = connection.docker_host(cluster, node)
+            self.servers[node.name] = ModelServer(
+                f"{node.name}-model",
+                ModelServerArgs(cluster, node, docker_host, ssh_opts, setup_done),
+                opts=child,
+            )
+        self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child)
+        lb_node = cluster.load_balancer_node
+        self.load_balancer = LoadBalancer(
+            "load-balancer",
+            LoadBalancerArgs(
+                cluster, self.servers[lb_node.name].provider, connections[lb_node.name], setup_done
+            ),
+            opts=child,
+        )
+        # The model containers start through the rollout chain: one replica after another,
+        # each drained before its container is replaced and healthy before the next starts.
+        self.rollout = Rollout(
+            "rollout",
+            RolloutArgs(cluster, self.servers, self.load_balancer, connections[lb_node.name], setup_done),
+            opts=child,
+        )
+        everything = [
+            *setup_done,
+            *(s.container for s in self.servers.values() if s.container is not None),
+            self.load_balancer.container,
+            *self.rollout.gates.values(),
+        ]
+        def script(node_name: str) -> str:
+            return verify.for_cluster(cluster, node_name, service_wait_seconds=SERVICE_WAIT_SECONDS)
+
+        worker_checks = [
+            remote.Command(
+                f"{node.name}-verify",
+                connection=connections[node.name],
+                create=script(node.name),
+                triggers=[str(node.ip)],  # identity only: a changed script re-runs as an update
+                opts=pulumi.ResourceOptions(parent=self, depends_on=everything),
+            )
+            for node in cluster.nodes
+            if node.name != cluster.master.name
+        ]
+        # The final check, on the master, after everything including the other nodes' checks.
+        self.verify = remote.Command(
+            f"{cluster.master.name}-verify",
+            connection=connections[cluster.master.name],
+            create=script(cluster.master.name),
+            triggers=[str(cluster.master.ip)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*everything, *worker_checks]),
+        )
+        self.register_outputs({"verify": self.verify.stdout})
+
+
+def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi.ComponentResource]:
+    """The monitoring pieces (qwen_cluster/baremetal/monitoring.py), beside the model servers."""
+    built: list[pulumi.ComponentResource] = []
+    if cluster.monitoring.exporters:
+        for node in cluster.nodes:
+            args = node_monitoring.NodeMonitoringArgs(cluster, node, servers[node.name].provider, setup_done)
+            built.append(node_monitoring.NodeMonitoring(f"{node.name}-monitoring", args, opts=child))
+    if (where := cluster.monitoring_node) is not None:
+        args = node_monitoring.ClusterMonitoringArgs(
+            cluster, servers[where.name].provider, connections[where.name], setup_done
+        )
+        built.append(node_monitoring.ClusterMonitoring("monitoring", args, opts=child))
+    return built
+
+
+def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
+    connection.check_credentials(ssh_private_key)
+    built = Cluster("bare-metal", cluster, ssh_private_key)
+    lb_node = cluster.load_balancer_node
+    return {
+        "endpoint": f"http://{lb_node.ip}:{cluster.load_balancer.port}",
+        "loadBalancerNode": lb_node.name,
+        "modelServers": [f"{head.ip}:{cluster.model_port}" for head in cluster.topology.heads],
+        "firewall": cluster.bare_metal.firewall,
+        "hosts": {name: str(node.ip) for name, node in ((n.name, n) for n in cluster.nodes)},
+        "verify": built.verify.stdout,
+        **monitoring.stack_outputs(cluster),
+    }

@@ -1,0 +1,82 @@
+"""SSH connection settings for pulumi-command and pulumi-docker, from `bareMetal` config."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pulumi
+from pulumi_command import remote
+
+from qwen_cluster.config import ClusterConfig, Node
+
+MISSING_KEY = (
+    "qwen-cluster:sshPrivateKey is not set and no SSH agent is running (SSH_AUTH_SOCK). Set it with "
+    "`pulumi config set --secret qwen-cluster:sshPrivateKey < ~/.ssh/id_ed25519`, or load the key "
+    "into ssh-agent."
+)
+
+
+def check_credentials(ssh_private_key: Any, environ: dict[str, str] | None = None) -> None:
+    """Fail before registering anything when there is no way to authenticate."""
+    environ = os.environ if environ is None else environ
+    if ssh_private_key is None and not environ.get("SSH_AUTH_SOCK"):
+        raise pulumi.RunError(MISSING_KEY)
+
+
+def node_connection(cluster: ClusterConfig, node: Node, ssh_private_key: Any) -> remote.ConnectionArgs:
+    """The key stays an Output secret; without one, pulumi-command uses SSH_AUTH_SOCK."""
+    bare_metal = cluster.bare_metal
+    key = pulumi.Output.secret(ssh_private_key) if ssh_private_key is not None else None
+    proxy = None
+    if bare_metal.bastion is not None:
+        bastion = bare_metal.bastion
+        proxy = remote.ProxyConnectionArgs(
+            host=bastion.host,
+            port=bastion.port,
+            user=bastion.user or bare_metal.ssh_user,
+            private_key=key,
+            host_key=bastion.host_key,
+        )
+    return remote.ConnectionArgs(
+        host=str(node.ip),
+        user=bare_metal.ssh_user,
+        private_key=key,
+        host_key=bare_metal.host_keys.get(node.name),
+        proxy=proxy,
+        dial_error_limit=10,
+    )
+
+
+def _known_host(host: str, port: int, key: str) -> list[str]:
+    """Pin `key` for `host` without touching ~/.ssh/known_hosts: OpenSSH (8.5+) asks
+    KnownHostsCommand for the known-hosts line, and a mismatch refuses the connection."""
+    name = host if port == 22 else f"[{host}]:{port}"
+    return ["-o", "StrictHostKeyChecking=yes", "-o", f"KnownHostsCommand=/bin/echo {name} {key}"]
+
+
+def docker_host(cluster: ClusterConfig, node: Node) -> tuple[str, list[str]]:
+    """`ssh://user@ip` and ssh options for pulumi-docker, which runs the system `ssh`: it takes
+    the key from ssh-agent or ~/.ssh/config, never from the stack config. Pinned host keys are
+    handed to ssh directly, for the node and for the bastion."""
+    bare_metal = cluster.bare_metal
+    options = ["-o", "BatchMode=yes"]
+    if node.name in bare_metal.host_keys:
+        options += _known_host(str(node.ip), 22, bare_metal.host_keys[node.name])
+    if bare_metal.bastion is not None:
+        bastion = bare_metal.bastion
+        user = bastion.user or bare_metal.ssh_user
+        if bastion.host_key:
+            # -J does not pass -o options on to the jump connection; a ProxyCommand does.
+            pinned = " ".join(
+                f'"{option}"' if " " in option else option
+                for option in _known_host(bastion.host, bastion.port, bastion.host_key)
+            )
+            options += [
+                "-o",
+                f"ProxyCommand=ssh -o BatchMode=yes {pinned} -p {bastion.port} -W %h:%p "
+                f"{user}@{bastion.host}",
+            ]
+        else:
+            options += ["-J", f"{user}@{bastion.host}:{bastion.port}"]
+    return f"ssh://{bare_metal.ssh_user}@{node.ip}", options

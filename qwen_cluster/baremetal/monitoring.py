@@ -1,0 +1,117 @@
+"""Monitoring on bare metal: every node's :8000 endpoint and its exporters, and Prometheus +
+Alertmanager on `monitoring.node`, all pinned containers on host networking.
+
+What a change does on `pulumi up` (tooling/changes.py RULES, from the providers' source):
+- A docker_container input change replaces the container, delete-before-replace
+  (kreuzwerker/terraform-provider-docker resource_docker_container.go marks its fields
+  ForceNew; pulumi-docker sets DeleteBeforeReplace, so the fixed name and host ports are free
+  before the new one starts). The exporters' configs are uploads, so a new peer replaces this
+  node's endpoint containers only; the model server is a separate resource and never moves.
+- Prometheus's and Alertmanager's files (scrape config, rules, routes) are not container
+  inputs: a remote Command writes them on the host, and a change of its `create` is an
+  in-place update that runs it again (pulumi/pulumi-command: only `triggers` replaces; Update
+  re-runs `create` when there is no `update`), which rewrites the files and sends SIGHUP. A new
+  alert bound therefore reloads Prometheus's rules and restarts nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from qwen_cluster.config import ClusterConfig, Node
+from qwen_cluster.node import NODEMETRICS_SCRIPT
+from qwen_cluster.render import monitoring
+
+
+@dataclass(frozen=True)
+class NodeMonitoringArgs:
+    cluster: ClusterConfig
+    node: Node
+    provider: docker.Provider  # the node's docker provider (ssh://), shared with its model server
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+
+def register(
+    resource_name: str, spec: monitoring.ContainerSpec, opts: pulumi.ResourceOptions
+) -> docker.Container:
+    """A ContainerSpec (qwen_cluster/render/monitoring.py) as a pinned host-network container."""
+    image = docker.RemoteImage(f"{resource_name}-image", name=spec.image, keep_locally=True, opts=opts)
+    # Plain binds are volumes; a bind with a propagation mode needs the `mounts` form.
+    volumes = [
+        docker.ContainerVolumeArgs(
+            host_path=mount.host, container_path=mount.container, read_only=mount.read_only or None
+        )
+        for mount in spec.mounts
+        if not mount.propagation
+    ]
+    mounts = [
+        docker.ContainerMountArgs(
+            target=mount.container,
+            source=mount.host,
+            type="bind",
+            read_only=mount.read_only or None,
+            bind_options=docker.ContainerMountBindOptionsArgs(propagation=mount.propagation),
+        )
+        for mount in spec.mounts
+        if mount.propagation
+    ]
+    return docker.Container(
+        resource_name,
+        name=spec.name,
+        image=image.name,  # the pinned tag; the Output orders the pull first
+        network_mode="host",
+        restart="unless-stopped",
+        command=list(spec.command) or None,
+        entrypoints=list(spec.entrypoint) or None,
+        uploads=[docker.ContainerUploadArgs(file=path, content=text) for path, text in spec.files] or None,
+        volumes=volumes or None,
+        mounts=mounts or None,
+        capabilities=docker.ContainerCapabilitiesArgs(adds=list(spec.capabilities))
+        if spec.capabilities
+        else None,
+        gpus="all" if spec.gpus else None,
+        pid_mode="host" if spec.pid_host else None,
+        labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="monitoring")],
+        opts=opts,
+    )
+
+
+class NodeMonitoring(pulumi.ComponentResource):
+    """One node's exporters (bound to loopback) and its :8000 endpoint."""
+
+    def __init__(self, name: str, args: NodeMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("qwen-cluster:baremetal:NodeMonitoring", name, None, opts)
+        on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
+        specs = monitoring.node_containers(args.cluster, args.node.name, NODEMETRICS_SCRIPT.read_text())
+        self.containers = {spec.role: register(f"{name}-{spec.role}", spec, on_host) for spec in specs}
+        self.register_outputs({role: container.id for role, container in self.containers.items()})
+
+
+@dataclass(frozen=True)
+class ClusterMonitoringArgs:
+    cluster: ClusterConfig
+    provider: docker.Provider  # the monitoring node's
+    connection: remote.ConnectionArgs  # the monitoring node's
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+
+class ClusterMonitoring(pulumi.ComponentResource):
+    """Prometheus and Alertmanager on `monitoring.node`, configs on the host, reloaded in place."""
+
+    def __init__(self, name: str, args: ClusterMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("qwen-cluster:baremetal:ClusterMonitoring", name, None, opts)
+        cluster = args.cluster
+        self.files = remote.Command(
+            f"{name}-config",
+            connection=args.connection,
+            create=monitoring.server_files_script(monitoring.server_files(cluster)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )
+        on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.files])
+        specs = monitoring.server_containers(cluster)
+        self.containers = {spec.role: register(f"{name}-{spec.role}", spec, on_host) for spec in specs}
+        self.register_outputs({role: container.id for role, container in self.containers.items()})

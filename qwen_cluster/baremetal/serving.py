@@ -1,0 +1,248 @@
+"""The model servers (vLLM) and the load balancer (nginx) as containers over `ssh://`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from qwen_cluster.config import ClusterConfig, Node
+from qwen_cluster.render import nginx, vllm
+
+# Pinned: a moving tag would change the load balancer on the next `pulumi up`. 1.30 is nginx's
+# stable line (1.31 mainline); 1.27 and 1.28 get no more fixes. gixy-ng checks the rendered config
+# against its CVE table for this version (tests/test_render_nginx.py).
+NGINX_IMAGE = "nginx:1.30.6"
+HF_CACHE = "/root/.cache/huggingface"
+UNLIMITED = -1
+
+# Finds the NIC that holds VLLM_HOST_IP when bareMetal.interface is not set (host network:
+# the container sees the host's interfaces). Python is in every vLLM image; iproute2 is not.
+_FIND_INTERFACE = (
+    "import fcntl,os,socket,struct\n"
+    "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+    "for _,n in socket.if_nameindex():\n"
+    "    try:\n"
+    "        a=fcntl.ioctl(s.fileno(),0x8915,struct.pack('256s',n.encode()[:15]))[20:24]\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if socket.inet_ntoa(a)==os.environ['VLLM_HOST_IP']:\n"
+    "        print(n);break\n"
+)
+
+
+def server_command(cluster: ClusterConfig, node: Node) -> tuple[str, dict[str, str]]:
+    """The bash entry command and environment of one node's container (pure): the shared vLLM
+    command (qwen_cluster/render/vllm.py) after finding the cluster interface."""
+    env = vllm.environment(cluster, node.name)
+    if cluster.bare_metal.interface:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = cluster.bare_metal.interface
+    if not cluster.tuning.rdma:
+        env["NCCL_IB_DISABLE"] = "1"
+    find = (
+        'iface="${NCCL_SOCKET_IFNAME:-$(python3 -c "$QWEN_FIND_INTERFACE")}"\n'
+        'export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"\n'
+    )
+    env["QWEN_FIND_INTERFACE"] = _FIND_INTERFACE
+    return vllm.server_script(cluster, node.name, prelude=find), env
+
+
+# docker_container fields a change of which the provider applies in place (kreuzwerker/
+# terraform-provider-docker v4.5.0 resource_docker_container_funcs.go resourceDockerContainerUpdate:
+# restart, max_retry_count, cpu_shares, memory*, cpu_set, device_*); every other field we set
+# is ForceNew (resource_docker_container.go), so a change of it replaces the container.
+IN_PLACE_FIELDS = frozenset({"restart"})
+
+
+def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
+    """Everything one node's vLLM container is given, as plain data (pure). The rollout
+    fingerprints the ForceNew part of it (`replacing_fields`), so the drain and health gate of
+    a replica change exactly when one of its containers will be replaced."""
+    script, env = server_command(cluster, node)
+    rdma = cluster.tuning.rdma
+    role = "head" if cluster.topology.is_head(node.name) else "pipeline-worker"
+    spec: dict[str, Any] = {
+        "name": f"qwen-{role}",
+        "image": cluster.model.image,
+        "entrypoints": ["/bin/bash", "-c"],
+        "command": [script],
+        "envs": [f"{key}={value}" for key, value in sorted(env.items())],
+        # Host networking: NCCL, Ray and vLLM bind the node IP on the pinned ports, and the
+        # host firewall (not Docker's NAT) decides who reaches them.
+        "network_mode": "host",
+        "ipc_mode": "host",
+        "gpus": "all",
+        # No shm_size: with host IPC the container shares the host's /dev/shm.
+        "restart": "unless-stopped",
+        # On an SELinux host the cache needs the container's label to be writable (a private
+        # one: only this container uses it); elsewhere Docker ignores it.
+        "volumes": [
+            {
+                "host_path": "/var/cache/qwen-cluster/huggingface",
+                "container_path": HF_CACHE,
+                "selinux_relabel": "Z",
+            }
+        ],
+        "labels": [{"label": "qwen-cluster.role", "value": role}],
+    }
+    if rdma:
+        spec["capabilities"] = {"adds": ["IPC_LOCK"]}
+        spec["devices"] = [{"host_path": "/dev/infiniband"}]
+        spec["ulimits"] = [{"name": "memlock", "soft": UNLIMITED, "hard": UNLIMITED}]
+    return spec
+
+
+def replacing_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in spec.items() if key not in IN_PLACE_FIELDS}
+
+
+@dataclass(frozen=True)
+class ModelServerArgs:
+    cluster: ClusterConfig
+    node: Node
+    docker_host: str
+    ssh_opts: list[str]
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+
+class ModelServer(pulumi.ComponentResource):
+    """One node's vLLM container (a replica head, or a pipeline worker running Ray).
+
+    Built in two steps: the Docker provider and the image pull at once (pulls start right
+    after host setup, on every node in parallel, on day 0 and before a rolling upgrade reaches
+    the node), the container with `start(depends_on)` once the rollout chain has its drain.
+
+    The container is replaced delete-before-replace: a fixed name and host ports cannot be
+    held twice (pulumi/pulumi-docker provider/resources.go sets `DeleteBeforeReplace: true`
+    for docker_container; said here too, as the rollout depends on it). The engine generates
+    the delete only when the container registers (pulumi/pulumi pkg/resource/deploy/
+    step_generator.go, continueStepsFromDiff: DeleteReplacement, Replace, CreateReplacement
+    steps of one registration), and the program registers it only after its `depends_on` have
+    finished (the SDK waits for their RegisterResource answers, which the engine sends once
+    their steps are done). So the old container goes after its replica's drain, never before.
+    calculateDependentReplacements (same file) deletes ahead only dependents whose *inputs*
+    come from the container; the health gate depends on it by `depends_on` alone, so nothing
+    is deleted ahead of the drain. The image is replaced create-before-delete (docker_image has
+    no DeleteBeforeReplace in resources.go and no auto-named field), so it cascades nothing."""
+
+    def __init__(self, name: str, args: ModelServerArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("qwen-cluster:baremetal:ModelServer", name, None, opts)
+        self._name, self._args = name, args
+        self.spec = model_container_spec(args.cluster, args.node)
+        self.provider = docker.Provider(
+            f"{name}-docker",
+            host=args.docker_host,
+            ssh_opts=args.ssh_opts,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        on_host = pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=args.depends_on)
+        self.image = docker.RemoteImage(
+            f"{name}-image", name=args.cluster.model.image, keep_locally=True, opts=on_host
+        )
+        self.container: docker.Container | None = None
+
+    def start(self, depends_on: list[pulumi.Resource]) -> docker.Container:
+        spec = self.spec
+        self.container = docker.Container(
+            f"{self._name}-vllm",
+            name=spec["name"],
+            image=self.image.name,  # the pinned tag (spec["image"]); the Output orders the pull first
+            entrypoints=spec["entrypoints"],
+            command=spec["command"],
+            envs=spec["envs"],
+            network_mode=spec["network_mode"],
+            ipc_mode=spec["ipc_mode"],
+            gpus=spec["gpus"],
+            restart=spec["restart"],
+            capabilities=docker.ContainerCapabilitiesArgs(**spec["capabilities"])
+            if "capabilities" in spec
+            else None,
+            devices=[docker.ContainerDeviceArgs(**device) for device in spec.get("devices", [])] or None,
+            ulimits=[docker.ContainerUlimitArgs(**limit) for limit in spec.get("ulimits", [])] or None,
+            volumes=[docker.ContainerVolumeArgs(**volume) for volume in spec["volumes"]],
+            labels=[docker.ContainerLabelArgs(**label) for label in spec["labels"]],
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=self.provider,
+                depends_on=[*self._args.depends_on, *depends_on],
+                delete_before_replace=True,
+            ),
+        )
+        self.register_outputs({"container": self.container.id})
+        return self.container
+
+
+@dataclass(frozen=True)
+class LoadBalancerArgs:
+    cluster: ClusterConfig
+    provider: docker.Provider
+    connection: remote.ConnectionArgs  # to bareMetal.loadBalancerNode
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+
+class LoadBalancer(pulumi.ComponentResource):
+    """nginx on bareMetal.loadBalancerNode, host networking. Its configuration is a directory
+    on the host (nginx.CONF_DIR), written by a command and mounted read-only: a node joining
+    or leaving rewrites the upstream file and reloads nginx, and the container stays.
+
+    The command's `triggers` hold only the host: pulumi-command replaces on `triggers` alone
+    (common/inputs.go), so a changed config is an update, which runs `create` again
+    (remote/commandController.go `Update`). The container's inputs no longer carry the config:
+    `upload` is ForceNew in kreuzwerker/terraform-provider-docker (v4.5.0, the provider
+    pulumi-docker 5.x wraps; internal/provider/resource_docker_container.go), so a changed
+    upload meant a new container, and every stream in flight cut."""
+
+    def __init__(self, name: str, args: LoadBalancerArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("qwen-cluster:baremetal:LoadBalancer", name, None, opts)
+        self.config_text = nginx.for_cluster(args.cluster, upstream_file=nginx.UPSTREAM_FILE)
+        self.config = remote.Command(
+            f"{name}-config",
+            connection=args.connection,
+            create=nginx.install_script(self.config_text, nginx.upstream_servers(args.cluster)),
+            delete=nginx.remove_script(),
+            triggers=[str(args.cluster.load_balancer_node.ip)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )
+        on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
+        self.image = docker.RemoteImage(f"{name}-image", name=NGINX_IMAGE, keep_locally=True, opts=on_host)
+        self.container = docker.Container(
+            f"{name}-nginx",
+            name=nginx.CONTAINER_NAME,
+            image=self.image.name,  # the pinned tag; the Output orders the pull first
+            command=["nginx", "-c", f"{nginx.CONTAINER_CONF_DIR}/{nginx.CONF_FILE}", "-g", "daemon off;"],
+            network_mode="host",
+            restart="unless-stopped",
+            volumes=[
+                docker.ContainerVolumeArgs(
+                    host_path=nginx.CONF_DIR,
+                    container_path=nginx.CONTAINER_CONF_DIR,
+                    read_only=True,
+                    # SELinux hosts: the container's own label, so nginx may read the files
+                    # (new files written in the directory inherit it); elsewhere ignored.
+                    selinux_relabel="Z",
+                )
+            ],
+            # nginx raises its workers' descriptor limit to worker_rlimit_nofile; inside a container
+            # (no CAP_SYS_RESOURCE) only up to the hard limit the container starts with.
+            ulimits=[
+                docker.ContainerUlimitArgs(
+                    name="nofile", soft=nginx.WORKER_RLIMIT_NOFILE, hard=nginx.WORKER_RLIMIT_NOFILE
+                )
+            ],
+            labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="load-balancer")],
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=args.provider,
+                depends_on=[*args.depends_on, self.config],
+                # `image` and `ulimit` are ForceNew in terraform-provider-docker
+                # (internal/provider/resource_docker_container.go): a new nginx image replaces the
+                # container. Its name and host ports are fixed, so the old one must go first
+                # (pulumi-docker sets this for docker_container itself, provider/resources.go
+                # `DeleteBeforeReplace: true`; said here too, as the design depends on it).
+                delete_before_replace=True,
+            ),
+        )
+        self.register_outputs({"container": self.container.id, "config": self.config.id})

@@ -1,0 +1,207 @@
+"""The rolling model upgrade on bare metal, as scripts the load-balancer host runs: take a
+replica out of nginx and let its streams finish (drain), and once its new container answers
+`/health`, put it back (ready). Pure: the chain itself is qwen_cluster/baremetal/rollout.py.
+
+Signatures:
+    fingerprint(specs: Iterable[Mapping]) -> str
+        the digest of a replica's containers, in the scripts so that they change with them
+    drain_script(server: tuple[str, int], *, replica: str, drain_timeout_seconds: int,
+                 fingerprint: str, conf_dir: str = nginx.CONF_DIR, poll_seconds: int = 1) -> str
+    ready_script(server, *, replica: str, health_timeout_seconds: int, fingerprint: str,
+                 only_if_down: bool, conf_dir=..., poll_seconds: int = 2) -> str
+    retire_script(server, *, replica: str, drain_timeout_seconds: int, conf_dir=...,
+                  poll_seconds: int = 1) -> str
+
+A server is out of rotation when its line in nginx's upstream file ends in `down` (nginx
+upstream module: `down` marks the server as permanently unavailable); a reload makes nginx
+start new workers with the file as it is, and the old workers finish the requests they hold.
+A stream in flight is an established TCP connection from this host to the server: upstream
+`keepalive` is off (nginx.py), so nginx holds one connection per request. nginx is reached
+through `nginx_ctl` (nginx.control_function; QWEN_NGINX_CTL in the lab).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+from qwen_cluster.render import nginx
+from qwen_cluster.render.shell import quote, script, sha256
+
+HEALTH_PATH = "/health"  # vLLM: 200 once the engine serves (vllm/entrypoints/openai/api_server.py)
+HEALTH_CONNECT_SECONDS = 5
+
+
+def fingerprint(specs: Iterable[Mapping]) -> str:
+    return sha256(json.dumps(list(specs), sort_keys=True, default=str))
+
+
+def _helpers(server: tuple[str, int], conf_dir: str) -> str:
+    ip, port = server
+    return f"""
+server_ip={quote(ip)}
+server_port={int(port)}
+address="$server_ip:$server_port"
+upstream={quote(conf_dir)}/{nginx.UPSTREAM_FILE}
+{nginx.control_function().strip()}
+{nginx.server_flag_function().strip()}
+
+# Mark the server down (or up) in the upstream file; a rename, so nginx never reads half of it.
+set_flag() {{
+  awk -v server="$address" -v state="$1" '
+    $1 == "server" && $2 == server {{
+      sub(/ down;$/, ";")
+      if (state == "down") sub(/;$/, " down;")
+    }}
+    {{ print }}
+  ' "$upstream" >"$upstream.$$"
+  mv -f "$upstream.$$" "$upstream"
+}}
+
+reload_nginx() {{
+  local status=0
+  nginx_ctl test || status=$?
+  case "$status" in
+    0) nginx_ctl reload ;;
+    3) echo "nginx: not running; it reads the upstream file when it starts" ;;
+    *) echo "nginx: the upstream file fails nginx's test" >&2; return 1 ;;
+  esac
+}}
+
+# Requests nginx has in flight to the server: its established connections from this host.
+in_flight() {{
+  ss -Htn state established dst "$server_ip" dport = ":$server_port" | wc -l
+}}
+"""
+
+
+def _wait_in_flight(replica: str, drain_timeout_seconds: int, poll_seconds: int) -> str:
+    return f"""
+# Wait for the streams in flight (new requests go elsewhere since the reload). Twice zero in a
+# row: a request an old worker had read just before the reload may still connect.
+deadline=$((SECONDS + {int(drain_timeout_seconds)}))
+zeros=0
+while :; do
+  sleep {int(poll_seconds)}
+  open=$(in_flight)
+  if [ "$open" -eq 0 ]; then
+    zeros=$((zeros + 1))
+    [ "$zeros" -ge 2 ] && break
+    continue
+  fi
+  zeros=0
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "drain: {replica} ($address) still has $open requests in flight after" \\
+      "rollout.drainTimeoutSeconds={int(drain_timeout_seconds)}; they will be cut"
+    break
+  fi
+done
+echo "drain: {replica} ($address) is out of rotation with ${{open}} requests in flight"
+"""
+
+
+def drain_script(
+    server: tuple[str, int],
+    *,
+    replica: str,
+    drain_timeout_seconds: int,
+    fingerprint: str,
+    conf_dir: str = nginx.CONF_DIR,
+    poll_seconds: int = 1,
+) -> str:
+    """Out of rotation, then wait (at most the drain timeout) for its requests in flight."""
+    body = f"""
+# {replica}: the containers it will run next: {fingerprint}
+{_helpers(server, conf_dir).strip()}
+
+if server_flag "$address" "$upstream" any; then
+  set_flag down
+  reload_nginx
+else
+  echo "drain: $address is not in $upstream"
+fi
+{_wait_in_flight(replica, drain_timeout_seconds, poll_seconds).strip()}
+"""
+    return script(f"drain {replica} before its container is replaced", body)
+
+
+def ready_script(
+    server: tuple[str, int],
+    *,
+    replica: str,
+    health_timeout_seconds: int,
+    fingerprint: str,
+    only_if_down: bool,
+    conf_dir: str = nginx.CONF_DIR,
+    poll_seconds: int = 2,
+) -> str:
+    """Wait until the server's /health answers 200 (at most the health timeout), then put it
+    back in rotation. Fails, leaving it out, when it does not: the rollout stops there.
+    `only_if_down`: do nothing for a server in rotation (a new cluster's servers start in)."""
+    skip = (
+        """
+if ! server_flag "$address" "$upstream" down; then
+  echo "ready: $address is in rotation"
+  exit 0
+fi
+"""
+        if only_if_down
+        else ""
+    )
+    timeout = int(health_timeout_seconds)
+    body = f"""
+# {replica}: the containers it runs: {fingerprint}
+{_helpers(server, conf_dir).strip()}
+
+# The status code of GET path, or nothing (bash's /dev/tcp: no curl needed on the host).
+http_status() {{
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  timeout {HEALTH_CONNECT_SECONDS} bash -c '
+    exec 3<>"/dev/tcp/$0/$1" || exit 1
+    printf "GET %s HTTP/1.0\\r\\nHost: %s\\r\\nConnection: close\\r\\n\\r\\n" "$2" "$0" >&3
+    IFS=" " read -r _ code _ <&3 && printf "%s\\n" "$code"
+  ' "$server_ip" "$server_port" "$1" 2>/dev/null </dev/null || true
+}}
+{skip}
+deadline=$((SECONDS + {timeout}))
+until [ "$(http_status {HEALTH_PATH})" = 200 ]; do
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "ready: {replica} ($address) did not answer {HEALTH_PATH} with 200 within" \\
+      "rollout.healthTimeoutSeconds={timeout}; it stays out of rotation and the rollout" \\
+      "stops here (the replicas after it still serve the previous version)" >&2
+    exit 1
+  fi
+  sleep {int(poll_seconds)}
+done
+echo "ready: {replica} ($address) answers {HEALTH_PATH} after ${{SECONDS}}s"
+if server_flag "$address" "$upstream" down; then
+  set_flag up
+  reload_nginx
+  echo "ready: {replica} ($address) is back in rotation"
+fi
+"""
+    return script(f"wait for {replica}'s /health, then put it back in rotation", body)
+
+
+def retire_script(
+    server: tuple[str, int],
+    *,
+    replica: str,
+    drain_timeout_seconds: int,
+    conf_dir: str = nginx.CONF_DIR,
+    poll_seconds: int = 1,
+) -> str:
+    """A replica that leaves the cluster: out of rotation if it still is in (the load
+    balancer's new upstream normally dropped it already), then its streams finish before its
+    container goes (the engine deletes dependents first: this runs before the container's
+    delete)."""
+    body = f"""
+{_helpers(server, conf_dir).strip()}
+
+if server_flag "$address" "$upstream" any && ! server_flag "$address" "$upstream" down; then
+  set_flag down
+  reload_nginx
+fi
+{_wait_in_flight(replica, drain_timeout_seconds, poll_seconds).strip()}
+"""
+    return script(f"drain {replica}, which leaves the cluster", body)

@@ -1,0 +1,252 @@
+"""The model server on AWS as an SSM Run Command document plus per-node parameters (pure).
+
+Why SSM State Manager and not user data: user data belongs to the launch template, and any
+change to it is a new template version, which replaces the instance (terraform-provider-aws
+internal/service/ec2/ec2_instance.go, the CustomizeDiff on launch_template.0.version). The
+model server's lifecycle is not the machine's: the document below is applied to one node by
+one association (qwen_cluster/aws/nodes.py), and a change to the image, the vLLM flags, the
+serving environment or sysctl changes only the association's parameters.
+
+What one run does on a node (idempotent, so re-running it on an unchanged node is harmless):
+1. writes the sysctl drop-in and applies it (no restart needed);
+2. if the running container already carries this configuration's hash, keeps it;
+   otherwise pulls the image first (while the old server still serves), drains the node
+   from the NLB target group (deregister, wait at most drainTimeoutSeconds), replaces the
+   container and
+3. waits for vLLM's /health (at most healthTimeoutSeconds), registers the target again and
+   waits until the NLB calls it healthy. Any failure fails the run, which fails the
+   association, which stops `pulumi up` there with the other nodes untouched.
+Pipeline workers (not LB targets) only start their Ray worker; their replica head's run
+waits for the replica's health.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any
+
+from qwen_cluster.config import ClusterConfig
+from qwen_cluster.render import vllm
+from qwen_cluster.render.sysctl import DROPIN_PATH, dropin
+
+CONTAINER_NAME = "qwen-vllm"
+CONFIG_LABEL = "qwen-cluster.config"
+ENV_FILE = "/etc/qwen-cluster/model-server.env"
+SERVER_SCRIPT = "/etc/qwen-cluster/model-server.sh"
+HF_CACHE = "/opt/qwen-cluster/huggingface"
+# The DLAMI installs libfabric and the aws-ofi-nccl plugin under /opt/amazon.
+EFA_LIBRARY_PATH = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
+# Pulling a ~10 GB vLLM image and starting the container, on top of drain and health.
+PULL_MARGIN_SECONDS = 900
+# The run's own limit (aws:runShellScript timeoutSeconds; default 3600): above the largest
+# drain (3600) + health (7200) + pull margin the config allows.
+RUN_TIMEOUT_SECONDS = 4 * 3600
+
+_B64 = "^[A-Za-z0-9+/=]*$"
+PARAMETERS: dict[str, tuple[str, str]] = {
+    # name: (allowedPattern, description)
+    "Image": ("^[A-Za-z0-9./:@_-]+$", "the pinned vLLM image"),
+    "ServerScript": (_B64, "base64: the bash script the container runs (qwen_cluster/render/vllm.py)"),
+    "Environment": (_B64, "base64: KEY=VALUE lines for the container"),
+    "DockerOptions": (_B64, "base64: one `docker run` option per line"),
+    "Sysctl": (_B64, "base64: the sysctl drop-in (tuning.sysctl)"),
+    "NodeIp": ("^[0-9.]+$", "the node's static IP (finds the cluster interface)"),
+    "ConfigHash": ("^[0-9a-f]{64}$", "sha256 of what the container runs; equal means no restart"),
+    "TargetGroupArn": ("^[A-Za-z0-9:/._-]*$", "the NLB target group (empty for pipeline workers)"),
+    "TargetId": ("^[A-Za-z0-9-]*$", "this node's instance id in the target group (heads)"),
+    "Port": ("^[0-9]+$", "the model port"),
+    "Region": ("^[a-z0-9-]+$", "the AWS region (for the aws CLI)"),
+    "DrainSeconds": ("^[0-9]+$", "rollout.drainTimeoutSeconds"),
+    "HealthSeconds": ("^[0-9]+$", "rollout.healthTimeoutSeconds"),
+    "HealthUrl": ("^(http://[0-9.]+:[0-9]+/health)?$", "where the replica answers /health"),
+}
+
+_RUN = r"""#!/bin/bash
+set -euo pipefail
+b64() { printf '%s' "$1" | base64 -d; }
+NODE_IP='{{ NodeIp }}'
+HASH='{{ ConfigHash }}'
+IMAGE='{{ Image }}'
+TG='{{ TargetGroupArn }}'
+TARGET='{{ TargetId }}'
+PORT='{{ Port }}'
+export AWS_DEFAULT_REGION='{{ Region }}'
+
+# 1. Kernel tuning: a drop-in, applied live (no restart needed).
+install -d -m 0755 /etc/sysctl.d /etc/qwen-cluster __HF_CACHE__
+b64 '{{ Sysctl }}' > __DROPIN__.new && mv __DROPIN__.new __DROPIN__
+sysctl --system >/dev/null
+
+# 2. The container, replaced only when what it runs changed.
+if [ -n "$(docker ps --quiet --filter 'name=^__NAME__$' --filter "label=__LABEL__=$HASH")" ]; then
+  echo "model server already runs configuration $HASH"
+else
+  docker pull "$IMAGE"  # while the old server still serves
+  IFACE=$(ip -o -4 addr show | awk -v ip="$NODE_IP" '{split($4, a, "/"); if (a[1] == ip) print $2}')
+  if [ -z "$IFACE" ]; then echo "no interface holds $NODE_IP" >&2; exit 1; fi
+  { b64 '{{ Environment }}'; echo "NCCL_SOCKET_IFNAME=$IFACE"; echo "GLOO_SOCKET_IFNAME=$IFACE"; } > __ENV__
+  b64 '{{ ServerScript }}' > __SCRIPT__
+  mapfile -t OPTIONS < <(b64 '{{ DockerOptions }}')
+  if [ -n "$TG" ] && [ -n "$(docker ps --quiet --filter 'name=^__NAME__$')" ]; then
+    aws elbv2 deregister-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
+    timeout '{{ DrainSeconds }}' aws elbv2 wait target-deregistered \
+      --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT" || echo "drain timed out; replacing"
+  fi
+  docker rm --force __NAME__ >/dev/null 2>&1 || true
+  docker run --detach --name=__NAME__ --label="__LABEL__=$HASH" --env-file=__ENV__ \
+    --volume=__SCRIPT__:__SCRIPT__:ro "${OPTIONS[@]}" --entrypoint=/bin/bash "$IMAGE" __SCRIPT__
+fi
+
+# 3. Serving again before this run succeeds (and the next node's starts).
+URL='{{ HealthUrl }}'
+if [ -n "$URL" ]; then
+  deadline=$((SECONDS + {{ HealthSeconds }}))
+  until curl --silent --fail --max-time 5 "$URL" >/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then echo "$URL not healthy in {{ HealthSeconds }} s" >&2; exit 1; fi
+    sleep 10
+  done
+fi
+if [ -n "$TG" ]; then
+  aws elbv2 register-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
+  aws elbv2 wait target-in-service --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
+fi
+"""
+
+
+def run_script() -> str:
+    return (
+        _RUN.replace("__NAME__", CONTAINER_NAME)
+        .replace("__LABEL__", CONFIG_LABEL)
+        .replace("__ENV__", ENV_FILE)
+        .replace("__SCRIPT__", SERVER_SCRIPT)
+        .replace("__DROPIN__", DROPIN_PATH)
+        .replace("__HF_CACHE__", HF_CACHE)
+    )
+
+
+def command_document(
+    description: str, step: str, parameters: dict[str, tuple[str, str]], run: str, timeout_seconds: int
+) -> str:
+    """An SSM Command document (schemaVersion 2.2) of one aws:runShellScript step, as JSON
+    text. Every parameter is a String, empty by default, held to its pattern."""
+    return json.dumps(
+        {
+            "schemaVersion": "2.2",
+            "description": description,
+            "parameters": {
+                name: {"type": "String", "default": "", "allowedPattern": pattern, "description": text}
+                for name, (pattern, text) in parameters.items()
+            },
+            "mainSteps": [
+                {
+                    "action": "aws:runShellScript",
+                    "name": step,
+                    "inputs": {"runCommand": run.splitlines(), "timeoutSeconds": str(timeout_seconds)},
+                }
+            ],
+        },
+        indent=1,
+    )
+
+
+def document() -> str:
+    """The model server's SSM Command document."""
+    return command_document(
+        "qwen-cluster: run one node's model server (vLLM), draining and gating on health "
+        "(qwen_cluster/render/ssm.py)",
+        "modelServer",
+        PARAMETERS,
+        run_script(),
+        RUN_TIMEOUT_SECONDS,
+    )
+
+
+def _encode(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def docker_options(cluster: ClusterConfig) -> list[str]:
+    options = [
+        "--restart=unless-stopped",
+        "--gpus=all",
+        "--network=host",
+        "--ipc=host",
+        "--ulimit=memlock=-1",
+        f"--volume={HF_CACHE}:/root/.cache/huggingface",
+    ]
+    if cluster.aws and cluster.aws.efa:
+        options += ["--device=/dev/infiniband", "--volume=/opt/amazon:/opt/amazon:ro"]
+    return options
+
+
+def environment(cluster: ClusterConfig, node_name: str) -> dict[str, str]:
+    env = {**vllm.environment(cluster, node_name), "HF_HOME": "/root/.cache/huggingface"}
+    if cluster.aws and cluster.aws.efa:
+        env |= {"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": EFA_LIBRARY_PATH}
+    return env
+
+
+def config_hash(cluster: ClusterConfig, node_name: str) -> str:
+    """What the container runs, hashed: image, command, environment, docker options and the
+    document itself. Equal hash, no restart (sysctl and drain settings are not in it)."""
+    parts = [
+        cluster.model.image,
+        vllm.server_script(cluster, node_name),
+        json.dumps(environment(cluster, node_name), sort_keys=True),
+        "\n".join(docker_options(cluster)),
+        run_script(),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def parameters(
+    cluster: ClusterConfig,
+    node_name: str,
+    *,
+    target_group_arn: Any = "",
+    target_id: Any = "",
+) -> dict[str, Any]:
+    """The association parameters for one node. `target_group_arn` / `target_id` may be Pulumi
+    Outputs (the component passes them); they are empty for pipeline workers."""
+    topology = cluster.topology
+    replica = topology.replica_of(node_name)
+    node = next(member for member in replica.members if member.name == node_name)
+    head = topology.is_head(node_name)
+    env = "".join(f"{key}={value}\n" for key, value in environment(cluster, node_name).items())
+    return {
+        "Image": cluster.model.image,
+        "ServerScript": _encode(vllm.server_script(cluster, node_name)),
+        "Environment": _encode(env),
+        "DockerOptions": _encode("\n".join(docker_options(cluster)) + "\n"),
+        "Sysctl": _encode(dropin(cluster.tuning.sysctl)),
+        "NodeIp": str(node.ip),
+        "ConfigHash": config_hash(cluster, node_name),
+        "TargetGroupArn": target_group_arn if head else "",
+        "TargetId": target_id if head else "",
+        "Port": str(topology.model_port),
+        "Region": cluster.aws.region if cluster.aws else "",
+        "DrainSeconds": str(cluster.rollout.drain_timeout_seconds),
+        "HealthSeconds": str(cluster.rollout.health_timeout_seconds),
+        "HealthUrl": f"http://{replica.head.ip}:{topology.model_port}{vllm.HEALTH_PATH}" if head else "",
+    }
+
+
+def wait_seconds(cluster: ClusterConfig) -> int:
+    """How long `pulumi up` waits for one association's run (wait_for_success_timeout_seconds)."""
+    rollout = cluster.rollout
+    return rollout.drain_timeout_seconds + rollout.health_timeout_seconds + PULL_MARGIN_SECONDS
+
+
+def decoded(value: str) -> str:
+    """A base64 parameter back as text (tests, the plan)."""
+    return base64.b64decode(value).decode()
+
+
+def shell_check_text() -> str:
+    """The run script with parameters filled by harmless placeholders, for `bash -n`."""
+    text = run_script()
+    for name in PARAMETERS:
+        text = text.replace("{{ " + name + " }}", "0")
+    return text

@@ -1,0 +1,238 @@
+"""The network verification script: a probe matrix, latency and (optionally) bandwidth.
+
+Signatures:
+    Probe(source, source_ip, dest, dest_ip, name, port, expect)   expect: service|reachable|closed
+    Pair(source, source_ip, dest, dest_ip)                         ping (and iperf3) pair
+    cluster_probes(cluster: ClusterConfig, source: str | None = None) -> list[Probe]
+                                                                   every node (or source) to every other node
+    cluster_pairs(cluster: ClusterConfig, source: str | None = None) -> list[Pair]
+    apply_script(probes: list[Probe], pairs: list[Pair], *, max_latency_ms: float,
+                 min_bandwidth_gbps: float | None = None, iperf_port: int = 5201,
+                 connect_timeout_seconds: int = 2, service_wait_seconds: int = 0) -> str
+    for_cluster(cluster: ClusterConfig, node_name: str | None = None, **options) -> str
+
+The script runs the rows whose source address is local (a node's script holds only its own
+rows, `for_cluster(cluster, node)`; a script of several sources runs its local ones), prints the
+matrix and exits 1 naming the failing pairs. A TCP probe ends `open` (connected), `refused`
+(RST: the firewall let it through, nothing listens) or `filtered` (timeout, or the ICMP reject
+firewalld sends). `service` must be open, `reachable` open or refused, `closed` filtered.
+`min_bandwidth_gbps` turns on iperf3 against `iperf3 -s -p <iperf_port>` on each peer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from qwen_cluster.ports import SSH_PORT
+from qwen_cluster.render.shell import MAX_ARG_STRLEN, script
+
+PINGS = 5  # per pair; the median of the replies is held to maxLatencyMs
+
+EXPECTATIONS = ("service", "reachable", "closed")
+
+
+@dataclass(frozen=True)
+class Probe:
+    source: str
+    source_ip: str
+    dest: str
+    dest_ip: str
+    name: str
+    port: int
+    expect: str
+
+    def __post_init__(self) -> None:
+        if self.expect not in EXPECTATIONS:
+            raise ValueError(f"probe expect {self.expect!r} is not one of {EXPECTATIONS}")
+
+
+@dataclass(frozen=True)
+class Pair:
+    source: str
+    source_ip: str
+    dest: str
+    dest_ip: str
+
+
+def cluster_pairs(cluster, source: str | None = None) -> list[Pair]:
+    """Every ordered pair of nodes (`source`: only those from that node)."""
+    return [
+        Pair(a.name, str(a.ip), b.name, str(b.ip))
+        for a in cluster.nodes
+        if source is None or a.name == source
+        for b in cluster.nodes
+        if a.name != b.name
+    ]
+
+
+def cluster_probes(cluster, source: str | None = None) -> list[Probe]:
+    """From each node (`source`: that node) to each other node: SSH, both ends of every table
+    range (the all-traffic rule admits members), the model port on replica heads and the
+    listener on the LB node as services. What must be closed to non-members is probed by the
+    lab, from its outsiders."""
+    topology = cluster.topology
+    lb_node = cluster.load_balancer_node
+    model_port = cluster.model_port
+    ends = [
+        (entry.name, port) for entry in cluster.ports for port in sorted({entry.port.low, entry.port.high})
+    ]
+    probes: list[Probe] = []
+    for pair in cluster_pairs(cluster, source):
+        row = (pair.source, pair.source_ip, pair.dest, pair.dest_ip)
+        head = topology.is_head(pair.dest)
+        probes.append(Probe(*row, "ssh", SSH_PORT, "service"))
+        for name, port in ends:
+            probes.append(Probe(*row, name, port, "service" if port == model_port and head else "reachable"))
+        if lb_node is not None and lb_node.name == pair.dest:
+            probes.append(Probe(*row, "listener", cluster.load_balancer.port, "service"))
+    return probes
+
+
+def _rows(items: list, row) -> str:
+    lines = []
+    for (source, source_ip), group in itertools.groupby(
+        items, key=lambda item: (item.source, item.source_ip)
+    ):
+        lines.append(f"@{source}|{source_ip}")
+        lines += [row(item) for item in group]
+    return "\n".join(lines)
+
+
+def apply_script(
+    probes: list[Probe],
+    pairs: list[Pair],
+    *,
+    max_latency_ms: float,
+    min_bandwidth_gbps: float | None = None,
+    iperf_port: int = 5201,
+    connect_timeout_seconds: int = 2,
+    service_wait_seconds: int = 0,
+) -> str:
+    # A row names its source once per run of rows from it (`@source|ip`): a node's script
+    # stays within the one argument sshd passes to bash (shell.MAX_ARG_STRLEN).
+    probe_rows = _rows(probes, lambda p: f"{p.dest}|{p.dest_ip}|{p.name}|{p.port}|{p.expect}")
+    pair_rows = _rows(pairs, lambda p: f"{p.dest}|{p.dest_ip}")
+    bandwidth = "" if min_bandwidth_gbps is None else f"{min_bandwidth_gbps:g}"
+    body = f"""
+connect_timeout={connect_timeout_seconds}
+service_wait={service_wait_seconds}
+max_latency_ms={max_latency_ms:g}
+min_bandwidth_gbps={bandwidth}
+iperf_port={iperf_port}
+local_ips=$(ip -o addr show | awk '{{split($4, a, "/"); print a[1]}}')
+failures=()
+
+is_local() {{ grep -qxF -- "$1" <<<"$local_ips"; }}
+
+# open | refused | filtered
+probe() {{
+  local err
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  if err=$(timeout "$connect_timeout" bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$1" "$2" 2>&1 </dev/null); then
+    echo open
+  elif [[ $err == *refused* ]]; then
+    echo refused
+  else
+    echo filtered
+  fi
+}}
+
+printf '%-14s %-14s %-16s %6s %-10s %-9s %s\\n' source dest name port expect got result
+here=no
+while IFS='|' read -r dst dst_ip name port expect; do
+  [ -n "$dst" ] || continue
+  if [[ $dst == @* ]]; then  # the rows that follow are from this source
+    src=${{dst#@}} src_ip=$dst_ip here=no
+    if is_local "$src_ip"; then here=yes; fi
+    continue
+  fi
+  [ "$here" = yes ] || continue
+  deadline=$((SECONDS + service_wait))
+  while :; do
+    got=$(probe "$dst_ip" "$port")
+    if [ "$expect" != service ] || [ "$got" = open ] || [ "$SECONDS" -ge "$deadline" ]; then
+      break
+    fi
+    sleep 5
+  done
+  case "$expect:$got" in
+    service:open | reachable:open | reachable:refused | closed:filtered) result=ok ;;
+    *) result=FAIL; failures+=("$src->$dst $name $port/tcp: expected $expect, got $got") ;;
+  esac
+  printf '%-14s %-14s %-16s %6s %-10s %-9s %s\\n' "$src" "$dst" "$name" "$port" "$expect" "$got" "$result"
+done <<'QWEN_PROBES_EOF'
+{probe_rows}
+QWEN_PROBES_EOF
+
+echo
+printf '%-14s %-14s %12s %s\\n' source dest "rtt ms" result
+here=no
+while IFS='|' read -r dst dst_ip; do
+  [ -n "$dst" ] || continue
+  if [[ $dst == @* ]]; then
+    src=${{dst#@}} src_ip=$dst_ip here=no
+    if is_local "$src_ip"; then here=yes; fi
+    continue
+  fi
+  [ "$here" = yes ] || continue
+  # The median of the replies to {PINGS} pings: one late reply (the first packet waiting for
+  # ARP, a busy scheduler on either host) does not decide it, as it would the average.
+  rtt=$(ping -n -c {PINGS} -i 0.2 -W 1 "$dst_ip" </dev/null 2>/dev/null \\
+    | sed -n 's/.* time=\\([0-9.]*\\) *ms.*/\\1/p' | LC_ALL=C sort -n \\
+    | awk '{{v[NR] = $1}} END {{if (NR) print v[int((NR + 1) / 2)]}}' || true)
+  if [ -z "$rtt" ]; then
+    result=FAIL; failures+=("$src->$dst ping: no reply")
+  elif awk -v r="$rtt" -v m="$max_latency_ms" 'BEGIN {{exit !(r > m)}}'; then
+    result=FAIL; failures+=("$src->$dst ping: median RTT $rtt ms is above maxLatencyMs $max_latency_ms")
+  else
+    result=ok
+  fi
+  printf '%-14s %-14s %12s %s\\n' "$src" "$dst" "${{rtt:--}}" "$result"
+  if [ -n "$min_bandwidth_gbps" ]; then
+    bps=$(iperf3 -c "$dst_ip" -p "$iperf_port" -t 3 -J </dev/null 2>/dev/null \\
+      | grep -o '"bits_per_second":[[:space:]]*[0-9.e+]*' | tail -n1 | grep -o '[0-9.e+]*$' || true)
+    if [ -z "$bps" ]; then
+      failures+=("$src->$dst iperf3: no result (is iperf3 -s -p $iperf_port running on $dst?)")
+      echo "  bandwidth: no result"
+    else
+      gbps=$(awk -v b="$bps" 'BEGIN {{printf "%.2f", b / 1e9}}')
+      echo "  bandwidth: $gbps Gbit/s"
+      if awk -v g="$gbps" -v m="$min_bandwidth_gbps" 'BEGIN {{exit !(g < m)}}'; then
+        failures+=("$src->$dst iperf3: $gbps Gbit/s is below minBandwidthGbps $min_bandwidth_gbps")
+      fi
+    fi
+  fi
+done <<'QWEN_PAIRS_EOF'
+{pair_rows}
+QWEN_PAIRS_EOF
+
+if [ "${{#failures[@]}}" -gt 0 ]; then
+  echo
+  echo "verify: ${{#failures[@]}} failing:" >&2
+  printf '  %s\\n' "${{failures[@]}}" >&2
+  exit 1
+fi
+echo "verify: all checks passed"
+"""
+    return script("network verification: probe matrix, latency, bandwidth", body)
+
+
+def for_cluster(cluster, node_name: str | None = None, **options) -> str:
+    """The verify script of `node_name`: its own rows only. A script is the command string
+    sshd hands to `bash -c`, one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN):
+    the whole cluster's matrix in every node's script passed that at 17 nodes, one node's
+    rows stay under it to beyond 256 (tests/test_render_scripts.py). None: every row."""
+    text = apply_script(
+        cluster_probes(cluster, node_name),
+        cluster_pairs(cluster, node_name),
+        max_latency_ms=cluster.network.max_latency_ms,
+        **options,
+    )
+    if node_name is not None and len(text.encode()) >= MAX_ARG_STRLEN:
+        raise ValueError(
+            f"the verify script of {node_name} is {len(text.encode())} bytes, over the "
+            f"{MAX_ARG_STRLEN} that sshd can pass to bash in one argument: this many nodes "
+            f"({len(cluster.nodes)}) needs the probe table delivered another way"
+        )
+    return text

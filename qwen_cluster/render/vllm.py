@@ -1,0 +1,93 @@
+"""The model server's command line: `vllm serve` on a replica head, `ray start` on the other
+members of a pipeline-parallel replica. One source for both targets (AWS runs it through SSM
+and the first boot, bare metal as a container's entry command), pure.
+
+The program owns the flags that must agree with the rest of the config (address, port,
+parallel sizes, memory plan, executor backend: config.OWNED_VLLM_FLAGS); everything else is
+`model.vllmFlags` over config.DEFAULT_VLLM_FLAGS.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from qwen_cluster import catalog
+from qwen_cluster.config import DEFAULT_VLLM_FLAGS, ClusterConfig, VllmFlagValue
+
+# vLLM binds every interface; the security groups / host firewall decide who reaches it.
+LISTEN_ADDRESS = "0.0.0.0"
+# vLLM's liveness endpoint (vllm/entrypoints/openai/api_server.py: GET /health answers 200 once
+# the engine is up). The load balancers and the rollout gate both ask it.
+HEALTH_PATH = "/health"
+
+
+def extra_flags(cluster: ClusterConfig) -> dict[str, VllmFlagValue]:
+    """The flags beyond the owned ones, in effect: served name, Qwen3 defaults, then the
+    stack's `model.vllmFlags` (false or null drops a flag)."""
+    merged: dict[str, VllmFlagValue] = {
+        "--served-model-name": cluster.model.name,
+        **DEFAULT_VLLM_FLAGS,
+        **cluster.model.vllm_flags,
+    }
+    return {flag: value for flag, value in sorted(merged.items()) if value is not None and value is not False}
+
+
+def _argument(flag: str, value: VllmFlagValue) -> str:
+    if value is True:
+        return flag
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # the engine hands numbers over as floats
+    return f"{flag}={value}"
+
+
+def serve_argv(cluster: ClusterConfig) -> list[str]:
+    """`vllm serve MODEL ...` for a replica head."""
+    topology = cluster.topology
+    owned = [
+        f"--host={LISTEN_ADDRESS}",
+        f"--port={topology.model_port}",
+        f"--tensor-parallel-size={topology.tensor_parallel}",
+        f"--pipeline-parallel-size={topology.pipeline_parallel}",
+        f"--gpu-memory-utilization={catalog.GPU_MEMORY_UTILIZATION}",
+    ]
+    if topology.pipeline_parallel > 1:
+        owned.append("--distributed-executor-backend=ray")  # the replica spans nodes
+    extras = [_argument(flag, value) for flag, value in extra_flags(cluster).items()]
+    return ["vllm", "serve", cluster.model.name, *owned, *extras]
+
+
+def ray_argv(cluster: ClusterConfig, node_name: str) -> list[str]:
+    """`ray start` for a member of a pipeline-parallel replica, its ports pinned in the range."""
+    topology = cluster.topology
+    replica = topology.replica_of(node_name)
+    node_ip = next(member.ip for member in replica.members if member.name == node_name)
+    ray = ["ray", "start", f"--node-ip-address={node_ip}"]
+    if replica.head.name == node_name:
+        return [*ray, *topology.ports.ray_start_args(head=True)]
+    return [*ray, "--block", *topology.ports.ray_start_args(head=False, head_ip=replica.head.ip)]
+
+
+def server_script(cluster: ClusterConfig, node_name: str, prelude: str = "") -> str:
+    """The bash script the model server runs on `node_name` (`bash -c`): vLLM on a replica head
+    (after the Ray head when the replica spans nodes), a blocking Ray worker elsewhere.
+    `prelude` runs first (a target's own setup, e.g. finding the cluster interface)."""
+    topology = cluster.topology
+    if topology.pipeline_parallel == 1:
+        command = f"exec {shlex.join(serve_argv(cluster))}"
+    elif topology.is_head(node_name):
+        command = f"{shlex.join(ray_argv(cluster, node_name))} && exec {shlex.join(serve_argv(cluster))}"
+    else:
+        command = f"exec {shlex.join(ray_argv(cluster, node_name))}"
+    return prelude + command
+
+
+def environment(cluster: ClusterConfig, node_name: str) -> dict[str, str]:
+    """The environment every target gives the model server: the node's own address for vLLM and
+    the first port of vLLM's pinned block (and the replica's Ray head when it spans nodes)."""
+    topology = cluster.topology
+    replica = topology.replica_of(node_name)
+    node_ip = next(member.ip for member in replica.members if member.name == node_name)
+    env = {"VLLM_HOST_IP": str(node_ip), "VLLM_PORT": str(topology.ports.vllm.low)}
+    if topology.pipeline_parallel > 1:
+        env["RAY_ADDRESS"] = f"{replica.head.ip}:{topology.ports.gcs}"
+    return env

@@ -1,0 +1,55 @@
+"""A validated stack as plain data: what `make demo` prints and the program exports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qwen_cluster.config import ClusterConfig
+
+
+def summary(cluster: ClusterConfig) -> dict[str, Any]:
+    topology = cluster.topology
+    bandwidth_source = (
+        f"{cluster.aws.instance_type} baseline ({cluster.instance.bandwidth})"
+        if cluster.aws
+        else "bareMetal.nicSpeedGbps (verified on the host at deploy time)"
+    )
+    return {
+        "target": cluster.target.value,
+        "nodes": [
+            {"name": node.name, "ip": str(node.ip), "role": node.role, "head": topology.is_head(node.name)}
+            for node in cluster.nodes
+        ],
+        "network": {
+            "cidr": str(cluster.network.cidr),
+            "minBandwidthGbps": cluster.network.min_bandwidth_gbps,
+            "maxLatencyMs": cluster.network.max_latency_ms,
+        },
+        "bandwidthClass": {
+            "gbps": cluster.bandwidth_gbps,
+            "source": bandwidth_source,
+            "floor": cluster.network.min_bandwidth_gbps,
+            "efa": bool(cluster.aws and cluster.aws.efa),
+        },
+        "ports": [entry.model_dump(by_alias=True, mode="json") for entry in cluster.ports],
+        "exposure": [
+            {
+                "name": rule.name,
+                "target": rule.target.value,
+                "from": rule.peer.value if not rule.cidrs else list(rule.cidrs),
+                "ports": "all" if rule.ports is None else str(rule.ports),
+                "protocol": rule.protocol,
+            }
+            for rule in cluster.exposures()
+        ],
+        "topology": {
+            "replicas": len(topology.replicas),
+            "tensorParallel": topology.tensor_parallel,
+            "pipelineParallel": topology.pipeline_parallel,
+            "gpusPerReplica": topology.tensor_parallel * topology.pipeline_parallel,
+            "heads": [head.name for head in topology.heads],
+            "loadBalancerTargets": [f"{head.ip}:{topology.model_port}" for head in topology.heads],
+            "pinnedPorts": {name: str(span) for name, span in topology.ports.named().items()},
+        },
+        "model": {"name": cluster.model.name, "image": cluster.model.image},
+    }

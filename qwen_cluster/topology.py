@@ -1,0 +1,188 @@
+"""Model topology: replicas x (tensor, pipeline) parallel, head nodes, pinned Ray/vLLM ports.
+
+Ray and vLLM pick random ports unless told otherwise; we pin every one of them inside the
+port table's cluster range so the table documents what actually listens between nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from qwen_cluster.ports import PortEntry, PortRange, cluster_range
+
+# Ray's fixed ports, in the order they are laid into the cluster range
+# (https://docs.ray.io/en/latest/ray-core/configure.html#ports-configurations).
+RAY_FIXED_PORTS = (
+    "gcs",  # ray start --head --port
+    "node_manager",  # --node-manager-port
+    "object_manager",  # --object-manager-port
+    "dashboard",  # --dashboard-port (head)
+    "dashboard_agent_grpc",  # --dashboard-agent-grpc-port
+    "dashboard_agent_http",  # --dashboard-agent-listen-port
+    "metrics_export",  # --metrics-export-port
+    "runtime_env_agent",  # --runtime-env-agent-port
+    "ray_client_server",  # --ray-client-server-port (head)
+)
+# vLLM takes VLLM_PORT and the ports after it for its own distributed setup.
+VLLM_PORT_BLOCK = 4
+# Ray starts one worker process per port of --min/--max-worker-port; with 8 GPUs per node
+# and the driver and helpers, 16 is the least that does not starve the scheduler.
+MIN_WORKER_PORTS = 16
+MIN_CLUSTER_PORTS = len(RAY_FIXED_PORTS) + VLLM_PORT_BLOCK + MIN_WORKER_PORTS
+
+
+class TopologyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class PinnedPorts:
+    gcs: int
+    node_manager: int
+    object_manager: int
+    dashboard: int
+    dashboard_agent_grpc: int
+    dashboard_agent_http: int
+    metrics_export: int
+    runtime_env_agent: int
+    ray_client_server: int
+    vllm: PortRange  # VLLM_PORT and the block after it
+    workers: PortRange  # --min-worker-port / --max-worker-port
+
+    def named(self) -> dict[str, PortRange]:
+        """Every pinned port or range by name, for tables and collision checks."""
+        ports = {name: PortRange(getattr(self, name), getattr(self, name)) for name in RAY_FIXED_PORTS}
+        return {**ports, "vllm": self.vllm, "ray_workers": self.workers}
+
+    def ray_start_args(self, *, head: bool, head_ip: str | None = None) -> list[str]:
+        """`ray start` flags for a head or a worker that keep Ray inside the range."""
+        common = [
+            f"--node-manager-port={self.node_manager}",
+            f"--object-manager-port={self.object_manager}",
+            f"--dashboard-agent-grpc-port={self.dashboard_agent_grpc}",
+            f"--dashboard-agent-listen-port={self.dashboard_agent_http}",
+            f"--metrics-export-port={self.metrics_export}",
+            f"--runtime-env-agent-port={self.runtime_env_agent}",
+            f"--min-worker-port={self.workers.low}",
+            f"--max-worker-port={self.workers.high}",
+        ]
+        if head:
+            return [
+                "--head",
+                f"--port={self.gcs}",
+                f"--dashboard-port={self.dashboard}",
+                f"--ray-client-server-port={self.ray_client_server}",
+                *common,
+            ]
+        if not head_ip:
+            raise TopologyError("a Ray worker needs the head's IP")
+        return [f"--address={head_ip}:{self.gcs}", *common]
+
+
+def pin_ports(entry: PortEntry) -> PinnedPorts:
+    """Lay Ray's and vLLM's ports into the cluster range, or say why it is too small."""
+    span = entry.port
+    if span.size < MIN_CLUSTER_PORTS:
+        raise TopologyError(
+            f"ports entry {entry.name} ({span}) holds {span.size} ports; pinning Ray and vLLM "
+            f"needs at least {MIN_CLUSTER_PORTS} ({len(RAY_FIXED_PORTS)} Ray ports, "
+            f"{VLLM_PORT_BLOCK} for vLLM, {MIN_WORKER_PORTS} Ray worker ports)"
+        )
+    fixed = {name: span.low + offset for offset, name in enumerate(RAY_FIXED_PORTS)}
+    vllm_low = span.low + len(RAY_FIXED_PORTS)
+    vllm = PortRange(vllm_low, vllm_low + VLLM_PORT_BLOCK - 1)
+    return PinnedPorts(**fixed, vllm=vllm, workers=PortRange(vllm.high + 1, span.high))
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    name: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class Replica:
+    index: int
+    members: tuple[NodeRef, ...]  # pipeline stages in order; the first is the head
+
+    @property
+    def head(self) -> NodeRef:
+        return self.members[0]
+
+    @property
+    def workers(self) -> tuple[NodeRef, ...]:
+        return self.members[1:]
+
+
+@dataclass(frozen=True)
+class Topology:
+    tensor_parallel: int
+    pipeline_parallel: int
+    model_port: int
+    ports: PinnedPorts
+    replicas: tuple[Replica, ...] = field(default_factory=tuple)
+
+    # Computed once per topology (frozen: they never go stale): the renderers ask for every
+    # node of every node, which at 256 nodes was a quarter of the render time.
+    @cached_property
+    def heads(self) -> tuple[NodeRef, ...]:
+        """The load balancer's targets: one model server per replica."""
+        return tuple(replica.head for replica in self.replicas)
+
+    @cached_property
+    def _replica_by_node(self) -> dict[str, Replica]:
+        return {member.name: replica for replica in self.replicas for member in replica.members}
+
+    def replica_of(self, node_name: str) -> Replica:
+        try:
+            return self._replica_by_node[node_name]
+        except KeyError:
+            raise KeyError(f"{node_name} is in no replica") from None
+
+    def is_head(self, node_name: str) -> bool:
+        replica = self._replica_by_node.get(node_name)
+        return replica is not None and replica.head.name == node_name
+
+
+def build(
+    nodes: list[tuple[str, str, str]],
+    *,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    model_port: int,
+    cluster_entry: PortEntry,
+) -> Topology:
+    """Group (name, ip, role) nodes into replicas of `pipeline_parallel` consecutive nodes.
+
+    The master comes first so that it heads replica 0 (the guide's "model service on the
+    master"); the others keep their config order, so adding a node never moves a replica.
+    """
+    if pipeline_parallel < 1 or tensor_parallel < 1:
+        raise TopologyError("tensorParallel and pipelineParallel are at least 1")
+    if len(nodes) % pipeline_parallel:
+        raise TopologyError(f"{len(nodes)} nodes do not split into replicas of {pipeline_parallel} nodes")
+    ordered = sorted(nodes, key=lambda node: node[2] != "master")
+    refs = [NodeRef(name, ip) for name, ip, _ in ordered]
+    replicas = tuple(
+        Replica(index, tuple(refs[start : start + pipeline_parallel]))
+        for index, start in enumerate(range(0, len(refs), pipeline_parallel))
+    )
+    return Topology(
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        model_port=model_port,
+        ports=pin_ports(cluster_entry),
+        replicas=replicas,
+    )
+
+
+def for_config(cluster) -> Topology:
+    """The topology of a validated ClusterConfig."""
+    return build(
+        [(node.name, str(node.ip), node.role) for node in cluster.nodes],
+        tensor_parallel=cluster.model.tensor_parallel,
+        pipeline_parallel=cluster.model.pipeline_parallel,
+        model_port=cluster.model_port,
+        cluster_entry=cluster_range(cluster.ports),
+    )

@@ -1,0 +1,66 @@
+"""Helpers for the bare-metal tests: shellcheck, and network namespaces the test owns."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tooling import stackfile
+
+ONPREM = stackfile.load("onprem")
+
+
+def shellcheck(text: str, tmp_path: Path) -> None:
+    path = tmp_path / f"script-{uuid.uuid4().hex[:8]}.sh"
+    path.write_text(text)
+    result = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def can_make_namespaces() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+needs_netns = pytest.mark.skipif(
+    not can_make_namespaces(), reason="creating network namespaces needs root and iproute2"
+)
+
+
+@contextlib.contextmanager
+def netns_pair(a_ip: str = "10.231.0.1", b_ip: str = "10.231.0.2") -> Iterator[tuple[str, str]]:
+    """Two fresh namespaces joined by a veth pair; removed afterwards. Nothing leaves them."""
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"qt-a-{tag}", f"qt-b-{tag}"
+    steps = [
+        ["ip", "netns", "add", a],
+        ["ip", "netns", "add", b],
+        ["ip", "link", "add", f"va{tag}", "netns", a, "type", "veth", "peer", "name", f"vb{tag}", "netns", b],
+        ["ip", "-n", a, "addr", "add", f"{a_ip}/24", "dev", f"va{tag}"],
+        ["ip", "-n", b, "addr", "add", f"{b_ip}/24", "dev", f"vb{tag}"],
+        ["ip", "-n", a, "link", "set", f"va{tag}", "up"],
+        ["ip", "-n", b, "link", "set", f"vb{tag}", "up"],
+        ["ip", "-n", a, "link", "set", "lo", "up"],
+        ["ip", "-n", b, "link", "set", "lo", "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield a, b
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def run_in(ns: str, text: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / f"run-{uuid.uuid4().hex[:8]}.sh"
+    path.write_text(text)
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, "bash", str(path), *args], capture_output=True, text=True, timeout=120
+    )

@@ -1,0 +1,44 @@
+"""Valid raw stack configs per target, which tests change one field at a time, and node lists."""
+
+from __future__ import annotations
+
+BASE_AWS = {
+    "target": "aws",
+    "nodes": [
+        {"name": "master", "ip": "192.168.1.100", "role": "master"},
+        {"name": "worker-1", "ip": "192.168.1.101"},
+        {"name": "worker-2", "ip": "192.168.1.102"},
+        {"name": "worker-3", "ip": "192.168.1.103"},
+    ],
+    "network": {"cidr": "192.168.1.0/24", "minBandwidthGbps": 10, "maxLatencyMs": 1.0},
+    "access": {
+        "clientCidrs": ["10.0.0.0/8"],
+        "monitoringCidrs": ["10.20.0.0/16"],
+        "adminCidrs": ["203.0.113.10/32"],
+    },
+    "aws": {"instanceType": "g6e.12xlarge", "availabilityZone": "us-west-2a", "efa": True},
+}
+
+BASE_BARE_METAL = {
+    **{k: v for k, v in BASE_AWS.items() if k != "aws"},
+    "target": "bare-metal",
+    "bareMetal": {
+        "sshUser": "ubuntu",
+        "firewall": "ufw",
+        "nicSpeedGbps": 25,
+        "gpusPerNode": 8,
+        "gpuMemoryGb": 80,
+    },
+}
+
+
+def nodes(count: int, prefix: str = "10.0.") -> list[dict]:
+    """`count` nodes with unique names and addresses, the first the master."""
+    result = []
+    for index in range(count):
+        ip = f"{prefix}{index // 250}.{index % 250 + 4}"
+        entry = {"name": "master" if index == 0 else f"worker-{index}", "ip": ip}
+        if index == 0:
+            entry["role"] = "master"
+        result.append(entry)
+    return result

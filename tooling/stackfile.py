@@ -1,0 +1,56 @@
+"""Stack files (`Pulumi.<stack>.yaml`) read without the Pulumi CLI, for the offline tools and tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qwen_cluster import config
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+STACKS = ("dev", "prod", "onprem")
+
+
+def stack_path(stack: str, root: Path = PROJECT_ROOT) -> Path:
+    return root / f"Pulumi.{stack}.yaml"
+
+
+def read(stack: str, root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """The stack file's `config:` map, keys as written (`qwen-cluster:nodes`, `aws:region`)."""
+    path = stack_path(stack, root)
+    if not path.exists():
+        known = ", ".join(sorted(p.name[7:-5] for p in root.glob("Pulumi.*.yaml")))
+        raise FileNotFoundError(f"no stack file {path.name} (stacks here: {known})")
+    document = yaml.safe_load(path.read_text()) or {}
+    return dict(document.get("config") or {})
+
+
+def cluster_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
+    """The `qwen-cluster:` keys without their namespace; secrets left out."""
+    prefix = f"{config.NAMESPACE}:"
+    return {
+        key[len(prefix) :]: value
+        for key, value in stack_config.items()
+        if key.startswith(prefix) and key[len(prefix) :] not in config.SECRET_KEYS
+    }
+
+
+def load(stack: str, root: Path = PROJECT_ROOT) -> config.ClusterConfig:
+    stack_config = read(stack, root)
+    return config.validate(cluster_keys(stack_config), aws_region=stack_config.get("aws:region"))
+
+
+def as_pulumi_config(stack_config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The stack config as the Pulumi engine hands it to a program: every value a string
+    (objects as JSON), and the list of secret keys (`secure:` values)."""
+    values: dict[str, str] = {}
+    secrets: list[str] = []
+    for key, value in stack_config.items():
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            secrets.append(key)
+            value = value["secure"]
+        values[key] = value if isinstance(value, str) else json.dumps(value)
+    return values, secrets
