@@ -413,7 +413,7 @@ class BareMetalTarget(Section):
         "the host at deploy time.",
     )
     gpus_per_node: int = Field(ge=1, description="GPUs per node: at least `model.tensorParallel`.")
-    gpu_memory_gb: float = Field(gt=0, description="Memory per GPU, in GB (the memory rule below).")
+    gpu_memory_gb: float = Field(gt=0, description="Memory per GPU, in GB (see the memory rule).")
     load_balancer_node: str | None = Field(
         default=None,
         json_schema_extra=computed_default("the master"),
