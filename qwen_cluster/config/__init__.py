@@ -24,6 +24,7 @@ from qwen_cluster.config.rules import complete_ports, cross_errors, monitoring_r
 from qwen_cluster.config.sections import (
     DEFAULT_IMAGE,
     DEFAULT_MODEL,
+    DEFAULT_SCRAPE_INTERVAL_SECONDS,
     DEFAULT_SYSCTL,
     DEFAULT_VLLM_FLAGS,
     OWNED_VLLM_FLAGS,
@@ -48,6 +49,7 @@ __all__ = [
     "AWS_SUBNET_PREFIX",
     "DEFAULT_IMAGE",
     "DEFAULT_MODEL",
+    "DEFAULT_SCRAPE_INTERVAL_SECONDS",
     "DEFAULT_SYSCTL",
     "DEFAULT_VLLM_FLAGS",
     "IDLE_TIMEOUT_LIMITS",

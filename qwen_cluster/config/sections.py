@@ -74,6 +74,15 @@ def _span(limits: tuple[int, int]) -> str:
     return f"{limits[0]}-{limits[1]}"
 
 
+# The default ports of the monitoring rows, as the descriptions name them (ports.DEFAULT_PORTS).
+_ENDPOINT_PORT, _PROMETHEUS_PORT, _ALERTMANAGER_PORT = (
+    port_table.port_of(port_table.DEFAULT_PORTS, name)
+    for name in (port_table.MONITORING_ENDPOINT, port_table.PROMETHEUS, port_table.ALERTMANAGER)
+)
+# render/monitoring.py scales every monitoring duration by the scrape interval against this.
+DEFAULT_SCRAPE_INTERVAL_SECONDS = 15
+
+
 class Target(StrEnum):
     AWS = "aws"
     BARE_METAL = "bare-metal"
@@ -126,8 +135,8 @@ class Access(Section):
     )
     monitoring_cidrs: list[Cidr] = Field(
         default=[],
-        description="Who may reach the `monitoring` ports (8000, Prometheus, Alertmanager); never "
-        "`0.0.0.0/0` or `::/0`.",
+        description=f"Who may reach the `monitoring` ports ({_ENDPOINT_PORT}, Prometheus, Alertmanager); "
+        "never `0.0.0.0/0` or `::/0`.",
     )
     admin_cidrs: list[Cidr] = Field(
         default=[],
@@ -231,8 +240,7 @@ class Model(Section):
 class Rollout(Section):
     """How a Day-2 change rolls over the replicas (both targets): each replica is drained for
     at most drainTimeoutSeconds, then must answer vLLM's /health within healthTimeoutSeconds
-    (weights load from the local cache; a cold download of 64 GB takes longer) before the
-    next one starts."""
+    before the next one starts."""
 
     drain_timeout_seconds: int = Field(
         default=300,
@@ -271,17 +279,19 @@ def _sysctl_map(value: object) -> object:
 
 
 class Monitoring(Section):
-    """Port 8000 on every node, and the cluster's own Prometheus + Alertmanager."""
+    """The metrics endpoint on every node, and the cluster's own Prometheus + Alertmanager."""
 
     exporters: bool = Field(
         default=True,
-        description="Every node's metrics endpoint on the `monitoring` port row (8000): host, GPU, "
+        description=f"Every node's metrics endpoint on the `{port_table.MONITORING_ENDPOINT}` port row "
+        f"({_ENDPOINT_PORT}): host, GPU, "
         "vLLM and peer-probe metrics.",
     )
     prometheus: bool = Field(
         default=True,
-        description="The cluster's Prometheus and Alertmanager on the `prometheus` (9090) and "
-        "`alertmanager` (9093) rows, scope `monitoring`. A written `ports` table that lacks these "
+        description=f"The cluster's Prometheus and Alertmanager on the `{port_table.PROMETHEUS}` "
+        f"({_PROMETHEUS_PORT}) and `{port_table.ALERTMANAGER}` ({_ALERTMANAGER_PORT}) rows, scope "
+        "`monitoring`. A written `ports` table that lacks these "
         "rows gets them with those ports (write a row to move one; when its default port is taken, "
         "the error names the row to write).",
     )
@@ -291,11 +301,11 @@ class Monitoring(Section):
         description="The node Prometheus and Alertmanager run on; one of the nodes.",
     )
     scrape_interval_seconds: float = Field(
-        default=15,
+        default=DEFAULT_SCRAPE_INTERVAL_SECONDS,
         ge=1,
         le=300,
         description="How often Prometheus scrapes; every monitoring duration follows it (an alert "
-        "waits four scrapes: 1 min at 15 s).",
+        f"waits four scrapes: 1 min at {DEFAULT_SCRAPE_INTERVAL_SECONDS} s).",
     )
     max_requests_waiting: int = Field(
         default=50,
