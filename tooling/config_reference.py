@@ -20,7 +20,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import annotated_types
 from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
@@ -107,26 +106,24 @@ def _count(number: int, unit: str) -> str:
 
 
 def _bounds(metadata: Sequence[Any], unit: str) -> list[str]:
-    found = {type(item): item for item in metadata}
-    low = found.get(annotated_types.Ge)
-    high = found.get(annotated_types.Le)
+    """Pydantic's constraint metadata (annotated_types Ge, Le, MinLen, ... and the pattern),
+    read by attribute: each item carries the one it stands for."""
+    found: dict[str, Any] = {}
+    for item in metadata:
+        for name in ("ge", "le", "gt", "lt", "min_length", "max_length", "pattern"):
+            if getattr(item, name, None) is not None:
+                found[name] = getattr(item, name)
     parts = []
-    if low is not None and high is not None:
-        parts.append(f"{low.ge}-{high.le}")
+    if "ge" in found and "le" in found:
+        parts.append(f"{found['ge']}-{found['le']}")
     else:
-        if low is not None:
-            parts.append(f"at least {low.ge}")
-        if high is not None:
-            parts.append(f"at most {high.le}")
-    if (above := found.get(annotated_types.Gt)) is not None:
-        parts.append(f"above {above.gt}")
-    if (below := found.get(annotated_types.Lt)) is not None:
-        parts.append(f"below {below.lt}")
-    if (shortest := found.get(annotated_types.MinLen)) is not None:
-        parts.append(f"at least {_count(shortest.min_length, unit)}")
-    if (longest := found.get(annotated_types.MaxLen)) is not None:
-        parts.append(f"at most {_count(longest.max_length, unit)}")
-    parts += [f"pattern `{item.pattern}`" for item in metadata if getattr(item, "pattern", None)]
+        parts += [f"at least {found['ge']}"] if "ge" in found else []
+        parts += [f"at most {found['le']}"] if "le" in found else []
+    parts += [f"above {found['gt']}"] if "gt" in found else []
+    parts += [f"below {found['lt']}"] if "lt" in found else []
+    parts += [f"at least {_count(found['min_length'], unit)}"] if "min_length" in found else []
+    parts += [f"at most {_count(found['max_length'], unit)}"] if "max_length" in found else []
+    parts += [f"pattern `{found['pattern']}`"] if "pattern" in found else []
     return parts
 
 
