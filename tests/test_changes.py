@@ -1,4 +1,4 @@
-"""tooling/changes.py: the replacement table, diff over two renders, the rollout summary and
+"""tooling/changes/: the replacement table, diff over two renders, the rollout summary and
 the --change syntax. Synthetic renders keep each rule's behaviour visible on its own; the
 stack-level changes (AWS, bare metal) are asserted in the targets' own tests."""
 

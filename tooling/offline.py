@@ -49,7 +49,7 @@ class RecordedResource:
     parent_type: str | None = None
     depends_on: list[str] = field(default_factory=list)  # explicit dependsOn names
     urn: str = ""
-    # The resource options that decide how a change is carried out (tooling/changes.py).
+    # The resource options that decide how a change is carried out (tooling/changes/).
     delete_before_replace: bool = False
     ignore_changes: list[str] = field(default_factory=list)  # input property paths, camelCase
     replace_on_changes: list[str] = field(default_factory=list)

@@ -10,7 +10,7 @@ is and with the changes applied (KEY a dotted path as in the stack file, VALUE J
 string; `nodes` takes the whole list); `plan.py STACK --against GIT_REF` renders the program
 and stack file at GIT_REF and the working tree. Both print per resource create / update /
 replace (create-before-delete or delete-before-replace) / delete / same with the input keys
-that changed, then the rollout (tooling/changes.py). Exit codes: 0 the endpoint stays up,
+that changed, then the rollout (tooling/changes/). Exit codes: 0 the endpoint stays up,
 3 every replica out at once, the endpoint replaced or a replacement that would collide,
 1 a mandatory policy violation in the new render, 2 an invalid config or change.
 """
