@@ -275,7 +275,8 @@ def print_change_plan(console, report: dict[str, Any]) -> None:
     console.print(
         f"rollout: {rollout['replicas']} replicas; nodes replaced: "
         f"{', '.join(rollout['nodesReplaced']) or 'none'}; model servers restarted: "
-        f"{', '.join(rollout['serversRestarted']) or 'none'}; at most "
+        f"{', '.join(rollout['serversRestarted']) or 'none'}; replicas drained: "
+        f"{', '.join(rollout['replicasDrained']) or 'none'}; at most "
         f"{rollout['maxReplicasOutOfService']} replica(s) out of service at once; steps: {steps}"
     )
     if rollout["endpointChanges"]:

@@ -1,6 +1,7 @@
 """What a change does to serving, decided from two offline renders and their diff
-(tooling/changes/compare.py): nodes replaced, model servers restarted, the most replicas out of
-service at once given the engine's dependency order, and whether the endpoint stays up.
+(tooling/changes/compare.py): nodes replaced, model servers restarted, replicas drained, the
+most replicas out of service at once given the engine's dependency order, and whether the
+endpoint stays up.
 
 Decided per resource:
 - machine: an EC2 instance of a GPU node (tag ROLE_TAG=GPU_NODE, qwen_cluster/tags.py)
@@ -8,6 +9,8 @@ Decided per resource:
 - server: a model server restarted: an SSM association of the model-server document created
   anew or updated on an existing node, or a model-server container (CONTAINER_ROLE_LABEL head /
   pipeline-worker) replaced;
+- drain: a replica taken out of the load balancer without a restart: a bare-metal drain step
+  (named in DRAIN_SUFFIXES) that re-runs. It stays out until its health gate puts it back;
 - endpoint: the NLB, its listener or target group, or the load-balancer container
   (CONTAINER_ROLE_LABEL load-balancer) replaced or deleted: every client connection drops;
 - a health gate waits until its replica serves again before anything that depends on it starts:
@@ -29,8 +32,13 @@ from tooling.offline import RecordedResource, Render, references, strings
 # qwen_cluster/baremetal/rollout.py: `<head>-ready` waits for the replica's /health (create only
 # for a server marked down, update always) before the next replica's drain starts.
 HEALTH_GATE_SUFFIXES: tuple[str, ...] = ("-ready",)
+# qwen_cluster/baremetal/rollout.py: `<head>-drain` has only an `update` (out of rotation, wait
+# for the streams in flight). pulumi-command runs it on every update, whatever input changed
+# (provider/pkg/provider/remote/commandController.go Update), and nothing on create or delete: a
+# replaced drain (new `triggers`) runs nothing either.
+DRAIN_SUFFIXES: tuple[str, ...] = ("-drain",)
 # Rollout steps run on the load balancer's host but belong to the replica named by their head.
-ROLLOUT_STEP_SUFFIXES: tuple[str, ...] = ("-drain", "-ready")
+ROLLOUT_STEP_SUFFIXES: tuple[str, ...] = (*DRAIN_SUFFIXES, *HEALTH_GATE_SUFFIXES)
 
 _ENDPOINT_TYPES = (
     "aws:lb/loadBalancer:LoadBalancer",
@@ -51,6 +59,7 @@ class Rollout:
     max_replicas_out_of_service: int
     nodes_replaced: list[str]
     servers_restarted: list[str]
+    replicas_drained: list[str]  # replicas taken out of the load balancer, named as in steps
     endpoint_stays_up: bool
     endpoint_changes: list[str]
     collisions: list[str]
@@ -62,6 +71,7 @@ class Rollout:
             "maxReplicasOutOfService": self.max_replicas_out_of_service,
             "nodesReplaced": self.nodes_replaced,
             "serversRestarted": self.servers_restarted,
+            "replicasDrained": self.replicas_drained,
             "endpointStaysUp": self.endpoint_stays_up,
             "endpointChanges": self.endpoint_changes,
             "collisions": self.collisions,
@@ -136,7 +146,7 @@ def owners(render: Render) -> dict[str, str]:
 
 
 def _impact(resource: RecordedResource, change: Change, before: RecordedResource | None) -> str | None:
-    """machine / server / endpoint, or None when the change leaves serving alone."""
+    """machine / server / drain / endpoint, or None when the change leaves serving alone."""
     action = change.action
     resource_tags = resource.inputs.get("tags") or {}
     role = resource_tags.get(tags.ROLE_TAG) if isinstance(resource_tags, Mapping) else None
@@ -158,6 +168,8 @@ def _impact(resource: RecordedResource, change: Change, before: RecordedResource
         old_parameters = (before.inputs.get("parameters") or {}) if before else {}
         restarts = old_parameters.get(_SERVER_CONFIG_PARAMETER) != parameters[_SERVER_CONFIG_PARAMETER]
         return "server" if restarts or "targets" in change.keys else None
+    if resource.type == "command:remote:Command" and resource.name.endswith(DRAIN_SUFFIXES):
+        return "drain" if action == "update" else None
     return None
 
 
@@ -212,6 +224,7 @@ def rollout(old: Render, new: Render, changes: Sequence[Change] | None = None) -
     endpoint: list[str] = []
     nodes_replaced: set[str] = set()
     servers: set[str] = set()
+    drained: set[int] = set()
     for change in changes:
         resource = new_by.get(change.name) or old_by.get(change.name)
         impact = _impact(resource, change, old_by.get(change.name))
@@ -232,6 +245,8 @@ def rollout(old: Render, new: Render, changes: Sequence[Change] | None = None) -
             servers.add(node)
         elif impact == "server":
             servers.add(node)
+        elif impact == "drain":
+            drained.add(replica)
 
     # Waves: an event waits for an earlier one when, between them in the dependency graph,
     # a health gate of the earlier event's replica has to pass.
@@ -267,15 +282,20 @@ def rollout(old: Render, new: Render, changes: Sequence[Change] | None = None) -
     names_by_replica: dict[int, list[str]] = {}
     for node, index in replica_of.items():
         names_by_replica.setdefault(index, []).append(node)
+
+    def replica_name(index: int) -> str:
+        return "+".join(sorted(names_by_replica.get(index, [str(index)])))
+
     return Rollout(
         replicas=replicas,
         max_replicas_out_of_service=most,
         nodes_replaced=sorted(nodes_replaced),
         servers_restarted=sorted(servers),
+        replicas_drained=[replica_name(index) for index in sorted(drained)],
         endpoint_stays_up=stays_up,
         endpoint_changes=endpoint,
         collisions=collisions,
-        steps=[["+".join(sorted(names_by_replica.get(i, [str(i)]))) for i in step] for step in ordered],
+        steps=[[replica_name(index) for index in step] for step in ordered],
     )
 
 
