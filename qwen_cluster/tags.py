@@ -15,3 +15,5 @@ NODE_SG = "node-sg"  # the GPU nodes' security group (members reach each other o
 LB_SG = "lb-sg"  # the model load balancer's security group (the only way to the model port)
 BASTION_SG = "bastion-sg"  # the SSH jump host's security group (the nodes' only SSH source)
 BASTION = "bastion"  # the SSH jump host itself
+
+CONTAINER_ROLE_LABEL = "qwen-cluster.role"  # docker label: what a bare-metal container is for

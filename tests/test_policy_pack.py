@@ -763,7 +763,7 @@ def test_defaults_mirror_the_schema_defaults():
 
 
 def test_the_example_config_names_real_policies_and_properties():
-    example = json.loads((POLICIES_DIR / "config.example.json").read_text())
+    example = json.loads((POLICIES_DIR / "config.json").read_text())
     for name, values in example.items():
         assert name in guard.SCHEMAS, name
         for key in values:
