@@ -11,6 +11,7 @@ import pytest
 from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
+from policies import facts as pack_facts
 from policies import guard
 from policies import normalized as net
 from tests.helpers.policy_fixtures import (
@@ -386,11 +387,11 @@ def test_without_a_stack_config_one_advisory_names_the_relaxed_checks():
 
 def test_the_stack_config_from_the_engine_is_validated_or_says_why_it_is_missing():
     def facts(values, present=True):
-        return guard._facts_from_engine(json.dumps(values, sort_keys=True), present)
+        return pack_facts._facts_from_engine(json.dumps(values, sort_keys=True), present)
 
     values, _ = stackfile.as_pulumi_config(stackfile.read("dev"))
     assert facts(values).known and facts(values).listener_ports == (80,)
-    assert facts({}, present=False).unknown_because == guard.NO_CONFIG
+    assert facts({}, present=False).unknown_because == pack_facts.NO_CONFIG
     assert facts({"aws:region": "us-west-2"}).unknown_because == "PULUMI_CONFIG holds no qwen-cluster: keys"
     broken = {**values, "qwen-cluster:nodes": "[]"}
     assert facts(broken).unknown_because.startswith("the stack config in PULUMI_CONFIG is not valid: ")
