@@ -44,8 +44,6 @@ def imdsv2(args: ResourceValidationArgs, report: ReportViolation, settings: Sett
         report(
             f"metadataOptions.httpTokens is {tokens or 'unset (IMDSv1 allowed)'}; set it to required (IMDSv2)"
         )
-    if str(get(args.props, "metadataOptions", "httpEndpoint", default="enabled")) == "disabled":
-        return
 
 
 @resource_policy(
