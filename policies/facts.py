@@ -107,22 +107,29 @@ def current_facts() -> Facts:
     return _facts_from_engine(json.dumps(values, sort_keys=True), present)
 
 
+# The provider's region, which the program checks the availability zone against
+# (qwen_cluster/config.py from_pulumi: `pulumi.Config("aws").get("region")`).
+AWS_REGION_KEY = "aws:region"
+
+
 @functools.lru_cache(maxsize=8)
 def _facts_from_engine(values_json: str, present: bool) -> Facts:
     """The stack config the engine handed over, validated once per distinct config (every
-    Analyze call asks for it)."""
+    Analyze call asks for it) as the program validates it: the same keys, the same region."""
     if not present:
         return facts_for(None)
+    values = json.loads(values_json)
     prefix = f"{config.NAMESPACE}:"
     raw = {
         key[len(prefix) :]: config.decode_value(value)
-        for key, value in json.loads(values_json).items()
+        for key, value in values.items()
         if key.startswith(prefix) and key[len(prefix) :] not in config.SECRET_KEYS
     }
     if not raw:
         return facts_for(None, f"PULUMI_CONFIG holds no {prefix} keys")
+    region = values.get(AWS_REGION_KEY)
     try:
-        return facts_for(config.validate(raw))
+        return facts_for(config.validate(raw, aws_region=region if isinstance(region, str) else None))
     except ValueError as exc:  # ConfigError lists every problem
         return facts_for(None, f"the stack config in PULUMI_CONFIG is not valid: {exc}")
 
