@@ -5,11 +5,15 @@ substitutions. `Executor.apply(old, new)` then does what `pulumi up` would do be
 two renders, resource by resource:
 
 - a `command:remote:Command` runs its `create` (or `update`, else `create` again, on an
-  in-place update; the old state's `delete` on a delete) inside the namespace of its
-  `connection.host` (pulumi-command provider/pkg/provider/remote/commandController.go:
-  Update runs `update` if set, else `create`; Delete runs the stored state's `delete`);
+  in-place update; the old state's `delete` on a delete) over SSH on its `connection.host`, as
+  `connection.user`, with the host key `connection.hostKey` pins (labkit/sshd.py: the node's
+  own sshd, the OpenSSH client from the admin vantage; pulumi-command
+  provider/pkg/provider/remote/commandController.go: Update runs `update` if set, else
+  `create`; Delete runs the stored state's `delete`);
 - a `docker:index/container:Container` becomes a stand-in process (standins.STAND_INS) in
-  the namespace of its provider's `ssh://` host; an image pull and the providers are no-ops;
+  the namespace of its provider's `ssh://` host, once that provider's ssh, as its user and
+  with its `sshOpts`, has reached the node's docker (as pulumi-docker dials `docker system
+  dial-stdio`); an image pull and the providers are no-ops;
 - what changed, and whether a change updates in place or replaces (create-before-delete, or
   delete-before-replace), is decided by `tooling/changes/` (`diff`), the project's one
   table of replacement rules.
@@ -36,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import standins, substitutions
+from labkit import sshd, standins, substitutions
 from qwen_cluster.render.shell import MAX_ARG_STRLEN
 from tooling import offline
 from tooling.offline import RecordedResource, Render
@@ -71,9 +75,14 @@ class ExecutorError(RuntimeError):
 # ---------------------------------------------------------------- renders and state
 
 
-def render(stack_config: dict[str, Any], stack: str, clock_scale: float) -> tuple[Render, list[str]]:
+def render(
+    stack_config: dict[str, Any],
+    stack: str,
+    clock_scale: float,
+    ssh: substitutions.SshIdentity | None = None,
+) -> tuple[Render, list[str]]:
     """The program under mocks, with the lab's stack substitutions; fails naming the error."""
-    config, made = substitutions.stack_config(stack_config, clock_scale)
+    config, made = substitutions.stack_config(stack_config, clock_scale, ssh)
     result = offline.render(config, stack)
     if result.error:
         raise ExecutorError(f"the program failed under mocks: {result.error}")
@@ -245,8 +254,11 @@ class Executor:
         log_dir: Path,
         on_step: Callable[[StepResult], None] | None = None,
         outputs: dict[str, dict[str, str]] | None = None,
+        ssh: sshd.Client | None = None,
     ):
         self.hosts = hosts
+        self.ssh = ssh  # how commands reach the nodes; None: they cannot (unit tests of the graph)
+        self._docker_dialled: dict[str, tuple[bool, str]] = {}
         self.workers = workers
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -298,7 +310,7 @@ class Executor:
         host = self.host_of(resource, rendered)
         node, step = self._step_name(resource, host)
         try:
-            ok, detail = self._dispatch(op, resource, host)
+            ok, detail = self._dispatch(op, resource, host, rendered)
         except (standins.StandInError, substitutions.SubstitutionError, ExecutorError, OSError) as error:
             ok, detail = False, str(error)
         except subprocess.TimeoutExpired as error:
@@ -316,7 +328,43 @@ class Executor:
             )
         )
 
-    def _dispatch(self, op: str, resource: RecordedResource, host: standins.Host | None) -> tuple[bool, str]:
+    def _dial_docker(self, resource: RecordedResource, rendered: Render) -> tuple[bool, str]:
+        """What pulumi-docker does first on a host: ssh to `ssh://user@ip` with the provider's
+        `sshOpts` (the program's pinned host key) and reach the daemon as that user. Once per
+        provider and apply."""
+        provider_name = (
+            resource.provider.split("::")[-2] if resource.provider and "::" in resource.provider else ""
+        )
+        provider = next((r for r in rendered.resources if r.name == provider_name), None)
+        if provider is None or self.ssh is None:
+            return True, ""
+        inputs = plain(provider.inputs)
+        address = str(inputs.get("host", ""))
+        with self._lock:
+            known = self._docker_dialled.get(address)
+        if known is not None:
+            return known
+        user, _, ip = address.removeprefix("ssh://").rpartition("@")
+        done = self.ssh.run(
+            user=user or "root",
+            ip=ip.split(":")[0],
+            command="docker version --format '{{.Server.Version}}'",
+            host_key=None,
+            verify=list(inputs.get("sshOpts") or []),
+            timeout=60,
+        )
+        outcome = (
+            (True, "")
+            if done.returncode == 0
+            else (False, f"docker provider {address}: {sshd.describe(done)}")
+        )
+        with self._lock:
+            self._docker_dialled[address] = outcome
+        return outcome
+
+    def _dispatch(
+        self, op: str, resource: RecordedResource, host: standins.Host | None, rendered: Render
+    ) -> tuple[bool, str]:
         inputs = plain(resource.inputs)
         if resource.type == COMMAND:
             if host is None:
@@ -335,6 +383,10 @@ class Executor:
             if host is None:
                 raise ExecutorError(f"{resource.name}: its docker provider has no ssh:// host")
             container = standins.Container.from_inputs(resource.name, inputs)
+            if op != "delete":
+                dialled, why = self._dial_docker(resource, rendered)
+                if not dialled:
+                    return False, why
             try:
                 standins.stand_in_for(container)
             except standins.StandInError as error:
@@ -366,47 +418,43 @@ class Executor:
         )
         path = self.log_dir / f"{resource.name}.{op if op != 'rerun' else 'create'}.sh"
         path.write_text(script)
-        env = {
-            "PATH": f"{host.bin_dir}:{standins.BASE_PATH}",
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-            **{key: str(value) for key, value in (inputs.get("environment") or {}).items()},
-            **host.lab_env,
-        }
-        previous = self.outputs.get(resource.name)
-        if op == "update" and previous is not None and inputs.get("addPreviousOutputInEnv", True):
-            # pulumi-command: the previous run's output is in the environment of the next.
-            env["PULUMI_COMMAND_STDOUT"] = previous.get("stdout", "")
-            env["PULUMI_COMMAND_STDERR"] = previous.get("stderr", "")
-        # As sshd runs a pulumi-command `create`: the login shell's `-c` with the whole script
-        # as one argument, so a script over Linux's 128 KiB argument cap fails here as it
-        # would on a host (the file above is the log of what ran).
+        if self.ssh is None:
+            raise ExecutorError(f"{resource.name}: no SSH client: the lab reaches its nodes over SSH only")
+        connection = inputs.get("connection") or {}
+        environment = {key: str(value) for key, value in (inputs.get("environment") or {}).items()}
+        refused = sshd.refused_environment(environment)
+        if refused:
+            # pulumi-command's Setenv fails the command when sshd refuses a variable.
+            return False, (
+                f"could not set environment variable {refused[0]!r}: sshd accepts only "
+                f"AcceptEnv {' '.join(sshd.ACCEPT_ENV)}"
+            )
+        # pulumi-command also sends the previous run's output (PULUMI_COMMAND_STDOUT/STDERR),
+        # optimistically: sshd's AcceptEnv refuses them, and the command runs without them.
         try:
-            done = subprocess.run(
-                ["ip", "netns", "exec", host.namespace, "bash", "-c", script],
-                input=inputs.get("stdin"),
-                capture_output=True,
-                text=True,
+            done = self.ssh.run(
+                user=str(connection.get("user") or "root"),
+                ip=str(connection.get("host") or host.ip),
+                command=script,
+                host_key=connection.get("hostKey"),
+                environment=environment,
+                stdin=inputs.get("stdin"),
                 timeout=COMMAND_TIMEOUT,
-                env=env,
             )
         except OSError as error:
             if error.errno != errno.E2BIG:
                 raise
-            sizes = {"the command": len(script.encode())} | {
-                f"${key}": len(f"{key}={value}".encode()) for key, value in env.items()
-            }
-            what, size = max(sizes.items(), key=lambda item: item[1])
+            # sshd runs the command as `$SHELL -c '<command>'`: one argument, which Linux caps;
+            # the client's own argv holds it whole too, so it fails here first.
             return False, (
-                f"{what} is {size} bytes, over Linux's limit of {MAX_ARG_STRLEN} for one argument "
-                "or environment string: a host's sshd could not run it either"
+                f"the command is {len(script.encode())} bytes, over Linux's limit of {MAX_ARG_STRLEN} "
+                "for one argument or environment string: a host's sshd could not run it either"
             )
         with self._lock:
             self.outputs[resource.name] = {"stdout": done.stdout, "stderr": done.stderr}
-        output = (done.stdout + done.stderr).strip()
         if done.returncode != 0:
-            return False, f"exit {done.returncode}: {output[-2000:]}"
-        return True, output[-2000:]
+            return False, f"exit {done.returncode}: {sshd.describe(done)[-2000:]}"
+        return True, (done.stdout + done.stderr).strip()[-2000:]
 
     # ------------------------------------------------ a whole apply
 

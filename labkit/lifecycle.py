@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import executor, netns, renderers, standins, substitutions
+from labkit import executor, netns, renderers, sshd, standins, substitutions
 from labkit.blueprint import BRIDGE, MEMBER_IF, PREFIX, STATE_ROOT, LabPlan, Member, namespace_prefix
 from labkit.executor import StepResult
 from qwen_cluster.config import NAMESPACE
+from qwen_cluster.ports import Vantage
 from tooling.offline import Render
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,11 @@ class Options:
     token_delay: float = 0.005
     workers: int = 8
     model_load_seconds: float = MODEL_LOAD_SECONDS
+    # The user the stack's commands log in as (labkit/sshd.py): the sudo user, or one without
+    # sudo to see preflight refuse it.
+    ssh_user: str = sshd.DEPLOY_USER
+    # Host keys pinned in place of the ones the lab's sshd's hold (a wrong one must be refused).
+    host_key_overrides: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -125,6 +131,59 @@ def node_state(plan: LabPlan, member: Member) -> str:
 
 def bin_dir(plan: LabPlan) -> Path:
     return state_dir(plan) / "bin"
+
+
+def ssh_dir(plan: LabPlan) -> Path:
+    return state_dir(plan) / "ssh"
+
+
+def ssh_keys(plan: LabPlan) -> sshd.Keys:
+    return sshd.Keys(ssh_dir(plan))
+
+
+def ssh_identity(plan: LabPlan, options: Options) -> substitutions.SshIdentity:
+    keys = ssh_keys(plan)
+    pinned = {member.node: keys.public_host_key(member.node) for member in plan.nodes}
+    return substitutions.SshIdentity(
+        user=options.ssh_user,
+        private_key=keys.private_key(),
+        host_keys={**pinned, **options.host_key_overrides},
+    )
+
+
+def ssh_client(plan: LabPlan) -> sshd.Client:
+    """The deployer: in the admin vantage, the address access.adminCidrs lets reach SSH."""
+    deployer = next((member for member in plan.vantages if member.vantage is Vantage.ADMIN), None)
+    if deployer is None:
+        raise netns.NetnsError("the lab reaches its nodes over SSH from access.adminCidrs: set one")
+    return sshd.Client(deployer.namespace, ssh_keys(plan).client)
+
+
+def session_env(node_host: standins.Host) -> dict[str, str]:
+    """What a node's sshd gives every session (SetEnv): the shims first on PATH, the lab hooks."""
+    return {"PATH": f"{node_host.bin_dir}:{standins.BASE_PATH}", "LANG": "C.UTF-8", **node_host.lab_env}
+
+
+def ssh_daemons(plan: LabPlan, options: Options) -> list[StepResult]:
+    """Each node's own sshd in its namespace, its host key generated once per lab."""
+    missing = sshd.missing_requirements()
+    if missing:
+        raise netns.NetnsError("; ".join(missing))
+    sshd.ensure_users()
+    keys = sshd.ensure_keys(ssh_dir(plan), [member.node for member in plan.nodes])
+    steps = []
+    for member in plan.nodes:
+        node_dir = ssh_dir(plan) / member.node
+        text = sshd.sshd_config(
+            ip=member.ip,
+            host_key=keys.host_key(member.node),
+            pid_file=node_dir / "sshd.pid",
+            authorized_keys=keys.authorized_keys,
+            env=session_env(host(plan, member, options)),
+        )
+        detail = sshd.start(member.namespace, node_dir, text)
+        steps.append(StepResult(member.node, "sshd", True, detail, op="fixture"))
+    return steps
 
 
 def state_file(plan: LabPlan) -> Path:
@@ -256,7 +315,7 @@ def machines(plan: LabPlan, options: Options) -> list[StepResult]:
         _etc_copy(member.namespace)
         (Path(node_state(plan, member)) / "containers").mkdir(parents=True, exist_ok=True)
         steps.append(_start(plan, member, "iperf3", ["iperf3", "-s", "-p", str(IPERF_PORT)]))
-    return steps
+    return steps + ssh_daemons(plan, options)
 
 
 def _prune(plan: LabPlan) -> list[str]:
@@ -284,7 +343,9 @@ def apply(
     (none: day 0) to this one. The machines come first; nodes that left go last."""
     report = UpReport(steps=machines(plan, options))
     config = stack_config(plan) if config is None else config
-    rendered, report.notes = executor.render(config, plan.label, options.clock_scale)
+    rendered, report.notes = executor.render(
+        config, plan.label, options.clock_scale, ssh_identity(plan, options)
+    )
     for member in plan.nodes:
         report.steps.append(holder(plan, member, rendered))
     previous = executor.load_state(state_file(plan))
@@ -297,6 +358,7 @@ def apply(
         log_dir=state_dir(plan) / "scripts",
         on_step=on_step,
         outputs=previous.outputs if previous else None,
+        ssh=ssh_client(plan),
     )
     applied = engine.apply(old, rendered, rerun=rerun)
     executor.save_state(

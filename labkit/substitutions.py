@@ -3,7 +3,8 @@
 The lab runs the program's own commands and containers. A namespace on this machine is not
 a host, though, so a few things are substituted, each for the reason given beside it:
 
-1. Stack config (before the render): the lab's clock, and the hosts the lab has.
+1. Stack config (before the render): the lab's clock, the hosts the lab has, and how it
+   reaches them (its SSH user, key and the host keys it generated, labkit/sshd.py).
 2. Script text (after the render): paths that would land on this machine's disk.
 3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
    machine rather than on the namespace (`systemctl`, `docker`, `timedatectl`), and the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import copy
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,18 @@ CLOCK_KEYS = (
 )
 
 
-def stack_config(raw: dict[str, Any], clock_scale: float) -> tuple[dict[str, Any], list[str]]:
+@dataclass(frozen=True)
+class SshIdentity:
+    """How the lab's deployer logs in: the user, its key, and every node's host key."""
+
+    user: str
+    private_key: str = field(repr=False)
+    host_keys: dict[str, str] = field(default_factory=dict)
+
+
+def stack_config(
+    raw: dict[str, Any], clock_scale: float, ssh: SshIdentity | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """The stack config the lab renders, and one line per substitution made."""
     config = copy.deepcopy(raw)
     made: list[str] = []
@@ -66,6 +79,16 @@ def stack_config(raw: dict[str, Any], clock_scale: float) -> tuple[dict[str, Any
     if bare_metal is not None and bare_metal.get("nicSpeedGbps", VETH_GBPS) != VETH_GBPS:
         made.append(f"bareMetal.nicSpeedGbps {bare_metal['nicSpeedGbps']} -> {VETH_GBPS} (a veth's speed)")
         bare_metal["nicSpeedGbps"] = VETH_GBPS
+    if bare_metal is not None and ssh is not None:
+        # The lab's own hosts: its user and key, and the host keys its sshd's hold, pinned.
+        if bare_metal.get("sshUser", "") != ssh.user:
+            was = bare_metal.get("sshUser", "(default)")
+            made.append(f"bareMetal.sshUser {was} -> {ssh.user} (the lab's user)")
+            bare_metal["sshUser"] = ssh.user
+        bare_metal["hostKeys"] = dict(ssh.host_keys)
+        made.append(f"bareMetal.hostKeys: the {len(ssh.host_keys)} host keys the lab's sshd's hold")
+        config[f"{NAMESPACE}:sshPrivateKey"] = ssh.private_key
+        made.append("sshPrivateKey: the key the lab generated")
     return config, made
 
 
