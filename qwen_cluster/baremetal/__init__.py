@@ -21,7 +21,8 @@ from qwen_cluster.baremetal.host import HostSetup, HostSetupArgs
 from qwen_cluster.baremetal.rollout import Rollout, RolloutArgs
 from qwen_cluster.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import monitoring, verify
+from qwen_cluster.render import verify
+from qwen_cluster.render.monitoring import containers as monitoring_containers
 
 # vLLM loads Qwen3-32B's weights before it answers: the verify step waits for it.
 SERVICE_WAIT_SECONDS = 1800
@@ -121,5 +122,5 @@ def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
         "firewall": cluster.bare_metal.firewall,
         "hosts": {name: str(node.ip) for name, node in ((n.name, n) for n in cluster.nodes)},
         "verify": built.verify.stdout,
-        **monitoring.stack_outputs(cluster),
+        **monitoring_containers.stack_outputs(cluster),
     }
