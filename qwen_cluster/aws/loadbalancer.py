@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-HEALTH_CHECK_PATH = "/health"  # vLLM's OpenAI server answers 200 once the model is loaded
+from qwen_cluster.render import vllm
+
 # AWS: tcp_idle_timeout_seconds is 60-6000 (config.IDLE_TIMEOUT_LIMITS checks it).
 
 
@@ -75,7 +76,7 @@ class ModelLoadBalancer(pulumi.ComponentResource):
             health_check={
                 "enabled": True,
                 "protocol": "HTTP",
-                "path": HEALTH_CHECK_PATH,
+                "path": vllm.HEALTH_PATH,
                 "port": "traffic-port",
                 "matcher": "200",
                 "interval": 10,

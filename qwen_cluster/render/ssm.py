@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from typing import Any
 
 from qwen_cluster.config import ClusterConfig
@@ -60,7 +61,10 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "Region": ("^[a-z0-9-]+$", "the AWS region (for the aws CLI)"),
     "DrainSeconds": ("^[0-9]+$", "rollout.drainTimeoutSeconds"),
     "HealthSeconds": ("^[0-9]+$", "rollout.healthTimeoutSeconds"),
-    "HealthUrl": ("^(http://[0-9.]+:[0-9]+/health)?$", "where the replica answers /health"),
+    "HealthUrl": (
+        f"^(http://[0-9.]+:[0-9]+{re.escape(vllm.HEALTH_PATH)})?$",
+        f"where the replica answers {vllm.HEALTH_PATH}",
+    ),
 }
 
 _RUN = r"""#!/bin/bash
