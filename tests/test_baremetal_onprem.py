@@ -6,7 +6,7 @@ import pytest
 
 from qwen_cluster import config
 from qwen_cluster.baremetal import connection
-from qwen_cluster.baremetal.host import STEPS
+from qwen_cluster.baremetal.host import steps_for
 from tooling import offline, stackfile
 
 NODES = {
@@ -15,6 +15,9 @@ NODES = {
     "worker-2": "192.168.1.102",
     "worker-3": "192.168.1.103",
 }
+ONPREM = stackfile.load("onprem")
+# The chain's step names, from the chain itself (the same on every host).
+STEPS = [step.name for step in steps_for(ONPREM, ONPREM.master)]
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
 COMMAND = "command:remote:Command"
 CONTAINER = "docker:index/container:Container"

@@ -215,10 +215,6 @@ ufw status verbose
 """
 
 
-def _nft_set(rules: list[Rule], family: str) -> str:
-    return ", ".join(rule.source for rule in rules if rule.family == family)
-
-
 def _nftables_ruleset(rules: list[Rule]) -> str:
     members = [rule.source.removesuffix("/32") for rule in rules if rule.name == "cluster-all"]
     lines = []
