@@ -22,6 +22,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from qwen_cluster import tags
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render.monitoring import containers
@@ -75,7 +76,7 @@ def register(
         else None,
         gpus="all" if spec.gpus else None,
         pid_mode="host" if spec.pid_host else None,
-        labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="monitoring")],
+        labels=[docker.ContainerLabelArgs(label=tags.CONTAINER_ROLE_LABEL, value=tags.MONITORING_CONTAINER)],
         opts=opts,
     )
 

@@ -20,6 +20,7 @@ import json
 import shlex
 from dataclasses import asdict
 
+from qwen_cluster import tags
 from qwen_cluster.render import ssm
 from qwen_cluster.render.monitoring import containers
 from qwen_cluster.render.shell import script
@@ -79,7 +80,8 @@ def docker_run(spec: containers.ContainerSpec, digest: str | None = None) -> lis
     read-only from FILES_DIR/<name>/ (docker run has no uploads). `digest`: spec_hash(spec)."""
     digest = spec_hash(spec) if digest is None else digest
     argv = ["docker", "run", "--detach", f"--name={spec.name}", f"--label={CONFIG_LABEL}={digest}"]
-    argv += ["--label=qwen-cluster.role=monitoring", "--network=host", "--restart=unless-stopped"]
+    argv += [f"--label={tags.CONTAINER_ROLE_LABEL}={tags.MONITORING_CONTAINER}", "--network=host"]
+    argv.append("--restart=unless-stopped")
     for path, _ in spec.files:
         argv.append(f"--volume={FILES_DIR}/{spec.name}{path}:{path}:ro")
     for mount in spec.mounts:
