@@ -281,3 +281,14 @@ def test_unknown_host_key_node_is_a_config_error():
     raw["bareMetal"] = {**raw["bareMetal"], "hostKeys": {"worker-9": "ssh-ed25519 AAAA"}}
     with pytest.raises(config.ConfigError, match="bareMetal.hostKeys.worker-9 is not one of the nodes"):
         config.validate(raw)
+
+
+def test_the_verify_step_waits_for_a_model_port_as_long_as_the_rollout_waits_for_health():
+    """One bound: rollout.healthTimeoutSeconds, not a number of the verify step's own."""
+    stack_config = stackfile.read("onprem")
+    stack_config[f"{config.NAMESPACE}:rollout"] = {"healthTimeoutSeconds": 120}
+    result = offline.render(stack_config, "onprem")
+    assert result.error is None, result.error
+    for node in NODES:
+        script = result.named(f"{node}-verify").inputs["create"]
+        assert "\nservice_wait=120\n" in script, node

@@ -24,9 +24,6 @@ from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import verify
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 
-# vLLM loads Qwen3-32B's weights before it answers: the verify step waits for it.
-SERVICE_WAIT_SECONDS = 1800
-
 
 class Cluster(pulumi.ComponentResource):
     def __init__(self, name: str, cluster: ClusterConfig, ssh_private_key: Any, opts=None):
@@ -72,7 +69,11 @@ class Cluster(pulumi.ComponentResource):
             *self.rollout.gates.values(),
         ]
         def script(node_name: str) -> str:
-            return verify.for_cluster(cluster, node_name, service_wait_seconds=SERVICE_WAIT_SECONDS)
+            # vLLM loads Qwen3-32B's weights before it answers; the verify step waits for a model
+            # port as long as the rollout waits for a replica's health (one bound, one key).
+            return verify.for_cluster(
+                cluster, node_name, service_wait_seconds=cluster.rollout.health_timeout_seconds
+            )
 
         worker_checks = [
             remote.Command(

@@ -32,7 +32,9 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "Containers": (_PACKED, "gzip+base64: the bash script that runs this node's monitoring containers"),
     "ServerFiles": (_PACKED, "gzip+base64: Prometheus/Alertmanager files (monitoring node; else empty)"),
 }
-# Pulling the images (Prometheus, dcgm-exporter: a few hundred MB) and starting them.
+# One monitoring run: pulling the images (Prometheus, dcgm-exporter: a few hundred MB) and
+# starting them. Not rollout.healthTimeoutSeconds, though equal to its default: that bounds a
+# model server loading its weights, and no replica waits for this run (nothing drains).
 RUN_TIMEOUT_SECONDS = 1800
 
 _RUN = r"""#!/bin/bash
