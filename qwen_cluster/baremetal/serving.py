@@ -21,7 +21,10 @@ HF_CACHE = "/root/.cache/huggingface"
 UNLIMITED = -1
 
 # Finds the NIC that holds VLLM_HOST_IP when bareMetal.interface is not set (host network:
-# the container sees the host's interfaces). Python is in every vLLM image; iproute2 is not.
+# the container sees the host's interfaces), by shell.interface_of_function's rule: the first
+# interface holding the address. Python is in every vLLM image; iproute2 is not. (SIOCGIFADDR
+# reads an interface's primary address only; a node IP held as a secondary address is found by
+# the host scripts and not here. Changing this text replaces every model container.)
 _FIND_INTERFACE = (
     "import fcntl,os,socket,struct\n"
     "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
