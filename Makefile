@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?=
 DIAGRAM ?=
 
-.PHONY: demo test plan lab bench lint venv system clean
+.PHONY: demo test plan lab bench lint docs venv system clean
 
 # The virtualenv is refreshed whenever requirements.txt changes.
 $(VENV)/.installed: requirements.txt
@@ -40,6 +40,10 @@ bench: venv system
 
 lint: venv
 	$(PY) -m ruff check .
+
+# docs/config.md, rendered from the config schema (tests/test_config_reference.py fails when stale).
+docs: venv
+	$(PY) -m tooling.config_reference
 
 clean:
 	rm -rf $(VENV) .pytest_cache out

@@ -11,7 +11,7 @@ two renders, resource by resource:
 - a `docker:index/container:Container` becomes a stand-in process (standins.STAND_INS) in
   the namespace of its provider's `ssh://` host; an image pull and the providers are no-ops;
 - what changed, and whether a change updates in place or replaces (create-before-delete, or
-  delete-before-replace), is decided by `tooling/changes.py` (`diff`), the project's one
+  delete-before-replace), is decided by `tooling/changes/` (`diff`), the project's one
   table of replacement rules.
 
 Order is the engine's: a resource's step starts when every resource it depends on (the
@@ -197,7 +197,7 @@ class Change:
 
 
 def changes_between(old: Render | None, new: Render) -> dict[str, Change]:
-    """Per custom resource of either render: from tooling/changes.py when there is an old
+    """Per custom resource of either render: from tooling/changes/ when there is an old
     render, every resource a `create` when there is none (day 0)."""
     if old is None:
         return {r.name: Change(r.name, r.type, "create") for r in new.custom_resources}

@@ -1,6 +1,7 @@
 """qwen-cluster-guard: the policy pack the CLI runs (`pulumi preview --policy-pack policies`).
 
-Thin on purpose: the policies live in `policies.guard`, importable without starting a server.
+Thin on purpose: the policies are declared in their group modules and listed by `policies.guard`,
+all importable without starting a server.
 """
 
 import sys

@@ -36,21 +36,18 @@ LISTENER = "aws:lb/listener:Listener"
 LOAD_BALANCER = "aws:lb/loadBalancer:LoadBalancer"
 REMOTE_COMMAND = "command:remote:Command"
 LOCAL_COMMAND = "command:local:Command"
-# What a node runs through SSM (issue 10: the model server left user data for these).
+# What a node runs through SSM: the AWS target runs the model server from these, not from user data.
 SSM_DOCUMENT = "aws:ssm/document:Document"
 SSM_ASSOCIATION = "aws:ssm/association:Association"
 COMPUTE_TYPES = (INSTANCE, LAUNCH_TEMPLATE, AUTOSCALING_GROUP)
 RULE_TYPES = (SECURITY_GROUP, SECURITY_GROUP_RULE, INGRESS_RULE, EGRESS_RULE)
 
-# The tag contract with the components (issues 3 and 4), defined once in qwen_cluster/tags.py.
+# The tag contract with the components, defined once in qwen_cluster/tags.py.
 ROLE_TAG = contract.ROLE_TAG
 GPU_NODE = contract.GPU_NODE
 NODE_SG = contract.NODE_SG
 LB_SG = contract.LB_SG
 BASTION_SG = contract.BASTION_SG
-
-WORLD = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
-ALL_PORTS = PortRange(0, 65535)
 
 
 class Unknown:

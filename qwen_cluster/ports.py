@@ -79,10 +79,19 @@ class PortEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=48)
-    port: PortSpec
-    scope: Scope
-    required: bool = True
+    # Descriptions: the config reference (docs/config.md) is rendered from them.
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        max_length=48,
+        description="Unique in the table; the monitoring pieces find their rows by name.",
+    )
+    port: PortSpec = Field(description='A port or a `"low-high"` range, within 1-65535.')
+    scope: Scope = Field(description="Who may reach it (the scopes of `ports` above).")
+    required: bool = Field(
+        default=True,
+        description="The guide's column: true for a port the service needs, false for an optional "
+        "one (monitoring). Every row is opened either way.",
+    )
 
 
 # Rows the monitoring pieces look up by name (config `monitoring`): every node's metrics

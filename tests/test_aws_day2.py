@@ -1,7 +1,7 @@
 """Day 2 on AWS (issue 10): every routine change, planned offline against the replacement table.
 
 Each test renders the stack as it is and with one change, diffs the two
-(tooling/changes.py) and asserts what is replaced, in what order, and the rollout summary.
+(tooling/changes/) and asserts what is replaced, in what order, and the rollout summary.
 """
 
 from __future__ import annotations

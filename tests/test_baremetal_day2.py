@@ -1,5 +1,5 @@
 """Day 2 on bare metal, decided offline: two renders of onprem compared with the replacement
-rules of tooling/changes.py (the engine's update / replace / delete-before-replace), and
+rules of tooling/changes/ (the engine's update / replace / delete-before-replace), and
 the rollout chain's shape in the dependency graph."""
 
 from __future__ import annotations

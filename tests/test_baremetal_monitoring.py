@@ -1,5 +1,5 @@
 """Monitoring on bare metal, as the program registers it (offline render under mocks), and
-what a day-2 change does to it (tooling/changes.py)."""
+what a day-2 change does to it (tooling/changes/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tooling/changes.py: the replacement table, diff over two renders, the rollout summary and
+"""tooling/changes/: the replacement table, diff over two renders, the rollout summary and
 the --change syntax. Synthetic renders keep each rule's behaviour visible on its own; the
 stack-level changes (AWS, bare metal) are asserted in the targets' own tests."""
 
@@ -211,6 +211,51 @@ def test_a_replaced_load_balancer_container_is_an_endpoint_outage():
     )
     summary = rollout(render(lb_old), render(lb_new))
     assert summary.endpoint_changes == ["lb (replace)"] and not summary.endpoint_stays_up
+
+
+def drain_chain(drain_timeout: int, *, triggers=("10.0.0.10",)):
+    """A bare-metal rollout chain over two replicas, as qwen_cluster/baremetal/rollout.py
+    registers it: `<head>-drain` (update only), then `<head>-ready` (the health gate), then the
+    next replica's drain."""
+    items = []
+    previous: tuple[str, ...] = ()
+    for index, node in enumerate(("master", "worker-1")):
+        items.append(
+            resource(
+                COMMAND,
+                f"{node}-drain",
+                depends_on=previous,
+                update=f"drain 10.0.0.{10 + index} --timeout {drain_timeout}",
+                triggers=[f"10.0.0.{10 + index}"] if index else list(triggers),
+            )
+        )
+        items.append(
+            resource(
+                COMMAND,
+                f"{node}-ready",
+                depends_on=(f"{node}-drain",),
+                update="ready",
+                delete=f"retire --timeout {drain_timeout}",
+                triggers=[f"10.0.0.{10 + index}"],
+            )
+        )
+        previous = (f"{node}-ready",)
+    return items
+
+
+def test_a_drain_that_re_runs_takes_its_replica_out_one_at_a_time_behind_the_gates():
+    summary = rollout(render(*drain_chain(300)), render(*drain_chain(600)))
+    assert summary.replicas_drained == ["master", "worker-1"]
+    assert summary.servers_restarted == [] and summary.nodes_replaced == []
+    assert summary.steps == [["master"], ["worker-1"]]
+    assert summary.max_replicas_out_of_service == 1 and summary.endpoint_stays_up
+
+
+def test_a_replaced_drain_runs_nothing_and_takes_nothing_out():
+    # pulumi-command: a replacement runs the new command's `create` and the old one's `delete`;
+    # a drain has neither.
+    summary = rollout(render(*drain_chain(300)), render(*drain_chain(300, triggers=("10.0.0.99",))))
+    assert summary.replicas_drained == [] and summary.max_replicas_out_of_service == 0
 
 
 # --- --change ---------------------------------------------------------------------------------

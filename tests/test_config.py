@@ -497,6 +497,43 @@ def test_nlb_idle_timeout_range(aws_raw, seconds):
     )
 
 
+NLB_LOW, NLB_HIGH = config.NLB_IDLE_TIMEOUT_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("seconds", "inside"),
+    [(NLB_LOW - 1, False), (NLB_LOW, True), (NLB_HIGH, True), (NLB_HIGH + 1, False)],
+)
+def test_the_nlb_component_refuses_exactly_what_the_config_refuses(aws_raw, seconds, inside):
+    from qwen_cluster.aws.loadbalancer import ModelLoadBalancerArgs
+
+    aws_raw["loadBalancer"] = {"idleTimeoutSeconds": seconds}
+    args = ModelLoadBalancerArgs(
+        vpc_id="vpc-1",
+        subnet_ids=["subnet-1"],
+        security_group_id="sg-1",
+        internal=True,
+        listener_port=80,
+        model_port=5000,
+        idle_timeout_seconds=seconds,
+        deregistration_delay_seconds=300,
+        tags={},
+    )
+    if inside:
+        validate(aws_raw)
+        args.validate()
+    else:
+        assert_one_error(
+            aws_raw,
+            f"loadBalancer.idleTimeoutSeconds {seconds} is outside {NLB_LOW}-{NLB_HIGH}, "
+            "what target aws allows",
+        )
+        with pytest.raises(
+            ValueError, match=f"NLB TCP idle timeout {seconds} is outside {NLB_LOW}-{NLB_HIGH}"
+        ):
+            args.validate()
+
+
 def test_bare_metal_idle_timeout_may_exceed_the_nlb_limit(bare_metal_raw):
     bare_metal_raw["loadBalancer"] = {"idleTimeoutSeconds": 7200}
     assert validate(bare_metal_raw).load_balancer.idle_timeout_seconds == 7200

@@ -25,6 +25,7 @@ from labkit import blueprint, executor, lifecycle, netns, probes, renderers
 from labkit import cli as lab_cli
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.firewall import Rule
+from tests.helpers.wait import wait_until
 from tooling import stackfile
 
 ONPREM = stackfile.load("onprem")
@@ -77,13 +78,26 @@ def _lb(lab_plan):
 
 
 def _wait_for_rejoin(lab_plan, node: str) -> float:
+    """Seconds until `node` answers again among 8 requests through the load balancer, none failing."""
     started = time.monotonic()
-    while time.monotonic() - started < REJOIN_SECONDS:
-        spread = netns.call_in(_client(lab_plan), probes.spread, *_lb(lab_plan), 8)
-        if spread.counts.get(node) and not spread.failures:
-            return time.monotonic() - started
-        time.sleep(0.5)
-    raise AssertionError(f"{node} did not rejoin within {REJOIN_SECONDS} s")
+    wait_until(
+        lambda: netns.call_in(_client(lab_plan), probes.spread, *_lb(lab_plan), 8),
+        what=f"{node} back in the load balancer's rotation",
+        timeout=REJOIN_SECONDS,
+        interval=0.5,
+        done=lambda spread: bool(spread.counts.get(node)) and not spread.failures,
+    )
+    return time.monotonic() - started
+
+
+def _wait_for_replies(load: Load, count: int, what: str) -> None:
+    already = len(load.replies)
+    wait_until(
+        lambda: len(load.replies) - already,
+        what=f"{count} replies {what}",
+        timeout=30,
+        done=lambda replies: replies >= count,
+    )
 
 
 class Load:
@@ -254,14 +268,14 @@ def test_a_replica_killed_under_load_loses_no_request_and_rejoins(running):
     lab_plan, options, _ = running
     victim = lab_plan.node("worker-2")
     with Load(lab_plan) as load:
-        time.sleep(0.5)
+        _wait_for_replies(load, 4, "before the kill")
         lifecycle.stop_model_server(lab_plan, victim)
-        time.sleep(1.5)
-        during = len(load.replies)
+        # More requests than there are replicas: the balancer must have picked the dead one.
+        _wait_for_replies(load, 3 * len(lab_plan.heads), f"with {victim.node}'s model server stopped")
         assert lifecycle.start_model_server(lab_plan, victim, options).ok
-        time.sleep(0.5)
+        _wait_for_replies(load, 4, f"after {victim.node}'s model server restarted")
     failed = [reply.error or reply.status for reply in load.replies if not reply.ok]
-    assert during > 10 and not failed
+    assert not failed
     _wait_for_rejoin(lab_plan, victim.node)
 
 

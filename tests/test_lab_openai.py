@@ -24,7 +24,7 @@ LABEL = f"o{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "nft", "ufw", "sysctl")
 MISSING = netns.missing_requirements() + [f"{b} not installed" for b in BINARIES if not shutil.which(b)]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
-CLIENT = Path(__file__).with_name("lab_openai_client.py")
+CLIENT = Path(__file__).parent / "helpers" / "lab_openai_client.py"
 THINK_SECONDS = 0.6
 MAX_TOKENS = 6  # as lab_openai_client.MAX_TOKENS asks
 PROMPT = "how many nodes answer this prompt"

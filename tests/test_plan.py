@@ -6,8 +6,12 @@ import json
 import shutil
 
 import pytest
+import yaml
 
-from tooling import preview, stackfile
+from qwen_cluster import config
+from tooling import policy_harness, preview, stackfile
+
+WORKFLOWS = stackfile.PROJECT_ROOT / ".github" / "workflows"
 
 
 @pytest.mark.parametrize("stack", stackfile.STACKS)
@@ -77,3 +81,47 @@ def test_printed_report_shows_counts_and_the_verdict():
     assert "aws:ec2/launchTemplate:LaunchTemplate" in text
     assert f"dev (aws): {report['total']} resources in {report['components']} components" in text
     assert f"PASS dev: {report['total']} resources, 0 mandatory" in text
+
+
+def _policy_configs_ci_passes() -> set[str]:
+    """Every `policyPackConfigs` the workflows hand pulumi/actions."""
+    found = set()
+    for workflow in WORKFLOWS.glob("*.yml"):
+        for job in (yaml.safe_load(workflow.read_text()).get("jobs") or {}).values():
+            for step in job.get("steps") or []:
+                given = (step.get("with") or {}).get("policyPackConfigs")
+                if given:
+                    found.add(given)
+    return found
+
+
+def test_the_preview_runs_the_pack_with_the_one_policy_config_ci_passes():
+    assert _policy_configs_ci_passes() == {"policies/config.json"}
+    assert policy_harness.POLICY_CONFIG == stackfile.PROJECT_ROOT / "policies" / "config.json"
+    assert preview.plan("dev")["policyConfig"] == "policies/config.json"
+
+
+def test_the_preview_judges_bandwidth_against_the_floor_of_ci_s_policy_config():
+    floor = policy_harness.read_policy_config()["bandwidth-class"]["minBandwidthGbps"]
+    # Above the schema default: a preview on the defaults would pass these NICs.
+    assert floor > config.MIN_BANDWIDTH_GBPS
+    stack_config = stackfile.read("onprem")
+    stack_config["qwen-cluster:bareMetal"] = {**stack_config["qwen-cluster:bareMetal"], "nicSpeedGbps": 10}
+    report = preview.plan("onprem", stack_config)
+    assert report["valid"] and preview.exit_code([report]) == 1
+    messages = {v["message"] for v in report["violations"] if v["enforcement"] == "mandatory"}
+    assert messages == {
+        f"host {node} NIC 10 Gbit/s is below {floor:g} Gbit/s (the policy's minBandwidthGbps)"
+        for node in ("master", "worker-1", "worker-2", "worker-3")
+    }
+
+
+def test_the_preview_validates_the_zone_against_the_stack_s_region_as_the_program_does():
+    stack_config = stackfile.read("dev")
+    stack_config["aws:region"] = "us-east-1"
+    report = preview.plan("dev", stack_config)
+    assert report == {
+        "stack": "dev",
+        "valid": False,
+        "errors": ["aws.availabilityZone us-west-2a is not in aws:region us-east-1"],
+    }

@@ -25,6 +25,21 @@ def test_done_criterion_an_image_bump_on_dev_replaces_no_node_and_takes_one_repl
     assert set(changed[0]) >= {"type", "name", "action", "strategy", "keys"}
 
 
+def test_a_drain_timeout_change_on_bare_metal_shows_the_replicas_each_drain_takes_out(capsys):
+    """rollout.drainTimeoutSeconds is in every drain script, so every drain re-runs: each
+    replica leaves the load balancer in turn, none restarts."""
+    code, out = run(capsys, "onprem", "--change", "rollout.drainTimeoutSeconds=600", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["exit"] == 0
+    rollout = report["rollout"]
+    assert rollout["replicasDrained"] == ["master", "worker-1", "worker-2", "worker-3"]
+    assert rollout["serversRestarted"] == [] and rollout["nodesReplaced"] == []
+    assert rollout["steps"] == [["master"], ["worker-1"], ["worker-2"], ["worker-3"]]
+    assert rollout["maxReplicasOutOfService"] == 1 and rollout["endpointStaysUp"]
+    code, out = run(capsys, "onprem", "--change", "rollout.drainTimeoutSeconds=600")
+    assert code == 0 and "replicas drained: master, worker-1, worker-2, worker-3" in out
+
+
 def test_the_printed_plan_names_actions_keys_and_the_rollout(capsys):
     code, out = run(capsys, "prod", "--change", "aws.amiId=ami-0fedcba9876543210")
     assert code == 0

@@ -49,7 +49,7 @@ from tooling import policy_harness, stackfile
 from tooling.offline import RecordedResource
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
-EXAMPLE_CONFIG = POLICIES_DIR / "config.example.json"
+EXAMPLE_CONFIG = POLICIES_DIR / "config.json"
 START_TIMEOUT_SECONDS = 60
 LEVELS = {
     analyzer_pb2.ADVISORY: "advisory",

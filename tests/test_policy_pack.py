@@ -11,8 +11,10 @@ import pytest
 from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
+from policies import facts as pack_facts
 from policies import guard
 from policies import normalized as net
+from qwen_cluster import config
 from tests.helpers.policy_fixtures import (
     aws_stack,
     bare_metal_stack,
@@ -386,15 +388,31 @@ def test_without_a_stack_config_one_advisory_names_the_relaxed_checks():
 
 def test_the_stack_config_from_the_engine_is_validated_or_says_why_it_is_missing():
     def facts(values, present=True):
-        return guard._facts_from_engine(json.dumps(values, sort_keys=True), present)
+        return pack_facts._facts_from_engine(json.dumps(values, sort_keys=True), present)
 
     values, _ = stackfile.as_pulumi_config(stackfile.read("dev"))
     assert facts(values).known and facts(values).listener_ports == (80,)
-    assert facts({}, present=False).unknown_because == guard.NO_CONFIG
+    assert facts({}, present=False).unknown_because == pack_facts.NO_CONFIG
     assert facts({"aws:region": "us-west-2"}).unknown_because == "PULUMI_CONFIG holds no qwen-cluster: keys"
     broken = {**values, "qwen-cluster:nodes": "[]"}
     assert facts(broken).unknown_because.startswith("the stack config in PULUMI_CONFIG is not valid: ")
     assert not facts(broken).known
+
+
+def test_the_pack_validates_the_engine_config_with_the_stack_region_as_the_program_does():
+    """The program validates with aws:region (qwen_cluster/config.py from_pulumi); a zone outside
+    it is refused there, so the pack must not judge the stack by that config either."""
+    stack_config = {**stackfile.read("dev"), "aws:region": "eu-west-1"}
+    values, _ = stackfile.as_pulumi_config(stack_config)
+    with pytest.raises(config.ConfigError) as refused_by_program:
+        config.validate(stackfile.cluster_keys(stack_config), aws_region="eu-west-1")
+    judged = pack_facts._facts_from_engine(json.dumps(values, sort_keys=True), True)
+    assert not judged.known
+    assert (
+        judged.unknown_because
+        == f"the stack config in PULUMI_CONFIG is not valid: {refused_by_program.value}"
+    )
+    assert "aws.availabilityZone us-west-2a is not in aws:region eu-west-1" in judged.unknown_because
 
 
 def test_without_a_stack_config_efa_devices_are_expected_only_where_the_stack_uses_efa():
@@ -763,7 +781,7 @@ def test_defaults_mirror_the_schema_defaults():
 
 
 def test_the_example_config_names_real_policies_and_properties():
-    example = json.loads((POLICIES_DIR / "config.example.json").read_text())
+    example = json.loads((POLICIES_DIR / "config.json").read_text())
     for name, values in example.items():
         assert name in guard.SCHEMAS, name
         for key in values:

@@ -1,4 +1,4 @@
-"""The pack reads what a node runs through SSM (issue 10 moved the model server there): a
+"""The pack reads what a node runs through SSM (the AWS target runs the model server there): a
 script that disables SELinux or cuts nginx timeouts is refused in a document or an
 association's (base64) parameters as it is in user data."""
 

@@ -13,6 +13,7 @@ from qwen_cluster.render import firewall
 from qwen_cluster.render.firewall import Rule
 from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 from tests.helpers.configs import BASE_BARE_METAL
+from tests.helpers.wait import wait_until
 from tooling import stackfile
 
 
@@ -217,20 +218,26 @@ def test_ufw_rules_are_written_in_ufws_canonical_form_so_stale_ones_are_found():
 
 
 # Loops inside the peer's namespace: new TCP connections to one port, one after another, until
-# the stop file appears; each prints how many it tried and how many connected (0.5 s each at
-# most: a SYN that meets a deny is dropped and retried only after a second).
+# the stop file appears; each attempt appends "+" (connected) or "-" to the progress file, so
+# the test can wait for attempts, and at the end it prints how many it tried and how many
+# connected (0.5 s each at most: a SYN that meets a deny is dropped and retried only after a
+# second). The 2 ms pause paces the attempts; it synchronises nothing: without it, thousands of
+# connections a second would fill the port range with TIME_WAIT sockets during a long apply.
 _PROBE_LOOP = """
 import os, socket, sys, time
-host, port, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+host, port, stop, progress = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 tried = connected = 0
-while not os.path.exists(stop):
-    tried += 1
-    try:
-        socket.create_connection((host, port), timeout=0.5).close()
-        connected += 1
-    except OSError:
-        pass
-    time.sleep(0.002)
+with open(progress, "a", buffering=1) as log:
+    while not os.path.exists(stop):
+        tried += 1
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            connected += 1
+            log.write("+")
+        except OSError:
+            log.write("-")
+        log.flush()
+        time.sleep(0.002)
 print(tried, connected)
 """
 _LISTENER = """
@@ -272,24 +279,38 @@ def probed_pair(tmp_path):
 
 
 def _while_probing(a: str, tmp_path, action) -> dict[int, tuple[int, int]]:
-    """(tried, connected) per port, probed from `a` all through `action`."""
-    import time
-
+    """(tried, connected) per port, probed from `a` all through `action`: the probes have
+    begun (and :7000, open before, admitted one) before it starts, and each port has had an
+    attempt begun after it ended before they stop."""
     stop = tmp_path / "stop-probing"
     stop.unlink(missing_ok=True)
+    progress = {port: tmp_path / f"probes-{port}" for port in (7000, 7001)}
+    for path in progress.values():
+        path.write_text("")
+    probe = ["ip", "netns", "exec", a, "python3", "-c", _PROBE_LOOP, "10.231.0.2"]
     probers = {
         port: subprocess.Popen(
-            ["ip", "netns", "exec", a, "python3", "-c", _PROBE_LOOP, "10.231.0.2", str(port), str(stop)],
-            stdout=subprocess.PIPE,
-            text=True,
+            [*probe, str(port), str(stop), str(progress[port])], stdout=subprocess.PIPE, text=True
         )
         for port in (7000, 7001)
     }
-    time.sleep(0.5)
+
+    def attempts(port: int) -> str:
+        return progress[port].read_text()
+
     try:
+        wait_until(lambda: "+" in attempts(7000), what="a connection to :7000 before the change", timeout=10)
+        wait_until(lambda: attempts(7001), what="an attempt on :7001 before the change", timeout=10)
         action()
+        # Two more attempts on each port: the second of them began after the action had ended.
+        ended = {port: len(attempts(port)) for port in progress}
+        for port in progress:
+            wait_until(
+                lambda port=port: len(attempts(port)) >= ended[port] + 2,
+                what=f"two attempts on :{port} after the change",
+                timeout=10,
+            )
     finally:
-        time.sleep(0.5)
         stop.touch()
     counts = {}
     for port, prober in probers.items():

@@ -17,6 +17,7 @@ import pytest
 
 from qwen_cluster.render import nginx, rollout
 from tests.helpers.baremetal import shellcheck
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
 
@@ -28,12 +29,16 @@ def free_port() -> int:
 
 
 class Replica:
-    """A stand-in model server: names itself in every answer; /slow streams for `seconds`;
-    /health answers `health`."""
+    """A stand-in model server: names itself in every answer; /slow?s=N streams for N seconds
+    (`streaming` counts the streams it is sending); /health answers 503 for the next
+    `loading_probes` probes, then `health`."""
 
     def __init__(self, name: str):
         self.name = name
         self.health = 200
+        self.loading_probes = 0
+        self.health_probes = 0
+        self.streaming = 0
         self.port = free_port()
         replica = self
 
@@ -45,17 +50,28 @@ class Replica:
 
             def do_GET(self):
                 if self.path == "/health":
-                    self._answer(replica.health, b"")
+                    replica.health_probes += 1
+                    if replica.loading_probes > 0:
+                        replica.loading_probes -= 1
+                        self._answer(503, b"")
+                    else:
+                        self._answer(replica.health, b"")
                 elif self.path.startswith("/slow"):
                     self.send_response(200)
                     self.send_header("X-Replica", replica.name)
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
-                    for _ in range(int(self.path.split("=")[1]) * 10):
-                        self.wfile.write(b"2\r\n.\n\r\n")
-                        self.wfile.flush()
-                        time.sleep(0.1)
-                    self.wfile.write(b"0\r\n\r\n")
+                    replica.streaming += 1
+                    try:
+                        # The pause is the behaviour under test: a long stream in flight, one
+                        # chunk every 0.1 s, that a drain must wait for.
+                        for _ in range(int(self.path.split("=")[1]) * 10):
+                            self.wfile.write(b"2\r\n.\n\r\n")
+                            self.wfile.flush()
+                            time.sleep(0.1)
+                        self.wfile.write(b"0\r\n\r\n")
+                    finally:
+                        replica.streaming -= 1
                 else:
                     self._answer(200, replica.name.encode())
 
@@ -121,13 +137,14 @@ class LoadBalancer:
 
     def start(self) -> None:
         self.process = subprocess.Popen([*self.base, "-g", "daemon off;"])
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("nginx did not listen")
+        wait_until(self.accepts, what=f"nginx accepting on 127.0.0.1:{self.port}", timeout=5)
+
+    def accepts(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+        except OSError:
+            return False
+        return True
 
     def stop(self) -> None:
         if self.process is not None:
@@ -157,11 +174,24 @@ def served_by(lb: LoadBalancer, count: int = 8) -> set[str]:
 
 
 def settles_on(lb: LoadBalancer, expected: set[str]) -> set[str]:
-    """Who serves, once the reload (a signal nginx handles a moment later) has taken effect."""
-    deadline = time.monotonic() + 5
-    while (seen := served_by(lb)) != expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return seen
+    """Who serves, once the reload (a signal nginx handles a moment later) has taken effect;
+    fails naming who served last when that is not `expected` within 5 s."""
+    return wait_until(
+        lambda: served_by(lb),
+        what=f"the load balancer serving from exactly {sorted(expected)}",
+        timeout=5,
+        interval=0.2,
+        done=lambda seen: seen == expected,
+    )
+
+
+def stream_holder(*replicas: Replica) -> Replica:
+    """The replica a stream reached, once it is sending it (nginx then holds its connection)."""
+    return wait_until(
+        lambda: next((replica for replica in replicas if replica.streaming), None),
+        what="a replica sending the /slow stream",
+        timeout=5,
+    )
 
 
 def down_line(replica: Replica) -> str:
@@ -220,19 +250,8 @@ def test_drain_takes_the_replica_out_and_waits_for_its_stream_to_finish(cluster)
 
     reader = threading.Thread(target=stream)
     reader.start()
-    time.sleep(0.5)
     # The replica holding the stream is drained; the stream must end whole, not be cut.
-    holder = (
-        a
-        if len(
-            subprocess.run(
-                ["ss", "-Htn", "state", "established", "dst", f"127.0.0.1:{a.port}"],
-                capture_output=True,
-                text=True,
-            ).stdout.splitlines()
-        )
-        else b
-    )
+    holder = stream_holder(a, b)
     other = b if holder is a else a
     started = time.monotonic()
     result = lb.run(
@@ -248,7 +267,7 @@ def test_drain_takes_the_replica_out_and_waits_for_its_stream_to_finish(cluster)
     reader.join()
     assert result.returncode == 0, result.stderr
     assert streams == [(200, holder.name, 60)]  # 30 chunks of ".\n"
-    assert waited >= 2.0, waited  # it waited for the stream (3 s, 0.5 s already gone)
+    assert waited >= 2.0, waited  # it waited for the stream (3 s, of which only its start had gone)
     assert "with 0 requests in flight" in result.stdout
     assert down_line(holder) in lb.upstream()
     assert settles_on(lb, {other.name}) == {other.name}
@@ -262,7 +281,7 @@ def test_drain_gives_up_waiting_after_the_drain_timeout(cluster):
         target=lambda: urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/slow?s=6").read()
     )
     reader.start()
-    time.sleep(0.5)
+    assert stream_holder(a) is a
     started = time.monotonic()
     result = lb.run(
         rollout.drain_script(
@@ -299,9 +318,10 @@ def test_ready_waits_for_health_then_puts_the_replica_back(cluster):
     assert "did not answer /health with 200 within rollout.healthTimeoutSeconds=3" in failed.stderr
     assert down_line(b) in lb.upstream() and settles_on(lb, {"a"}) == {"a"}  # the rollout stops; b stays out
 
-    threading.Timer(1.5, lambda: setattr(b, "health", 200)).start()
+    b.health, b.loading_probes, b.health_probes = 200, 2, 0  # it finishes loading while ready waits
     passed = lb.run(ready)
     assert passed.returncode == 0, passed.stderr
+    assert b.health_probes == 3  # two 503s waited through, then the 200
     assert "is back in rotation" in passed.stdout
     assert down_line(b) not in lb.upstream() and settles_on(lb, {"a", "b"}) == {"a", "b"}
 

@@ -1,6 +1,12 @@
-"""The SDK workaround (qwen_cluster/sdk_fixes.py) answers exactly as the SDK's own search."""
+"""The SDK workaround (qwen_cluster/sdk_fixes.py) answers exactly as the SDK's own search, and
+replaces it only on the SDK release it was written for."""
 
 from __future__ import annotations
+
+import importlib.util
+import re
+import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -9,6 +15,27 @@ from pulumi.runtime import resource_cycle_breaker
 
 from qwen_cluster import sdk_fixes
 from tooling import offline
+
+REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
+
+
+def _pristine_sdk_module():
+    """A fresh copy of the SDK's module, as shipped: the one in sys.modules is patched as soon
+    as any test has run the program."""
+    spec = importlib.util.spec_from_file_location("pristine_cycle_breaker", resource_cycle_breaker.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SDK = _pristine_sdk_module()
+
+
+@pytest.fixture
+def sdk_search(monkeypatch):
+    """The SDK's own search in place (put back as it was afterwards), no warning given yet."""
+    monkeypatch.setattr(resource_cycle_breaker, "_reachable", SDK._reachable)
+    monkeypatch.setattr(sdk_fixes, "_warned", False)
 
 
 class Node:
@@ -21,7 +48,7 @@ class Node:
 def graph(edges: list[tuple[int, int]], size: int) -> list[Node]:
     nodes = [Node(index) for index in range(size)]
     for source, target in edges:
-        resource_cycle_breaker._add_dep(nodes[source], nodes[target])
+        SDK._add_dep(nodes[source], nodes[target])
     return nodes
 
 
@@ -39,7 +66,7 @@ def test_reachable_answers_as_the_sdk_on_any_graph_cycles_included(case):
     nodes = graph(edges, size)
     for source in nodes:
         for target in nodes:
-            assert sdk_fixes.reachable(source, target) == sdk_fixes._SDK_REACHABLE(source, target)
+            assert sdk_fixes.reachable(source, target) == SDK._reachable(source, target)
 
 
 def test_a_long_chain_is_searched_without_recursion():
@@ -49,15 +76,44 @@ def test_a_long_chain_is_searched_without_recursion():
     # The SDK's nested generators run out of stack on it: a rollout chain of a few thousand
     # resources would stop the program. When this no longer raises, drop the workaround.
     with pytest.raises(RecursionError):
-        sdk_fixes._SDK_REACHABLE(chain[-1], chain[0])
+        SDK._reachable(chain[-1], chain[0])
 
 
-def test_the_program_applies_it():
-    original = resource_cycle_breaker._reachable
-    try:
-        resource_cycle_breaker._reachable = sdk_fixes._SDK_REACHABLE
+def test_it_was_written_for_the_sdk_release_requirements_pin():
+    pinned = re.search(r"^pulumi==(\S+)$", REQUIREMENTS.read_text(), re.MULTILINE)
+    assert pinned and pinned.group(1) == sdk_fixes.WRITTEN_FOR
+
+
+def test_on_the_release_it_was_written_for_it_replaces_the_sdks_search(sdk_search):
+    assert sdk_fixes.installed_sdk_version() == sdk_fixes.WRITTEN_FOR
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sdk_fixes.SdkVersionWarning)
+        assert sdk_fixes.apply() is True
+    assert resource_cycle_breaker._reachable is sdk_fixes.reachable
+
+
+def test_on_another_release_it_warns_once_and_leaves_the_sdk_alone(sdk_search, monkeypatch):
+    monkeypatch.setattr(sdk_fixes, "installed_sdk_version", lambda: "3.999.0")
+    message = r"written for pulumi 3\.272\.0 and found pulumi 3\.999\.0"
+    with pytest.warns(sdk_fixes.SdkVersionWarning, match=message):
+        assert sdk_fixes.apply() is False
+    assert resource_cycle_breaker._reachable is SDK._reachable
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert sdk_fixes.apply() is False
+    assert not [w for w in again if issubclass(w.category, sdk_fixes.SdkVersionWarning)]
+    assert resource_cycle_breaker._reachable is SDK._reachable
+
+
+def test_the_program_applies_it(sdk_search):
+    render = offline.render_stack("dev")
+    assert render.error is None
+    assert resource_cycle_breaker._reachable is sdk_fixes.reachable
+
+
+def test_on_another_release_the_program_renders_with_the_sdks_search(sdk_search, monkeypatch):
+    monkeypatch.setattr(sdk_fixes, "installed_sdk_version", lambda: "3.999.0")
+    with pytest.warns(sdk_fixes.SdkVersionWarning):
         render = offline.render_stack("dev")
-        assert render.error is None
-        assert resource_cycle_breaker._reachable is sdk_fixes.reachable
-    finally:
-        resource_cycle_breaker._reachable = original
+    assert render.error is None and render.custom_resources
+    assert resource_cycle_breaker._reachable is SDK._reachable

@@ -27,6 +27,7 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import wait_for_rpcs
 from pulumi.runtime.sync_await import _sync_await
 
+from qwen_cluster import config
 from tooling import stackfile
 
 PROGRAM = stackfile.PROJECT_ROOT / "__main__.py"
@@ -49,7 +50,7 @@ class RecordedResource:
     parent_type: str | None = None
     depends_on: list[str] = field(default_factory=list)  # explicit dependsOn names
     urn: str = ""
-    # The resource options that decide how a change is carried out (tooling/changes.py).
+    # The resource options that decide how a change is carried out (tooling/changes/).
     delete_before_replace: bool = False
     ignore_changes: list[str] = field(default_factory=list)  # input property paths, camelCase
     replace_on_changes: list[str] = field(default_factory=list)
@@ -131,9 +132,42 @@ _COMPUTED: dict[str, dict[str, Any]] = {
 }
 
 
+# The region the mocks answer for when a stack names none (no aws:region, no AWS target).
+FALLBACK_REGION = "us-west-2"
+_ZONES_PER_REGION = 3  # a plausible few; the program needs two (the NLB's second subnet)
+# Zone-id prefixes abbreviate the region's words ("us-east-1" -> "use1", "ap-southeast-2" ->
+# "apse2"; AWS docs, "Availability Zone IDs for your AWS resources").
+_REGION_WORDS = {"northeast": "ne", "northwest": "nw", "southeast": "se", "southwest": "sw"}
+
+
+def stack_region(stack_config: Mapping[str, Any]) -> str:
+    """The region the stack's AWS provider works in: `aws:region`, or else the region of
+    `aws.availabilityZone` (config.AwsTarget.region; config.validate requires the two to agree
+    when both are set), or FALLBACK_REGION for a stack with neither."""
+    region = stack_config.get("aws:region")
+    if isinstance(region, str) and region:
+        return region
+    target = stack_config.get(f"{config.NAMESPACE}:aws")
+    zone = target.get("availabilityZone") if isinstance(target, Mapping) else None
+    if isinstance(zone, str) and zone:
+        return config.AwsTarget.model_construct(availability_zone=zone).region
+    return FALLBACK_REGION
+
+
+def availability_zones(region: str) -> dict[str, list[str]]:
+    """What aws:index/getAvailabilityZones answers in `region`: its first zones, by name and id."""
+    *words, number = region.split("-")
+    prefix = words[0] + "".join(_REGION_WORDS.get(word, word[:1]) for word in words[1:]) + number
+    letters = "abcdefghij"[:_ZONES_PER_REGION]
+    return {
+        "names": [f"{region}{letter}" for letter in letters],
+        "zoneIds": [f"{prefix}-az{index}" for index in range(1, len(letters) + 1)],
+    }
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     """Mocks that record inputs and outputs (the inputs plus ids/ARNs and what a provider
-    computes), and answer invokes plausibly.
+    computes), and answer invokes plausibly, for the stack's region (`region`).
 
     `preview`: answer like the engine in a preview of a new stack: a new resource's id and
     whatever its provider computes (ARN, DNS name, ...) are unknown; inputs stay known.
@@ -151,12 +185,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
         *,
         preview: bool = False,
         echo_inputs: bool = False,
+        region: str = FALLBACK_REGION,
     ):
         self.resources: list[RecordedResource] = []
         self.invokes: list[tuple[str, dict[str, Any]]] = []
         self.invoke_results = invoke_results or {}
         self.preview = preview
         self.echo_inputs = echo_inputs
+        self.region = region
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         if self.preview:
@@ -207,10 +243,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 ],
             }
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
-            return {
-                "names": ["us-west-2a", "us-west-2b", "us-west-2c"],
-                "zoneIds": ["usw2-az1", "usw2-az2", "usw2-az3"],
-            }
+            return availability_zones(self.region)
         return {}
 
 
@@ -293,7 +326,9 @@ def render(
     if ssh_private_key is not None and key_name not in values:
         values[key_name] = ssh_private_key
         secret_keys.append(key_name)
-    mocks = RecordingMocks(invoke_results, preview=preview, echo_inputs=echo_inputs)
+    mocks = RecordingMocks(
+        invoke_results, preview=preview, echo_inputs=echo_inputs, region=stack_region(stack_config)
+    )
     settings.ROOT.set(None)
     pulumi.runtime.set_all_config(values, secret_keys)
     monitor = _RecordingMonitor(mocks)

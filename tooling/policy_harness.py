@@ -7,7 +7,9 @@ recorded them (in a preview, ids are unknown and only these tell which group a r
 to); for hand-written fixtures they are rebuilt from the mock ids (`offline.references`): a
 property holding `<name>-id`, another resource's ARN or DNS name depends on that resource.
 Schema defaults are applied by the policies themselves (`guard.settings`), so a missing config
-here means the defaults, as with the CLI.
+here means the defaults, as with the CLI without `--policy-pack-config`. The config CI hands the
+CLI is POLICY_CONFIG (.github/workflows/preview.yml and up.yml, `policyPackConfigs`); the offline
+preview reads the same file (`read_policy_config`), so both judge against one set of thresholds.
 
 Numbers reach the policies as the engine sends them: properties and policy config travel as
 protobuf Structs, whose numbers are doubles, so a port of 5000 is 5000.0 here too. Secrets are
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pulumi_policy import (
@@ -42,6 +46,13 @@ from tooling import offline, stackfile
 from tooling.offline import RecordedResource, Render, render, render_stack
 
 PROJECT = "qwen-cluster"
+# The policy pack's config as CI passes it to `pulumi preview` / `pulumi up`.
+POLICY_CONFIG = stackfile.PROJECT_ROOT / "policies" / "config.json"
+
+
+def read_policy_config(path: Path = POLICY_CONFIG) -> dict[str, Any]:
+    """The policy config file (`--policy-pack-config`): policy name -> its properties."""
+    return dict(json.loads(path.read_text()))
 
 
 @dataclass(frozen=True)
@@ -275,7 +286,7 @@ def check_stack(stack: str, **kwargs: Any) -> tuple[Render, list[Violation]]:
 def check_config(stack_config: dict[str, Any], stack: str = "offline", **kwargs: Any) -> list[Violation]:
     """Render a stack config (a stack file's `config:` map) and run the pack over it."""
     rendered = render(stack_config, stack)
-    cluster = config.validate(stackfile.cluster_keys(stack_config))
+    cluster = stackfile.validate(stack_config)
     return analyze_render(rendered, cluster=cluster, **kwargs)
 
 

@@ -4,13 +4,15 @@ No Pulumi CLI, engine or cloud credentials. Prints the resource tree grouped by 
 counts, the port exposure in effect and the policy report; `--json` for machines;
 `--diagram FILE` draws the cluster (SVG or PNG by the file's extension).
 Exit codes: 0 clean (advisories allowed), 1 a mandatory policy violation, 2 an invalid config.
+The pack runs with the policy config CI passes to `pulumi preview` (policies/config.json,
+tooling/policy_harness.POLICY_CONFIG): its thresholds are CI's, not a second set of defaults.
 
 Change plan (Day 2): `plan.py STACK --change KEY=VALUE [--change ...]` renders the stack as it
 is and with the changes applied (KEY a dotted path as in the stack file, VALUE JSON or a plain
 string; `nodes` takes the whole list); `plan.py STACK --against GIT_REF` renders the program
 and stack file at GIT_REF and the working tree. Both print per resource create / update /
 replace (create-before-delete or delete-before-replace) / delete / same with the input keys
-that changed, then the rollout (tooling/changes.py). Exit codes: 0 the endpoint stays up,
+that changed, then the rollout (tooling/changes/). Exit codes: 0 the endpoint stays up,
 3 every replica out at once, the endpoint replaced or a replacement that would collide,
 1 a mandatory policy violation in the new render, 2 an invalid config or change.
 """
@@ -115,18 +117,21 @@ def plan(stack: str, stack_config: dict[str, Any] | None = None) -> dict[str, An
     started = time.perf_counter()
     stack_config = stackfile.read(stack) if stack_config is None else stack_config
     try:
-        cluster = config.validate(stackfile.cluster_keys(stack_config))
+        cluster = stackfile.validate(stack_config)
     except config.ConfigError as error:
         return {"stack": stack, "valid": False, "errors": error.errors}
     render = offline.render(stack_config, stack)
     if render.error:
         return {"stack": stack, "valid": False, "errors": [render.error]}
-    violations = policy_harness.analyze_render(render, cluster=cluster)
+    violations = policy_harness.analyze_render(
+        render, cluster=cluster, policy_config=policy_harness.read_policy_config()
+    )
     custom = render.custom_resources
     return {
         "stack": stack,
         "valid": True,
         "target": cluster.target.value,
+        "policyConfig": str(policy_harness.POLICY_CONFIG.relative_to(stackfile.PROJECT_ROOT)),
         "resources": resource_rows(render),
         "counts": dict(sorted(Counter(r.type for r in custom).items())),
         "total": len(custom),
@@ -204,7 +209,7 @@ def change_plan(
         else:
             old = offline.render_stack(stack)
             new_config = changes.apply_changes(stackfile.read(stack), change_texts or [])
-        cluster = config.validate(stackfile.cluster_keys(new_config), aws_region=new_config.get("aws:region"))
+        cluster = stackfile.validate(new_config)
     except (config.ConfigError, changes.ChangeSyntaxError, ValueError) as error:
         errors = error.errors if isinstance(error, config.ConfigError) else [str(error)]
         return {**report, "valid": False, "errors": errors, "exit": 2}
@@ -215,7 +220,9 @@ def change_plan(
         return {**report, "valid": False, "errors": [new.error], "exit": 2}
     found = changes.diff(old, new)
     summary = changes.rollout(old, new, found)
-    violations = policy_harness.analyze_render(new, cluster=cluster)
+    violations = policy_harness.analyze_render(
+        new, cluster=cluster, policy_config=policy_harness.read_policy_config()
+    )
     mandatory = [v for v in violations if v.enforcement == "mandatory"]
     code = changes.verdict(summary)
     if code == 0 and mandatory:
@@ -275,7 +282,8 @@ def print_change_plan(console, report: dict[str, Any]) -> None:
     console.print(
         f"rollout: {rollout['replicas']} replicas; nodes replaced: "
         f"{', '.join(rollout['nodesReplaced']) or 'none'}; model servers restarted: "
-        f"{', '.join(rollout['serversRestarted']) or 'none'}; at most "
+        f"{', '.join(rollout['serversRestarted']) or 'none'}; replicas drained: "
+        f"{', '.join(rollout['replicasDrained']) or 'none'}; at most "
         f"{rollout['maxReplicasOutOfService']} replica(s) out of service at once; steps: {steps}"
     )
     if rollout["endpointChanges"]:
@@ -330,7 +338,13 @@ def print_report(console, report: dict[str, Any]) -> None:
         exposure.add_row(rule["name"], rule["on"], source, f"{rule['ports']}/{rule['protocol']}")
     console.print(exposure)
     if report["violations"]:
-        policy = Table("level", "policy", "resource", "message", title="policy report (qwen-cluster-guard)")
+        policy = Table(
+            "level",
+            "policy",
+            "resource",
+            "message",
+            title=f"policy report (qwen-cluster-guard, {report['policyConfig']})",
+        )
         for v in report["violations"]:
             style = "red" if v["enforcement"] == "mandatory" else "yellow"
             policy.add_row(

@@ -38,9 +38,14 @@ def cluster_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def load(stack: str, root: Path = PROJECT_ROOT) -> config.ClusterConfig:
-    stack_config = read(stack, root)
+def validate(stack_config: dict[str, Any]) -> config.ClusterConfig:
+    """A stack file's `config:` map validated as the program validates it (config.from_pulumi):
+    with the provider's `aws:region`, which the AWS target's zone must lie in."""
     return config.validate(cluster_keys(stack_config), aws_region=stack_config.get("aws:region"))
+
+
+def load(stack: str, root: Path = PROJECT_ROOT) -> config.ClusterConfig:
+    return validate(read(stack, root))
 
 
 def as_pulumi_config(stack_config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:

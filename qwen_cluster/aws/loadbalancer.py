@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from qwen_cluster.config import NLB_IDLE_TIMEOUT_SECONDS
 from qwen_cluster.render import vllm
-
-# AWS: tcp_idle_timeout_seconds is 60-6000 (config.IDLE_TIMEOUT_LIMITS checks it).
 
 
 @dataclass
@@ -29,8 +28,9 @@ class ModelLoadBalancerArgs:
     def validate(self) -> None:
         if not self.subnet_ids:
             raise ValueError("the load balancer needs a subnet")
-        if not 60 <= self.idle_timeout_seconds <= 6000:
-            raise ValueError(f"NLB TCP idle timeout {self.idle_timeout_seconds} is outside 60-6000")
+        low, high = NLB_IDLE_TIMEOUT_SECONDS
+        if not low <= self.idle_timeout_seconds <= high:
+            raise ValueError(f"NLB TCP idle timeout {self.idle_timeout_seconds} is outside {low}-{high}")
 
 
 class ModelLoadBalancer(pulumi.ComponentResource):

@@ -4,7 +4,7 @@ Prometheus's and Alertmanager's files and reloads them). What runs is the same C
 bare metal registers (qwen_cluster/render/monitoring/containers.py); qwen_cluster/render/monitoring_ssm.py
 renders the document and the parameters.
 
-Day 2 (tooling/changes.py RULES, terraform-provider-aws internal/service/ssm/association.go):
+Day 2 (tooling/changes/rules.py, terraform-provider-aws internal/service/ssm/association.go):
 an association's `name` and `instance_id` replace it; `parameters` and `targets` update in
 place (UpdateAssociation), and an updated association runs again on its targets. Unlike the
 model server's associations these need no wait gate (nothing drains), so they keep that

@@ -1,7 +1,7 @@
 """Monitoring on bare metal: every node's :8000 endpoint and its exporters, and Prometheus +
 Alertmanager on `monitoring.node`, all pinned containers on host networking.
 
-What a change does on `pulumi up` (tooling/changes.py RULES, from the providers' source):
+What a change does on `pulumi up` (tooling/changes/rules.py, from the providers' source):
 - A docker_container input change replaces the container, delete-before-replace
   (kreuzwerker/terraform-provider-docker resource_docker_container.go marks its fields
   ForceNew; pulumi-docker sets DeleteBeforeReplace, so the fixed name and host ports are free

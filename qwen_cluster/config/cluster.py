@@ -1,0 +1,181 @@
+"""ClusterConfig: the validated stack config as one object, the facts renderers derive from
+it (master, topology, bandwidth class, exposures), and the table of top-level keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any, get_args
+
+from pydantic import Field, model_validator
+
+from qwen_cluster import catalog
+from qwen_cluster import ports as port_table
+from qwen_cluster import topology as topology_module
+from qwen_cluster.config import limits
+from qwen_cluster.config.rules import cross_errors
+from qwen_cluster.config.sections import (
+    Access,
+    AwsTarget,
+    BareMetalTarget,
+    LoadBalancer,
+    Model,
+    Monitoring,
+    Network,
+    Node,
+    Rollout,
+    Target,
+    Tuning,
+)
+from qwen_cluster.config.values import Section
+
+NAMESPACE = "qwen-cluster"
+
+
+class ClusterConfig(Section):
+    target: Target = Field(
+        description="Where the cluster runs. That target's section (`aws` or `bareMetal`) is required, "
+        "the other's refused.",
+    )
+    nodes: list[Node] = Field(
+        description="The GPU nodes, each `{name, ip, role}` (`nodes[]` below): at least "
+        f"{limits.MIN_NODES} ({limits.RECOMMENDED_NODES} or more recommended), names and IPs unique, "
+        "exactly one master.",
+    )
+    network: Network = Field(description="The node segment and what the network between nodes must deliver.")
+    ports: list[port_table.PortEntry] = Field(
+        default_factory=lambda: list(port_table.DEFAULT_PORTS),
+        description="The port table, each row `{name, port, scope, required}` (`ports[]` below). Names "
+        f"unique; no two rows overlap and none includes SSH {port_table.SSH_PORT}; exactly one "
+        "`clients` row (the model port) and at least one `cluster` row, the widest of which must hold "
+        f"the {topology_module.MIN_CLUSTER_PORTS} ports Ray and vLLM are pinned into. Scopes: `clients` "
+        "(through the load balancer only), `cluster` (node to node only: the node security group's "
+        "members on AWS, the exact node IPs on bare metal), `monitoring` (`access.monitoringCidrs`), "
+        "`admin` (`access.adminCidrs`).",
+    )
+    access: Access = Field(
+        description="Who may reach what: the CIDR blocks of clients, monitoring and admins."
+    )
+    load_balancer: LoadBalancer = Field(
+        default=LoadBalancer(),
+        description="The endpoint clients use: an NLB on AWS, nginx on a node on bare metal.",
+    )
+    model: Model = Field(
+        default=Model(), description="What the replicas serve and how a replica spans GPUs and nodes."
+    )
+    tuning: Tuning = Field(default=Tuning(), description="Host tuning on every node: sysctl values and RDMA.")
+    monitoring: Monitoring = Field(
+        default=Monitoring(),
+        description="Every node's metrics endpoint, and the cluster's own Prometheus and Alertmanager.",
+    )
+    rollout: Rollout = Field(
+        default=Rollout(),
+        description="How a Day-2 change rolls over the replicas (both targets): each is drained, "
+        "restarted and must answer `/health` before the next one starts.",
+    )
+    aws: AwsTarget | None = Field(
+        default=None, description="Required when `target` is `aws`, refused otherwise."
+    )
+    bare_metal: BareMetalTarget | None = Field(
+        default=None, description="Required when `target` is `bare-metal`, refused otherwise."
+    )
+
+    @model_validator(mode="after")
+    def _cross_rules(self) -> ClusterConfig:
+        sections = {name: getattr(self, name) for name in type(self).model_fields}
+        given = {field.alias for name, field in type(self).model_fields.items() if sections[name] is not None}
+        errors = cross_errors(sections, given)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    # Derived facts the renderers share.
+    @property
+    def master(self) -> Node:
+        return next(node for node in self.nodes if node.role == "master")
+
+    @functools.cached_property
+    def topology(self) -> topology_module.Topology:
+        """Computed once: the config is frozen, and renderers ask for it per node."""
+        return topology_module.for_config(self)
+
+    @property
+    def model_port(self) -> int:
+        return port_table.model_port(self.ports)
+
+    @property
+    def load_balancer_node(self) -> Node | None:
+        """The node nginx runs on (bare metal); None on AWS, where the NLB is managed."""
+        if self.bare_metal is None:
+            return None
+        wanted = self.bare_metal.load_balancer_node or self.master.name
+        return next(node for node in self.nodes if node.name == wanted)
+
+    @property
+    def instance(self) -> catalog.InstanceType | None:
+        return catalog.instance_type(self.aws.instance_type) if self.aws else None
+
+    @property
+    def gpus_per_node(self) -> int:
+        if self.aws:
+            return self.instance.gpus
+        return self.bare_metal.gpus_per_node
+
+    @property
+    def gpu_memory_gb(self) -> float:
+        if self.aws:
+            return self.instance.gpu_memory_gb
+        return self.bare_metal.gpu_memory_gb
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """The bandwidth class: the catalog's baseline on AWS, the declared NIC speed on bare metal."""
+        if self.aws:
+            return self.instance.baseline_gbps
+        return self.bare_metal.nic_speed_gbps
+
+    @property
+    def monitoring_node(self) -> Node | None:
+        """Where Prometheus and Alertmanager run; None when monitoring.prometheus is off."""
+        if not self.monitoring.prometheus:
+            return None
+        wanted = self.monitoring.node or self.master.name
+        return next(node for node in self.nodes if node.name == wanted)
+
+    @property
+    def ssh_to_nodes(self) -> bool:
+        """SSH reaches the nodes only over an admin path: always on bare metal, a bastion on AWS."""
+        return self.target is Target.BARE_METAL or bool(self.aws and self.aws.bastion)
+
+    def exposures(self) -> list[port_table.Exposure]:
+        return port_table.exposures(
+            self.ports,
+            listener_port=self.load_balancer.port,
+            client_cidrs=tuple(str(c) for c in self.access.client_cidrs),
+            monitoring_cidrs=tuple(str(c) for c in self.access.monitoring_cidrs),
+            admin_cidrs=tuple(str(c) for c in self.access.admin_cidrs),
+            ssh_to_nodes=self.ssh_to_nodes,
+            ssh_via_bastion=bool(self.aws and self.aws.bastion),
+        )
+
+
+def _section_type(annotation: Any) -> Any:
+    """`AwsTarget | None` -> AwsTarget: an absent section is handled before its type is checked."""
+    if isinstance(annotation, types.UnionType):
+        (kind,) = (arg for arg in get_args(annotation) if arg is not type(None))
+        return kind
+    return annotation
+
+
+# Top-level keys, in the order problems are reported: config key -> (attribute, type, required).
+SECTIONS: dict[str, tuple[str, Any, bool]] = {
+    field.alias: (name, _section_type(field.annotation), field.is_required())
+    for name, field in ClusterConfig.model_fields.items()
+}
+# Keys read apart from the validated sections (secrets stay Outputs): key -> description.
+SECRET_KEYS: dict[str, str] = {
+    "sshPrivateKey": "The SSH private key pulumi connects to hosts and bastions with, a secret: "
+    "`pulumi config set --secret sshPrivateKey < key`.",
+}
+KNOWN_KEYS = (*SECTIONS, *SECRET_KEYS)

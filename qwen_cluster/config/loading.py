@@ -1,0 +1,91 @@
+"""Reading the stack config: from raw keys (a stack file, the policy pack) or from the running
+Pulumi program, into one ClusterConfig or one ConfigError that lists every problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from qwen_cluster.config.cluster import KNOWN_KEYS, NAMESPACE, SECRET_KEYS, SECTIONS, ClusterConfig
+from qwen_cluster.config.errors import ConfigError, format_error
+from qwen_cluster.config.rules import complete_ports, cross_errors
+from qwen_cluster.config.sections import Target
+
+_ADAPTERS = {key: TypeAdapter(kind) for key, (_, kind, _) in SECTIONS.items()}
+
+
+def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> ClusterConfig:
+    """Validate the raw config (keys without the namespace) or raise ConfigError with all
+    problems. Each section is checked on its own, then the rules between sections run on
+    the sections that passed, so one report lists every mistake."""
+    errors: list[str] = []
+    for key in raw:
+        if key not in KNOWN_KEYS:
+            close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            errors.append(f"{NAMESPACE}:{key} is not a known key{hint}")
+    sections: dict[str, Any] = {}
+    given: set[str] = set()
+    for key, (attr, _, required) in SECTIONS.items():
+        if raw.get(key) is None:
+            if required:
+                errors.append(f"{key} is required")
+            field = ClusterConfig.model_fields[attr]
+            sections[attr] = None if required else field.get_default(call_default_factory=True)
+            continue
+        given.add(key)
+        try:
+            sections[attr] = _ADAPTERS[key].validate_python(raw[key])
+        except ValidationError as exc:
+            sections[attr] = None
+            errors += [format_error(key, error) for error in exc.errors()]
+    if "ports" in given and sections.get("ports") is not None and sections.get("monitoring") is not None:
+        sections["ports"] = complete_ports(sections["ports"], sections["monitoring"])
+    errors += cross_errors(sections, given)
+    chosen = sections.get("aws") if sections.get("target") is Target.AWS else None
+    if aws_region and chosen is not None and chosen.region != aws_region:
+        # The provider creates everything in aws:region; a zone elsewhere fails at the subnet.
+        errors.append(f"aws.availabilityZone {chosen.availability_zone} is not in aws:region {aws_region}")
+    if errors:
+        raise ConfigError(errors)
+    chosen_raw = {key: raw[key] for key in SECTIONS if raw.get(key) is not None}
+    if "ports" in chosen_raw:
+        chosen_raw["ports"] = [entry.model_dump(by_alias=True) for entry in sections["ports"]]
+    return ClusterConfig.model_validate(chosen_raw)
+
+
+def from_pulumi() -> tuple[ClusterConfig, Any]:
+    """Read and validate `qwen-cluster:*` from the running Pulumi program.
+
+    Returns the config and the SSH private key as an Output secret (or None)."""
+    import pulumi
+    import pulumi.runtime
+
+    keys = set(pulumi.runtime.config.CONFIG.get()) | set(pulumi.runtime.get_config_env())
+    prefix = f"{NAMESPACE}:"
+    config = pulumi.Config(NAMESPACE)
+    raw: dict[str, Any] = {}
+    for full_key in sorted(keys):
+        if not full_key.startswith(prefix):
+            continue
+        key = full_key[len(prefix) :]
+        if key in SECRET_KEYS:
+            continue
+        raw[key] = decode_value(config.get(key))
+    cluster = validate(raw, aws_region=pulumi.Config("aws").get("region"))
+    return cluster, config.get_secret("sshPrivateKey")
+
+
+def decode_value(value: str | None) -> Any:
+    """Pulumi hands structured config values over as JSON text."""
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except (json.JSONDecodeError, TypeError):
+        return value

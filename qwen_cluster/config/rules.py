@@ -1,0 +1,321 @@
+"""The rules between sections of the stack config (a node IP inside network.cidr, the
+instance type's bandwidth against the floor, the memory rule, ...), and the rows of the port
+table the monitoring pieces need.
+
+Each rule reads sections that passed their own validation; a section that failed is None and
+its rules are skipped, so one typo does not hide the other mistakes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import Any
+
+from qwen_cluster import catalog, topology
+from qwen_cluster import ports as port_table
+from qwen_cluster.config.limits import (
+    AWS_RESERVED_HEAD,
+    AWS_SUBNET_PREFIX,
+    IDLE_TIMEOUT_LIMITS,
+    MIN_NODES,
+    RECOMMENDED_NODES,
+)
+from qwen_cluster.config.sections import (
+    Access,
+    AwsTarget,
+    BareMetalTarget,
+    LoadBalancer,
+    Model,
+    Monitoring,
+    Network,
+    Node,
+    Target,
+)
+
+# The reserved-address message spells the count out; a new count fails here, not silently.
+_RESERVED_HEAD_IN_WORDS = {4: "four"}[AWS_RESERVED_HEAD]
+_WORLD = {ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")}
+
+
+def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
+    """Rules between keys. `sections` maps attribute names to validated sections (None: failed
+    its own validation, its rules are skipped); `given` names the config keys the user wrote."""
+    errors: list[str] = []
+    target: Target | None = sections.get("target")
+    nodes: list[Node] | None = sections.get("nodes")
+    network: Network | None = sections.get("network")
+    table: list[port_table.PortEntry] | None = sections.get("ports")
+    access: Access | None = sections.get("access")
+    load_balancer: LoadBalancer | None = sections.get("load_balancer")
+    model: Model | None = sections.get("model")
+    aws: AwsTarget | None = sections.get("aws")
+    bare_metal: BareMetalTarget | None = sections.get("bare_metal")
+    monitoring: Monitoring | None = sections.get("monitoring")
+
+    if nodes is not None:
+        errors += _node_errors(nodes, network, target)
+    if table is not None:
+        errors += port_table.table_errors(table)
+    if access is not None:
+        for key, cidrs in (("monitoringCidrs", access.monitoring_cidrs), ("adminCidrs", access.admin_cidrs)):
+            for index, cidr in enumerate(cidrs):
+                if cidr in _WORLD:
+                    errors.append(
+                        f"access.{key}[{index}] {cidr} opens to the whole internet; "
+                        "name the networks that need it"
+                    )
+
+    for chosen, own, other in ((Target.AWS, "aws", "bareMetal"), (Target.BARE_METAL, "bareMetal", "aws")):
+        if target is chosen:
+            if own not in given:
+                errors.append(f"{own} is required when target is {chosen.value}")
+            if other in given:
+                errors.append(f"{other} is refused when target is {chosen.value} (remove the section)")
+
+    if target is not None and load_balancer is not None:
+        low, high = IDLE_TIMEOUT_LIMITS[target.value]
+        if not low <= load_balancer.idle_timeout_seconds <= high:
+            errors.append(
+                f"loadBalancer.idleTimeoutSeconds {load_balancer.idle_timeout_seconds} "
+                f"is outside {low}-{high}, what target {target.value} allows"
+            )
+    if target is Target.BARE_METAL and load_balancer is not None:
+        if load_balancer.scheme != "internal":
+            errors.append(
+                f"loadBalancer.scheme {load_balancer.scheme} applies to target aws only; "
+                "on bare metal clients reach nginx through access.clientCidrs"
+            )
+        if table is not None:
+            for index, entry in enumerate(table):
+                if load_balancer.port in entry.port:
+                    errors.append(
+                        f"loadBalancer.port {load_balancer.port} collides with "
+                        f"ports[{index}] {entry.name} {entry.port} on the load-balancer node"
+                    )
+        if load_balancer.port == port_table.SSH_PORT:
+            errors.append(f"loadBalancer.port {load_balancer.port} is the SSH port")
+
+    if target is Target.AWS and aws is not None:
+        errors += _aws_errors(aws, network, access)
+    if target is Target.BARE_METAL and bare_metal is not None:
+        errors += _bare_metal_errors(bare_metal, network, nodes)
+    if target is Target.BARE_METAL and bare_metal is not None and nodes is not None:
+        names = {node.name for node in nodes}
+        errors += [
+            f"bareMetal.hostKeys.{name} is not one of the nodes"
+            for name in bare_metal.host_keys
+            if name not in names
+        ]
+    if target is Target.BARE_METAL and access is not None and not access.admin_cidrs:
+        errors.append(
+            "access.adminCidrs is empty: the host firewall denies by default and would lock out "
+            "SSH, pulumi's own connection included"
+        )
+
+    if monitoring is not None:
+        errors += _monitoring_errors(monitoring, nodes, table)
+
+    gpus, gpu_memory = None, None
+    if target is Target.AWS and aws is not None and (kind := catalog.instance_type(aws.instance_type)):
+        gpus, gpu_memory, where = kind.gpus, kind.gpu_memory_gb, f"aws.instanceType {kind.name}"
+    elif target is Target.BARE_METAL and bare_metal is not None:
+        gpus, gpu_memory, where = bare_metal.gpus_per_node, bare_metal.gpu_memory_gb, "bareMetal"
+    if model is not None:
+        errors += _model_errors(model, nodes, gpus, gpu_memory, where if gpus else "")
+    if table is not None and not port_table.table_errors(table):
+        try:
+            topology.pin_ports(port_table.cluster_range(table))
+        except topology.TopologyError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def _node_errors(nodes: list[Node], network: Network | None, target: Target | None) -> list[str]:
+    errors: list[str] = []
+    if len(nodes) < MIN_NODES:
+        errors.append(
+            f"nodes has {len(nodes)} entries; the cluster needs at least {MIN_NODES} "
+            f"({RECOMMENDED_NODES} or more recommended)"
+        )
+    masters = [f"nodes[{i}]" for i, node in enumerate(nodes) if node.role == "master"]
+    if len(masters) != 1:
+        errors.append(f"nodes has {len(masters)} masters {masters}; exactly one node needs role: master")
+    names: dict[str, int] = {}
+    ips: dict[ipaddress.IPv4Address, int] = {}
+    for index, node in enumerate(nodes):
+        if node.name in names:
+            errors.append(f"nodes[{index}].name {node.name} is used already by nodes[{names[node.name]}]")
+        names.setdefault(node.name, index)
+        if node.ip in ips:
+            errors.append(f"nodes[{index}].ip {node.ip} is used already by nodes[{ips[node.ip]}]")
+        ips.setdefault(node.ip, index)
+        if network is None:
+            continue
+        cidr = network.cidr
+        if node.ip not in cidr:
+            errors.append(f"nodes[{index}].ip {node.ip} is outside network.cidr {cidr}")
+        elif node.ip in (cidr.network_address, cidr.broadcast_address):
+            what = "network" if node.ip == cidr.network_address else "broadcast"
+            errors.append(f"nodes[{index}].ip {node.ip} is the {what} address of network.cidr {cidr}")
+        elif target is Target.AWS and (int(node.ip) - int(cidr.network_address) < AWS_RESERVED_HEAD):
+            errors.append(
+                f"nodes[{index}].ip {node.ip} is one of the first {_RESERVED_HEAD_IN_WORDS} addresses of "
+                f"{cidr}, which AWS reserves"
+            )
+    return errors
+
+
+def _aws_errors(aws: AwsTarget, network: Network | None, access: Access | None) -> list[str]:
+    errors: list[str] = []
+    kind = catalog.instance_type(aws.instance_type)
+    if kind is None:
+        known = ", ".join(catalog.INSTANCE_TYPES)
+        errors.append(
+            f"aws.instanceType {aws.instance_type} is not in the catalog "
+            f"(qwen_cluster/catalog.py; known: {known})"
+        )
+    else:
+        if kind.gpus == 0:
+            errors.append(f"aws.instanceType {kind.name} has no GPU")
+        if network is not None and kind.baseline_gbps < network.min_bandwidth_gbps:
+            errors.append(
+                f"aws.instanceType {kind.name} has a baseline of {kind.baseline_gbps:g} "
+                f"Gbit/s ({kind.bandwidth}), below network.minBandwidthGbps "
+                f"{network.min_bandwidth_gbps:g}"
+            )
+        if aws.efa and not kind.efa:
+            errors.append(f"aws.efa is true but aws.instanceType {kind.name} has no EFA support")
+    if network is not None:
+        low, high = AWS_SUBNET_PREFIX
+        if not low <= network.cidr.prefixlen <= high:
+            errors.append(
+                f"network.cidr {network.cidr} is a /{network.cidr.prefixlen}; an AWS "
+                f"subnet is /{low} to /{high}"
+            )
+        elif network.cidr.prefixlen <= AWS_SUBNET_PREFIX[0]:
+            # The public subnets (NAT, bastion, internet-facing LB) are carved next to
+            # network.cidr inside a larger block, and a VPC is at most a /16.
+            errors.append(
+                f"network.cidr {network.cidr} is a /{network.cidr.prefixlen}, as large as a VPC "
+                f"can be; use a /{AWS_SUBNET_PREFIX[0] + 1} or smaller so the VPC has room for "
+                "the public subnets beside it"
+            )
+    if aws.bastion and access is not None and not access.admin_cidrs:
+        errors.append("aws.bastion is true but access.adminCidrs is empty: nobody could reach it")
+    return errors
+
+
+def _bare_metal_errors(
+    bare_metal: BareMetalTarget, network: Network | None, nodes: list[Node] | None
+) -> list[str]:
+    errors: list[str] = []
+    if network is not None and bare_metal.nic_speed_gbps < network.min_bandwidth_gbps:
+        errors.append(
+            f"bareMetal.nicSpeedGbps {bare_metal.nic_speed_gbps:g} is below "
+            f"network.minBandwidthGbps {network.min_bandwidth_gbps:g}"
+        )
+    lb_node = bare_metal.load_balancer_node
+    if nodes is not None and lb_node is not None and lb_node not in {node.name for node in nodes}:
+        errors.append(f"bareMetal.loadBalancerNode {bare_metal.load_balancer_node} is not one of the nodes")
+    return errors
+
+
+def monitoring_rows(monitoring: Monitoring) -> list[tuple[str, str]]:
+    """(monitoring key, ports row name) of every table row the monitoring pieces need."""
+    rows = []
+    if monitoring.exporters:
+        rows.append(("exporters", port_table.MONITORING_ENDPOINT))
+    if monitoring.prometheus:
+        rows += [("prometheus", port_table.PROMETHEUS), ("prometheus", port_table.ALERTMANAGER)]
+    return rows
+
+
+def _has_row(table: list[port_table.PortEntry], name: str) -> bool:
+    return any(entry.name == name for entry in table)
+
+
+def _default_row(name: str) -> port_table.PortEntry:
+    return next(entry for entry in port_table.DEFAULT_PORTS if entry.name == name)
+
+
+def complete_ports(table: list[port_table.PortEntry], monitoring: Monitoring) -> list[port_table.PortEntry]:
+    """A written table that lacks a row monitoring needs gets it with the default port, unless
+    that port is taken (then _monitoring_errors says which row to write). The guide's table has
+    8000 only; Prometheus and Alertmanager are this project's, so a stack that copied the guide
+    keeps working. To move one, write its row; to have none, turn the piece off."""
+    result = list(table)
+    for _, name in monitoring_rows(monitoring):
+        default = _default_row(name)
+        if not _has_row(result, name) and not any(entry.port.overlaps(default.port) for entry in result):
+            result.append(default)
+    return result
+
+
+def _monitoring_errors(
+    monitoring: Monitoring, nodes: list[Node] | None, table: list[port_table.PortEntry] | None
+) -> list[str]:
+    errors: list[str] = []
+    if nodes is not None and monitoring.node is not None and monitoring.node not in {n.name for n in nodes}:
+        errors.append(f"monitoring.node {monitoring.node} is not one of the nodes")
+    if table is None:
+        return errors
+    for key, name in monitoring_rows(monitoring):
+        found = next(entry for entry in table if entry.name == name) if _has_row(table, name) else None
+        if found is None:
+            default = _default_row(name)
+            clash = next((entry for entry in table if entry.port.overlaps(default.port)), None)
+            errors.append(
+                f"monitoring.{key} is true but ports has no entry named {name} and its default port "
+                f"{default.port} is taken by {clash.name if clash else '?'} ({clash.port if clash else ''}); "
+                f"add {{name: {name}, port: <free port>, scope: monitoring, required: false}}"
+            )
+        elif found.scope is not port_table.Scope.MONITORING or found.port.size != 1:
+            errors.append(
+                f"ports entry {name} ({found.port}, scope {found.scope.value}) must be a single "
+                f"port with scope monitoring for monitoring.{key}"
+            )
+    # The exporters behind the endpoint listen on loopback; a table port there would collide.
+    for index, entry in enumerate(table):
+        for what, port in port_table.MONITORING_LOOPBACK_PORTS.items():
+            if (monitoring.exporters or monitoring.prometheus) and port in entry.port:
+                errors.append(
+                    f"ports[{index}].port {entry.port} ({entry.name}) includes {port}, where the "
+                    f"{what} listens on each node's loopback"
+                )
+    return errors
+
+
+def _model_errors(
+    model: Model, nodes: list[Node] | None, gpus: int | None, gpu_memory: float | None, where: str
+) -> list[str]:
+    errors: list[str] = []
+    weights = catalog.MODELS.get(model.name)
+    if weights is None:
+        errors.append(f"model.name {model.name} is not in the catalog (known: {', '.join(catalog.MODELS)})")
+    elif weights.attention_heads % model.tensor_parallel:
+        errors.append(
+            f"model.tensorParallel {model.tensor_parallel} does not divide "
+            f"{model.name}'s {weights.attention_heads} attention heads"
+        )
+    if nodes is not None and len(nodes) % model.pipeline_parallel:
+        errors.append(
+            f"model.pipelineParallel {model.pipeline_parallel} does not divide the "
+            f"{len(nodes)} nodes into whole replicas"
+        )
+    if gpus is not None and model.tensor_parallel > gpus:
+        errors.append(
+            f"model.tensorParallel {model.tensor_parallel} is more than the {gpus} GPUs per node of {where}"
+        )
+    if weights is not None and gpu_memory is not None:
+        have = model.tensor_parallel * model.pipeline_parallel * gpu_memory
+        need = catalog.replica_memory_needed_gb(weights.weights_gb)
+        if have < need:
+            errors.append(
+                f"model.tensorParallel {model.tensor_parallel} x pipelineParallel "
+                f"{model.pipeline_parallel} x {gpu_memory:g} GB ({where}) = {have:g} GB per "
+                f"replica; {model.name} needs {need:g} GB ({weights.weights_gb:g} GB of weights "
+                f"at most {catalog.WEIGHTS_SHARE:.0%} of {catalog.GPU_MEMORY_UTILIZATION:.0%} of "
+                "GPU memory, the rest for the KV cache)"
+            )
+    return errors

@@ -1,0 +1,443 @@
+"""The sections of the stack config, one pydantic model each (`qwen-cluster:network`, ...).
+
+Each model checks its own keys; what depends on another section is a cross-section rule
+(qwen_cluster/config/rules.py). Every field carries its description, and the config reference
+(docs/config.md, `make docs`) is rendered from these models: a rule a field's constraints
+(ge, le, pattern, Literal) cannot express is stated in its description, with its numbers taken
+from the constants that enforce it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field
+
+from qwen_cluster import catalog
+from qwen_cluster import ports as port_table
+from qwen_cluster.config.limits import (
+    AWS_RESERVED_HEAD,
+    AWS_SUBNET_PREFIX,
+    IDLE_TIMEOUT_LIMITS,
+    MIN_BANDWIDTH_GBPS,
+    NGINX_IDLE_TIMEOUT_SECONDS,
+    NLB_IDLE_TIMEOUT_SECONDS,
+)
+from qwen_cluster.config.values import Cidr, IPv4, IPv4Net, Section, computed_default
+
+DEFAULT_SYSCTL: dict[str, int | str] = {
+    "net.core.rmem_max": 16777216,
+    "net.core.wmem_max": 16777216,
+    "net.ipv4.tcp_fastopen": 3,
+}
+DEFAULT_MODEL = "Qwen/Qwen3-32B"
+# Pinned: a moving tag would change every node on the next `pulumi up`.
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.11.0"
+# Extra `vllm serve` flags a Qwen3 deployment wants, per vLLM's docs for the pinned v0.11:
+# - `--reasoning-parser qwen3`: thinking text comes back in `reasoning_content`, apart from the
+#   answer (docs.vllm.ai/en/v0.11.0 features/reasoning_outputs, "Qwen3 series: qwen3";
+#   vllm/reasoning/qwen3_reasoning_parser.py registers the name "qwen3").
+# - `--max-model-len 32768`: Qwen3's pre-training context (QwenLM/Qwen3 docs, "The maximum
+#   context length in pre-training for Qwen3 models is 32,768 tokens"); longer needs YaRN.
+# `--served-model-name` defaults to model.name (qwen_cluster/render/vllm.py), so clients ask for
+# the model by the name in the stack file whatever path vLLM loads it from.
+DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
+    "--reasoning-parser": "qwen3",
+    "--max-model-len": 32768,
+}
+# Flags the program sets from the config itself; a second value would contradict the port
+# table, the topology or the memory plan (value: where the program takes it from).
+OWNED_VLLM_FLAGS: dict[str, str] = {
+    "--model": "model.name",
+    "--host": "the program (all interfaces; the firewall and security groups decide who reaches it)",
+    "--port": "ports (the clients entry)",
+    "--tensor-parallel-size": "model.tensorParallel",
+    "--pipeline-parallel-size": "model.pipelineParallel",
+    "--data-parallel-size": "nodes / model.pipelineParallel (one replica per head node)",
+    "--gpu-memory-utilization": "qwen_cluster/catalog.py GPU_MEMORY_UTILIZATION (the memory plan)",
+    "--distributed-executor-backend": "model.pipelineParallel (ray across nodes, else multiprocessing)",
+}
+_VLLM_FLAG = re.compile(r"^--[a-z0-9]+(-[a-z0-9]+)*$")
+# Shapes written more than once below.
+_POSIX_USER = r"^[a-z_][a-z0-9_-]{0,31}$"
+_HOST_KEY = r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+$"
+
+
+def _aws_id(prefix: str) -> str:
+    return rf"^{prefix}-[0-9a-f]{{8,17}}$"
+
+
+def _span(limits: tuple[int, int]) -> str:
+    return f"{limits[0]}-{limits[1]}"
+
+
+# The default ports of the monitoring rows, as the descriptions name them (ports.DEFAULT_PORTS).
+_ENDPOINT_PORT, _PROMETHEUS_PORT, _ALERTMANAGER_PORT = (
+    port_table.port_of(port_table.DEFAULT_PORTS, name)
+    for name in (port_table.MONITORING_ENDPOINT, port_table.PROMETHEUS, port_table.ALERTMANAGER)
+)
+# render/monitoring/clock.py scales every monitoring duration by the scrape interval against this.
+DEFAULT_SCRAPE_INTERVAL_SECONDS = 15
+
+
+class Target(StrEnum):
+    AWS = "aws"
+    BARE_METAL = "bare-metal"
+
+
+class Node(Section):
+    """One entry of `qwen-cluster:nodes`."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+        description="A DNS label, unique among the nodes.",
+    )
+    ip: IPv4 = Field(
+        description="The node's static IPv4 address: unique, inside `network.cidr`, neither its network "
+        f"nor its broadcast address (on AWS not one of the first {AWS_RESERVED_HEAD} addresses either, "
+        "which AWS reserves).",
+    )
+    role: Literal["master", "worker"] = Field(
+        default="worker",
+        description="Exactly one node is the `master`; nginx (bare metal), Prometheus and Alertmanager "
+        "run on it unless told otherwise.",
+    )
+
+
+class Network(Section):
+    cidr: IPv4Net = Field(
+        description="The node segment, an IPv4 network without host bits; every node IP lies inside it. "
+        f"On AWS it is the node subnet: a /{AWS_SUBNET_PREFIX[0] + 1} to /{AWS_SUBNET_PREFIX[1]} "
+        f"(a subnet is /{AWS_SUBNET_PREFIX[0]} to /{AWS_SUBNET_PREFIX[1]}, and the VPC around it "
+        "needs room for the public subnets).",
+    )
+    min_bandwidth_gbps: float = Field(
+        default=MIN_BANDWIDTH_GBPS,
+        ge=MIN_BANDWIDTH_GBPS,
+        description="The bandwidth class floor between nodes, in Gbit/s: the catalog baseline of "
+        "`aws.instanceType` on AWS, `bareMetal.nicSpeedGbps` on bare metal, must reach it.",
+    )
+    max_latency_ms: float = Field(
+        default=1.0,
+        gt=0,
+        description="The latency budget between nodes, in ms; checked by the verify step, the lab and "
+        "the monitoring alerts.",
+    )
+
+
+class Access(Section):
+    client_cidrs: list[Cidr] = Field(
+        min_length=1,
+        description="Who may reach the load balancer listener (IPv4 or IPv6 CIDR blocks).",
+    )
+    monitoring_cidrs: list[Cidr] = Field(
+        default=[],
+        description=f"Who may reach the `monitoring` ports ({_ENDPOINT_PORT}, Prometheus, Alertmanager); "
+        "never `0.0.0.0/0` or `::/0`.",
+    )
+    admin_cidrs: list[Cidr] = Field(
+        default=[],
+        description="Who may reach SSH (bastion, bare-metal hosts) and `admin` ports; never `0.0.0.0/0` "
+        "or `::/0`. Required on bare metal: the default-deny host firewall would lock SSH out, "
+        "pulumi's own connection included.",
+    )
+
+
+class LoadBalancer(Section):
+    port: int = Field(
+        default=80,
+        ge=1,
+        le=65535,
+        description="The listener clients use. On bare metal (nginx on a node) not a port of the "
+        f"table and not SSH {port_table.SSH_PORT}.",
+    )
+    scheme: Literal["internal", "internet-facing"] = Field(
+        default="internal",
+        description="AWS only: an internal or an internet-facing NLB. On bare metal clients reach "
+        "nginx through `access.clientCidrs`, and the key stays `internal`.",
+    )
+    idle_timeout_seconds: int = Field(
+        default=3600,
+        # The floor both targets share; the target's own range is a cross-section rule.
+        ge=min(low for low, _ in IDLE_TIMEOUT_LIMITS.values()),
+        description="How long a connection may stay silent: long enough for streamed, thinking-mode "
+        f"answers. AWS NLB: {_span(NLB_IDLE_TIMEOUT_SECONDS)}; bare metal (nginx "
+        f"proxy_read_timeout / proxy_send_timeout): {_span(NGINX_IDLE_TIMEOUT_SECONDS)}.",
+    )
+
+
+def _pinned_image(value: object) -> object:
+    if isinstance(value, str):
+        name = value.rsplit("/", 1)[-1]
+        if "@sha256:" not in value and (":" not in name or name.endswith(":latest")):
+            raise ValueError(f"{value!r} is not pinned: give a version tag or an @sha256 digest")
+    return value
+
+
+VllmFlagValue = str | int | float | bool | None
+
+
+def _vllm_flags(value: object) -> object:
+    """Keys are long flags as vLLM spells them; the program's own flags are refused."""
+    if not isinstance(value, Mapping):
+        return value
+    errors = []
+    for key, val in value.items():
+        key_text = str(key)
+        if not _VLLM_FLAG.match(key_text):
+            hint = key_text.replace("_", "-")
+            hint = hint if hint.startswith("--") else f"--{hint.lstrip('-')}"
+            errors.append(f"{key_text!r} is not a long vLLM flag (write it as {hint!r})")
+        elif key_text in OWNED_VLLM_FLAGS:
+            errors.append(
+                f"{key_text} {val!r} is set by the program from {OWNED_VLLM_FLAGS[key_text]}; remove it"
+            )
+        elif isinstance(val, list | dict):
+            errors.append(f"{key_text} {val!r}: give one value (JSON arguments as a string)")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return value
+
+
+class Model(Section):
+    name: str = Field(
+        default=DEFAULT_MODEL,
+        description=f"The model, one of the catalog's ({', '.join(f'`{name}`' for name in catalog.MODELS)}); "
+        "clients ask for it by this name.",
+    )
+    image: Annotated[str, BeforeValidator(_pinned_image)] = Field(
+        default=DEFAULT_IMAGE,
+        description="The vLLM image, pinned: a version tag or an `@sha256` digest, never `latest` or "
+        "no tag (a moving tag would change every node on the next `pulumi up`).",
+    )
+    tensor_parallel: int = Field(
+        default=4,
+        ge=1,
+        description="GPUs per node one replica uses: divides the model's attention heads "
+        f"({catalog.MODELS[DEFAULT_MODEL].attention_heads} for {DEFAULT_MODEL}) and is at most "
+        "the GPUs per node.",
+    )
+    pipeline_parallel: int = Field(
+        default=1,
+        ge=1,
+        description="Nodes per replica: divides the node count; replicas = nodes / pipelineParallel.",
+    )
+    vllm_flags: Annotated[dict[str, VllmFlagValue], BeforeValidator(_vllm_flags)] = Field(
+        default={},
+        description="Extra `vllm serve` flags, merged over the defaults "
+        f"({', '.join(f'`{flag} {value}`' for flag, value in DEFAULT_VLLM_FLAGS.items())}; "
+        "`--served-model-name` is `model.name`): a value replaces a default, `true` is a bare "
+        "switch, `false` or null drops a flag. Keys are long dashed flags. Refused, naming key and "
+        f"value, because the program sets them from the config: "
+        f"{', '.join(f'`{flag}`' for flag in OWNED_VLLM_FLAGS)}. Both targets run the one command "
+        "of `qwen_cluster/render/vllm.py`.",
+    )
+
+
+class Rollout(Section):
+    """How a Day-2 change rolls over the replicas (both targets): each replica is drained for
+    at most drainTimeoutSeconds, then must answer vLLM's /health within healthTimeoutSeconds
+    before the next one starts."""
+
+    drain_timeout_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description="How long a replica drains (load balancer deregistration / nginx) before its model "
+        "server restarts; on AWS also the target group's deregistration delay.",
+    )
+    health_timeout_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=7200,
+        description="How long a restarted replica has to answer vLLM's `/health` before the rollout "
+        "stops with the other replicas still serving (weights load from the local cache; a cold "
+        "download takes longer).",
+    )
+
+
+_SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$")
+_SYSCTL_VALUE = re.compile(r"^[A-Za-z0-9_ .:,-]+$")
+
+
+def _sysctl_map(value: object) -> object:
+    if isinstance(value, Mapping):
+        bad = [f"{key!r}" for key in value if not _SYSCTL_KEY.match(str(key))]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} not a sysctl key (dotted, e.g. net.core.rmem_max)")
+        bad = [
+            f"{key}={val!r}"
+            for key, val in value.items()
+            if isinstance(val, bool) or not _SYSCTL_VALUE.match(str(val))
+        ]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: values are numbers or plain words")
+    return value
+
+
+class Monitoring(Section):
+    """The metrics endpoint on every node, and the cluster's own Prometheus + Alertmanager."""
+
+    exporters: bool = Field(
+        default=True,
+        description=f"Every node's metrics endpoint on the `{port_table.MONITORING_ENDPOINT}` port row "
+        f"({_ENDPOINT_PORT}): host, GPU, "
+        "vLLM and peer-probe metrics.",
+    )
+    prometheus: bool = Field(
+        default=True,
+        description=f"The cluster's Prometheus and Alertmanager on the `{port_table.PROMETHEUS}` "
+        f"({_PROMETHEUS_PORT}) and `{port_table.ALERTMANAGER}` ({_ALERTMANAGER_PORT}) rows, scope "
+        "`monitoring`. A written `ports` table that lacks these "
+        "rows gets them with those ports (write a row to move one; when its default port is taken, "
+        "the error names the row to write).",
+    )
+    node: str | None = Field(
+        default=None,
+        json_schema_extra=computed_default("the master"),
+        description="The node Prometheus and Alertmanager run on; one of the nodes.",
+    )
+    scrape_interval_seconds: float = Field(
+        default=DEFAULT_SCRAPE_INTERVAL_SECONDS,
+        ge=1,
+        le=300,
+        description="How often Prometheus scrapes; every monitoring duration follows it (an alert "
+        f"waits four scrapes: 1 min at {DEFAULT_SCRAPE_INTERVAL_SECONDS} s).",
+    )
+    max_requests_waiting: int = Field(
+        default=50,
+        ge=1,
+        description="`QwenRequestsWaiting` fires when more requests than this queue in vLLM (per "
+        "replica, for 2 min).",
+    )
+    max_ttft_p99_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="`QwenTtftP99High` fires when the 99th percentile of the time to first token over "
+        "5 min is above this (per replica, for 5 min).",
+    )
+    webhook_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s]+$",
+        description="Where Alertmanager posts alerts and resolutions (a webhook receiver); without it "
+        "alerts are visible in Alertmanager's UI and to `scripts/doctor.py` only.",
+    )
+
+
+class Tuning(Section):
+    sysctl: Annotated[dict[str, int | str], BeforeValidator(_sysctl_map)] = Field(
+        default_factory=lambda: dict(DEFAULT_SYSCTL),
+        description="The `/etc/sysctl.d` drop-in on every node: dotted keys, values numbers or plain "
+        "words; replaces the default map when given.",
+    )
+    rdma: bool = Field(
+        default=True,
+        description="Install the RDMA packages and verify them (`ibv_devices`) on bare metal.",
+    )
+
+
+class AwsTarget(Section):
+    instance_type: str = Field(
+        description="The GPU instance type: in the catalog (`qwen_cluster/catalog.py`), with a GPU, "
+        "and a baseline bandwidth of at least `network.minBandwidthGbps`.",
+    )
+    availability_zone: str = Field(
+        pattern=r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$",
+        description="The zone of the nodes and their cluster placement group, e.g. `us-west-2a`; "
+        "in `aws:region`.",
+    )
+    efa: bool = Field(
+        default=True,
+        description="Give the nodes EFA interfaces; the instance type must support EFA.",
+    )
+    vpc_id: str | None = Field(
+        default=None,
+        pattern=_aws_id("vpc"),
+        json_schema_extra=computed_default("a new VPC"),
+        description="An existing VPC to create the subnets in.",
+    )
+    ami_id: str | None = Field(
+        default=None,
+        pattern=_aws_id("ami"),
+        json_schema_extra=computed_default("looked up once, then kept"),
+        description="The node image. Default: the newest AWS Deep Learning Base GPU AMI (Ubuntu 22.04), "
+        "looked up once and kept; setting this upgrades explicitly.",
+    )
+    bastion: bool = Field(
+        default=False,
+        description="An SSH jump host reachable from `access.adminCidrs` only (which must not be empty).",
+    )
+    capacity_reservation_id: str | None = Field(
+        default=None,
+        pattern=_aws_id("cr"),
+        description="An EC2 capacity reservation the nodes launch into.",
+    )
+
+    @property
+    def region(self) -> str:
+        return self.availability_zone[:-1]
+
+
+class Bastion(Section):
+    """An SSH jump host between pulumi and the nodes (its address must be in adminCidrs)."""
+
+    host: str = Field(
+        pattern=r"^[A-Za-z0-9.:-]{1,253}$",
+        description="The jump host's name or address; it must be in `access.adminCidrs`.",
+    )
+    user: str | None = Field(
+        default=None,
+        pattern=_POSIX_USER,
+        json_schema_extra=computed_default("`bareMetal.sshUser`"),
+        description="The user on the jump host.",
+    )
+    port: int = Field(
+        default=port_table.SSH_PORT,
+        ge=1,
+        le=65535,
+        description="The jump host's SSH port.",
+    )
+    host_key: str | None = Field(
+        default=None,
+        pattern=_HOST_KEY,
+        description="Pins the jump host's SSH host key (`ssh-ed25519 AAAA...`).",
+    )
+
+
+class BareMetalTarget(Section):
+    ssh_user: str = Field(
+        default="ubuntu",
+        pattern=_POSIX_USER,
+        description="The user pulumi connects as: root, or a user with passwordless sudo.",
+    )
+    firewall: Literal["ufw", "firewalld", "nftables"] = Field(
+        default="ufw",
+        description="The host firewall the port table is rendered for.",
+    )
+    nic_speed_gbps: float = Field(
+        gt=0,
+        description="The node NIC speed, declared: at least `network.minBandwidthGbps`; verified on "
+        "the host at deploy time.",
+    )
+    gpus_per_node: int = Field(ge=1, description="GPUs per node: at least `model.tensorParallel`.")
+    gpu_memory_gb: float = Field(gt=0, description="Memory per GPU, in GB (see the memory rule).")
+    load_balancer_node: str | None = Field(
+        default=None,
+        json_schema_extra=computed_default("the master"),
+        description="The node nginx runs on; one of the nodes.",
+    )
+    host_keys: dict[str, Annotated[str, Field(pattern=_HOST_KEY)]] = Field(
+        default={},
+        description='Pins each node\'s SSH host key, by node name (`{<node>: "ssh-ed25519 AAAA..."}`); '
+        "the names must be nodes.",
+    )
+    bastion: Bastion | None = Field(default=None, description="An SSH jump host (`bareMetal.bastion` below).")
+    interface: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:-]{1,15}$",
+        json_schema_extra=computed_default("found on the host"),
+        description="The NIC NCCL and Gloo use; default: the one holding the node IP.",
+    )
