@@ -286,7 +286,7 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
     (the first scrapes, and alerts pending from the start resolving)."""
     import time
 
-    from qwen_cluster.render import monitoring as rendered
+    from qwen_cluster.render.monitoring import alerts, endpoint, prometheus
     from tooling import doctor
 
     cluster = plan.cluster
@@ -303,7 +303,7 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
     while True:
         try:
             targets = [
-                t for t in ask("/api/v1/targets")["activeTargets"] if t["labels"].get("job") == rendered.JOB
+                t for t in ask("/api/v1/targets")["activeTargets"] if t["labels"].get("job") == prometheus.JOB
             ]
             found = doctor.findings(ask, cluster)
             error = ""
@@ -321,7 +321,7 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
             "monitoring",
             where,
             node.name,
-            f"endpoint {node.ip}:{rendered.endpoint_port(cluster)} scraped",
+            f"endpoint {node.ip}:{endpoint.endpoint_port(cluster)} scraped",
             "up",
             up.get(node.name, "not a target"),
             _status(up.get(node.name) == "up"),
@@ -334,7 +334,7 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
             "monitoring",
             where,
             "prometheus",
-            f"{len(rendered.alerts(cluster))} alert rules",
+            f"{len(alerts.alerts(cluster))} alert rules",
             "loaded",
             "; ".join(f.what for f in loaded) or "loaded",
             _status(not loaded),

@@ -25,6 +25,7 @@ from labkit.blueprint import BRIDGE, MEMBER_IF, PREFIX, STATE_ROOT, LabPlan, Mem
 from labkit.executor import StepResult
 from qwen_cluster.config import NAMESPACE
 from qwen_cluster.ports import Vantage
+from qwen_cluster.render.vllm import HEALTH_PATH
 from tooling.offline import Render
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -392,7 +393,7 @@ def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
         waiting = [
             head
             for head in waiting
-            if netns.call_in(lb, probes.get, head.ip, plan.cluster.model_port, "/health", timeout=1).status
+            if netns.call_in(lb, probes.get, head.ip, plan.cluster.model_port, HEALTH_PATH, timeout=1).status
             != 200
         ]
         if waiting:
@@ -401,7 +402,7 @@ def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
     if waiting:
         names = ", ".join(head.node for head in waiting)
         return StepResult(
-            plan.load_balancer.node, "serving", False, f"no /health 200 from {names} in {seconds:.1f} s"
+            plan.load_balancer.node, "serving", False, f"no {HEALTH_PATH} 200 from {names} in {seconds:.1f} s"
         )
     return StepResult(
         plan.load_balancer.node, "serving", True, f"every replica healthy after {seconds:.2f} s", op="fixture"

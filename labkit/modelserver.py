@@ -27,6 +27,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from qwen_cluster.render.vllm import HEALTH_PATH
+
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
 MAX_BODY = 1 << 20
 # vLLM's bounds for vllm:time_to_first_token_seconds (a subset; +Inf is the count).
@@ -138,10 +140,10 @@ class ModelServer:
         body = await reader.readexactly(length) if length else b""
         keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
         path = path.split("?", 1)[0]
-        if api and not self.loaded and path in ("/health", "/v1/chat/completions", "/v1/models"):
+        if api and not self.loaded and path in (HEALTH_PATH, "/v1/chat/completions", "/v1/models"):
             loading = {"status": "loading", "node": self.settings.node}
             await self._send_json(writer, 503, loading, keep_alive, path)
-        elif path == "/health" and method == "GET":
+        elif path == HEALTH_PATH and method == "GET":
             await self._send_json(writer, 200, {"status": "ok", "node": self.settings.node}, keep_alive, path)
         elif path == "/metrics" and method == "GET":
             await self._send(

@@ -576,10 +576,6 @@ def restart(host: Host, name: str) -> str:
     return detail
 
 
-def host_from_record(record: Record) -> Host:
-    return Host(**record.host)
-
-
 def all_records(state_root: Path) -> list[Record]:
     records = []
     for path in sorted(state_root.glob("*/containers/*.json")):

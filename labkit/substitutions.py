@@ -37,7 +37,7 @@ CLOCK_KEYS = (
     ("loadBalancer", "idleTimeoutSeconds"),
     ("rollout", "drainTimeoutSeconds"),
     ("rollout", "healthTimeoutSeconds"),
-    # Every monitoring duration follows the scrape interval (qwen_cluster/render/monitoring.py):
+    # Every monitoring duration follows the scrape interval (qwen_cluster/render/monitoring/clock.py):
     # 15 s becomes 1 s, an alert's `for` four seconds.
     ("monitoring", "scrapeIntervalSeconds"),
 )

@@ -22,6 +22,7 @@ from typing import Any
 from labkit import blueprint, executor, lifecycle, netns, probes
 from labkit.blueprint import LabPlan, ProbeExpectation
 from qwen_cluster.ports import Vantage
+from qwen_cluster.render.vllm import HEALTH_PATH
 from tooling import changes as change_syntax
 
 
@@ -151,7 +152,7 @@ class ReplicaWatch:
                     pool.map(
                         lambda head: (
                             netns.call_in(
-                                self.namespace, probes.get, head[1], self.port, "/health", timeout=0.5
+                                self.namespace, probes.get, head[1], self.port, HEALTH_PATH, timeout=0.5
                             ).status
                         ),
                         self.heads,
@@ -310,7 +311,7 @@ def run(
     # Which version each replica runs now, asked from the load-balancer node.
     images = {
         head.node: netns.call_in(
-            after.load_balancer.namespace, probes.get, head.ip, after.cluster.model_port, "/health"
+            after.load_balancer.namespace, probes.get, head.ip, after.cluster.model_port, HEALTH_PATH
         ).image
         or ""
         for head in after.heads

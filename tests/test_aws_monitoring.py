@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 
 from qwen_cluster.node import NODEMETRICS_SCRIPT
-from qwen_cluster.render import monitoring, monitoring_ssm
+from qwen_cluster.render import monitoring_ssm
+from qwen_cluster.render.monitoring import containers
 from tooling import changes, offline, stackfile
 
 NODEMETRICS = NODEMETRICS_SCRIPT.read_text()
@@ -29,7 +30,7 @@ def test_every_node_gets_its_monitoring_association_and_the_master_the_servers()
         assert f"--name={name}" in master and f"--name={name}" in worker
     assert "--name=qwen-prometheus" in master and "--name=qwen-prometheus" not in worker
     assert associations["monitoring-worker-1"]["parameters"]["ServerFiles"] == ""
-    assert "--gpus=all" in worker and monitoring.DCGM_EXPORTER_IMAGE in worker
+    assert "--gpus=all" in worker and containers.DCGM_EXPORTER_IMAGE in worker
     assert dev.outputs["prometheus"] == "http://10.42.1.100:9090"
 
 
@@ -62,14 +63,14 @@ def test_the_scripts_pass_shellcheck(tmp_path):
 def test_an_unchanged_container_is_kept_a_changed_one_replaced():
     """The run replaces a container only when its spec hash (a label) differs."""
     cluster = stackfile.load("dev")
-    specs = monitoring.node_containers(cluster, "worker-1", NODEMETRICS)
+    specs = containers.node_containers(cluster, "worker-1", NODEMETRICS)
     text = monitoring_ssm.containers_script(specs)
     for spec in specs:
         assert f"label={monitoring_ssm.CONFIG_LABEL}={monitoring_ssm.spec_hash(spec)}" in text
     other = stackfile.load("prod")
     changed = {
         s.name: monitoring_ssm.spec_hash(s)
-        for s in monitoring.node_containers(other, "worker-1", NODEMETRICS)
+        for s in containers.node_containers(other, "worker-1", NODEMETRICS)
     }
     same = {s.name: monitoring_ssm.spec_hash(s) for s in specs}
     assert changed["qwen-node-exporter"] == same["qwen-node-exporter"]  # nothing of the stack in it

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen_cluster.render import monitoring
+from qwen_cluster.render.monitoring import containers as monitoring_containers
 from tooling import changes, offline, stackfile
 
 CONTAINER = "docker:index/container:Container"
@@ -31,9 +31,9 @@ def test_every_node_runs_its_endpoint_and_exporters_pinned_on_host_networking(on
             assert inputs["restart"] == "unless-stopped"
     images = {r.inputs["name"] for r in onprem.of_type("docker:index/remoteImage:RemoteImage")}
     assert {
-        monitoring.PROMETHEUS_IMAGE,
-        monitoring.NODE_EXPORTER_IMAGE,
-        monitoring.DCGM_EXPORTER_IMAGE,
+        monitoring_containers.PROMETHEUS_IMAGE,
+        monitoring_containers.NODE_EXPORTER_IMAGE,
+        monitoring_containers.DCGM_EXPORTER_IMAGE,
     } <= images
     assert all(":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest") for image in images)
 

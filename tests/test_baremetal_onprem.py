@@ -6,7 +6,7 @@ import pytest
 
 from qwen_cluster import config
 from qwen_cluster.baremetal import connection
-from qwen_cluster.baremetal.host import STEPS
+from qwen_cluster.baremetal.host import steps_for
 from tooling import offline, stackfile
 
 NODES = {
@@ -15,6 +15,9 @@ NODES = {
     "worker-2": "192.168.1.102",
     "worker-3": "192.168.1.103",
 }
+ONPREM = stackfile.load("onprem")
+# The chain's step names, from the chain itself (the same on every host).
+STEPS = [step.name for step in steps_for(ONPREM, ONPREM.master)]
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
 COMMAND = "command:remote:Command"
 CONTAINER = "docker:index/container:Container"
@@ -278,3 +281,14 @@ def test_unknown_host_key_node_is_a_config_error():
     raw["bareMetal"] = {**raw["bareMetal"], "hostKeys": {"worker-9": "ssh-ed25519 AAAA"}}
     with pytest.raises(config.ConfigError, match="bareMetal.hostKeys.worker-9 is not one of the nodes"):
         config.validate(raw)
+
+
+def test_the_verify_step_waits_for_a_model_port_as_long_as_the_rollout_waits_for_health():
+    """One bound: rollout.healthTimeoutSeconds, not a number of the verify step's own."""
+    stack_config = stackfile.read("onprem")
+    stack_config[f"{config.NAMESPACE}:rollout"] = {"healthTimeoutSeconds": 120}
+    result = offline.render(stack_config, "onprem")
+    assert result.error is None, result.error
+    for node in NODES:
+        script = result.named(f"{node}-verify").inputs["create"]
+        assert "\nservice_wait=120\n" in script, node

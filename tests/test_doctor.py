@@ -9,14 +9,14 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from qwen_cluster.render import monitoring
+from qwen_cluster.render.monitoring import alerts
 from tooling import doctor, stackfile
 
 ONPREM = stackfile.load("onprem")
 
 
 def rules_answer(names: list[str] | None = None, health: str = "ok") -> dict:
-    names = names if names is not None else [alert.name for alert in monitoring.alerts(ONPREM)]
+    names = names if names is not None else [alert.name for alert in alerts.alerts(ONPREM)]
     rules = [
         {"name": name, "type": "alerting", "health": health, "state": "inactive", "query": "x"}
         for name in names
@@ -25,7 +25,7 @@ def rules_answer(names: list[str] | None = None, health: str = "ok") -> dict:
 
 
 def alert(name: str, labels: dict[str, str], state: str = "firing", **annotations: str) -> dict:
-    spec = next(a for a in monitoring.alerts(ONPREM) if a.name == name)
+    spec = next(a for a in alerts.alerts(ONPREM) if a.name == name)
     return {
         "labels": {"alertname": name, "severity": spec.severity, **labels},
         "annotations": {"summary": f"summary of {name}", "cause": spec.cause, "fix": "fix it", **annotations},
@@ -135,7 +135,7 @@ def test_all_replicas_down_names_every_head(capsys):
 
 
 def test_rules_not_loaded_is_a_finding(capsys):
-    names = [alert.name for alert in monitoring.alerts(ONPREM) if alert.name != "QwenGpuXidErrors"]
+    names = [alert.name for alert in alerts.alerts(ONPREM) if alert.name != "QwenGpuXidErrors"]
     with fake_prometheus({"/api/v1/rules": rules_answer(names), "/api/v1/alerts": alerts_answer()}) as url:
         code, out = run(capsys, url, "--json")
     assert code == 1

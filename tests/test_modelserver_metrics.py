@@ -7,7 +7,7 @@ import re
 from prometheus_client.parser import text_string_to_metric_families
 
 from labkit import modelserver, probes
-from qwen_cluster.render import monitoring
+from qwen_cluster.render.monitoring import alerts
 from tests.helpers.standin_server import serving
 from tooling import stackfile
 
@@ -27,7 +27,7 @@ def test_metrics_use_vllms_names_and_parse_with_prometheus_client():
     total = next(s.value for s in ttft.samples if s.name.endswith("_sum"))
     assert count == 2 and total >= 0.1  # both answers waited the 50 ms thinking pause
     # Every vLLM series the alert rules read is one the stand-in serves.
-    rules = " ".join(alert.expr for alert in monitoring.alerts(stackfile.load("onprem")))
+    rules = " ".join(alert.expr for alert in alerts.alerts(stackfile.load("onprem")))
     read = set(re.findall(r"vllm:[a-z_]+", rules))
     served = {s.name for family in families.values() for s in family.samples}
     assert read and read <= served

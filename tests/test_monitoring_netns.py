@@ -17,7 +17,7 @@ import pytest
 from labkit import netns
 from qwen_cluster import config
 from qwen_cluster.node import NODEMETRICS_SCRIPT
-from qwen_cluster.render import monitoring
+from qwen_cluster.render.monitoring import alertmanager, containers, endpoint, prometheus
 from tests.helpers.baremetal import needs_netns, netns_pair
 from tooling import doctor
 
@@ -69,17 +69,17 @@ class Processes:
 def start_node(procs: Processes, cluster: config.ClusterConfig, namespace: str, node: str) -> None:
     tmp = procs.tmp
     blackbox = tmp / f"{node}-blackbox.yml"
-    blackbox.write_text(monitoring.blackbox_config(cluster))
-    endpoint = tmp / f"{node}-nodemetrics.json"
-    endpoint.write_text(monitoring.aggregator_json(cluster, node, gpu=False))
+    blackbox.write_text(endpoint.blackbox_config(cluster))
+    endpoint_config = tmp / f"{node}-nodemetrics.json"
+    endpoint_config.write_text(endpoint.aggregator_json(cluster, node, gpu=False))
     procs.start(
-        namespace, "node-exporter", ["prometheus-node-exporter", *monitoring.node_exporter_args(rootfs=None)]
+        namespace, "node-exporter", ["prometheus-node-exporter", *endpoint.node_exporter_args(rootfs=None)]
     )
     procs.start(
-        namespace, "blackbox", ["prometheus-blackbox-exporter", *monitoring.blackbox_args(str(blackbox))]
+        namespace, "blackbox", ["prometheus-blackbox-exporter", *endpoint.blackbox_args(str(blackbox))]
     )
     procs.start(
-        namespace, "nodemetrics", [sys.executable, str(NODEMETRICS_SCRIPT), str(endpoint)]
+        namespace, "nodemetrics", [sys.executable, str(NODEMETRICS_SCRIPT), str(endpoint_config)]
     )
     procs.start(
         namespace,
@@ -100,14 +100,14 @@ def start_servers(procs: Processes, cluster: config.ClusterConfig, namespace: st
     directory = procs.tmp / "monitoring"
     (directory / "prometheus").mkdir(parents=True)
     (directory / "alertmanager").mkdir()
-    for name, text in monitoring.server_files(cluster).items():
+    for name, text in containers.server_files(cluster).items():
         (directory / name).write_text(text)
     procs.start(
         namespace,
         "prometheus",
         [
             "prometheus",
-            *monitoring.prometheus_args(
+            *prometheus.prometheus_args(
                 cluster,
                 config_path=str(directory / "prometheus.yml"),
                 data_path=str(directory / "prometheus"),
@@ -119,7 +119,7 @@ def start_servers(procs: Processes, cluster: config.ClusterConfig, namespace: st
         "alertmanager",
         [
             "prometheus-alertmanager",
-            *monitoring.alertmanager_args(
+            *alertmanager.alertmanager_args(
                 cluster,
                 config_path=str(directory / "alertmanager.yml"),
                 data_path=str(directory / "alertmanager"),
@@ -155,7 +155,7 @@ def test_a_cut_link_fires_and_resolves_and_doctor_names_the_node(tmp_path):
             start_node(procs, stack, master_ns, "master")
             start_node(procs, stack, worker_ns, "worker-1")
             start_servers(procs, stack, master_ns)
-            url = f"http://{MASTER_IP}:{monitoring.prometheus_port(stack)}"
+            url = f"http://{MASTER_IP}:{prometheus.prometheus_port(stack)}"
             ask = doctor.http_fetch(url, timeout=2)
 
             def fetch(path: str):
@@ -169,7 +169,7 @@ def test_a_cut_link_fires_and_resolves_and_doctor_names_the_node(tmp_path):
 
             def targets_up():
                 data = fetch("/api/v1/targets")
-                nodes = [t for t in data["activeTargets"] if t["labels"]["job"] == monitoring.JOB]
+                nodes = [t for t in data["activeTargets"] if t["labels"]["job"] == prometheus.JOB]
                 return len(nodes) == 2 and all(t["health"] == "up" for t in nodes)
 
             def endpoint_text() -> str:

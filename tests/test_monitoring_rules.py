@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwen_cluster.render import monitoring
+from qwen_cluster.render.monitoring import alertmanager, alerts, clock, endpoint, prometheus
 from tooling import stackfile
 
 ONPREM = stackfile.load("onprem")
 TARGETS = {
-    t["labels"]["node"]: {"instance": t["targets"][0], "job": monitoring.JOB, **t["labels"]}
-    for t in monitoring.scrape_targets(ONPREM)
+    t["labels"]["node"]: {"instance": t["targets"][0], "job": prometheus.JOB, **t["labels"]}
+    for t in prometheus.scrape_targets(ONPREM)
 }
 NODES = list(TARGETS)
 
@@ -57,7 +57,7 @@ ANNOTATION = re.compile(r"\{\{\s*(\$labels\.(\w+)|\$value(\s*\|\s*(\w+))?)\s*\}\
 def expected(alert_name: str, labels: dict[str, str], values: dict[str, str]) -> dict:
     """The alert as promtool reports it: labels plus its annotations, templates expanded
     (`values` gives the text of `$value` per pipe function, "" for plain)."""
-    alert = next(a for a in monitoring.alerts(ONPREM) if a.name == alert_name)
+    alert = next(a for a in alerts.alerts(ONPREM) if a.name == alert_name)
 
     def expand(text: str) -> str:
         def one(match: re.Match) -> str:
@@ -75,7 +75,7 @@ def expected(alert_name: str, labels: dict[str, str], values: dict[str, str]) ->
 
 def run_promtool(tmp_path: Path, tests: list[dict]) -> subprocess.CompletedProcess:
     rules = tmp_path / "rules.yml"
-    rules.write_text(monitoring.rules(ONPREM))
+    rules.write_text(alerts.rules(ONPREM))
     spec = {"rule_files": [str(rules)], "evaluation_interval": "15s", "tests": tests}
     path = tmp_path / "test.yml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -92,12 +92,12 @@ def case(input_series: list[dict], alert: str, eval_time: str, exp: list[dict]) 
 
 def test_prometheus_config_and_rules_pass_promtool_check(tmp_path):
     rules = tmp_path / "rules.yml"
-    rules.write_text(monitoring.rules(ONPREM))
+    rules.write_text(alerts.rules(ONPREM))
     config = tmp_path / "prometheus.yml"
-    config.write_text(monitoring.prometheus_config(ONPREM))
+    config.write_text(prometheus.prometheus_config(ONPREM))
     checked = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"SUCCESS: {len(monitoring.alerts(ONPREM)) + 3} rules found" in checked.stdout
+    assert f"SUCCESS: {len(alerts.alerts(ONPREM)) + 3} rules found" in checked.stdout
 
 
 def lab_clock(seconds: float = 1):
@@ -109,7 +109,7 @@ def lab_clock(seconds: float = 1):
 @pytest.mark.parametrize("scrape", [15, 1, 60])
 def test_rules_pass_promtool_check_on_every_clock(tmp_path, scrape):
     rules = tmp_path / "rules.yml"
-    rules.write_text(monitoring.rules(lab_clock(scrape)))
+    rules.write_text(alerts.rules(lab_clock(scrape)))
     checked = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -118,13 +118,13 @@ def test_alertmanager_config_passes_amtool(tmp_path):
     webhook = ONPREM.monitoring.model_copy(update={"webhook_url": "http://10.20.0.5:9095/hook"})
     for cluster in (ONPREM, ONPREM.model_copy(update={"monitoring": webhook})):
         path = tmp_path / "alertmanager.yml"
-        path.write_text(monitoring.alertmanager_config(cluster))
+        path.write_text(alertmanager.alertmanager_config(cluster))
         checked = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_every_alert_has_a_firing_and_a_quiet_unit_test():
-    names = {alert.name for alert in monitoring.alerts(ONPREM)}
+    names = {alert.name for alert in alerts.alerts(ONPREM)}
     tested_firing = {name for name, exp in CASES if exp}
     tested_quiet = {name for name, exp in CASES if not exp}
     assert names == tested_firing == tested_quiet
@@ -474,34 +474,34 @@ def test_promtool_unit_tests_for_every_alert(tmp_path):
 def test_a_new_alert_bound_changes_the_rule_and_nothing_else():
     changed = ONPREM.monitoring.model_copy(update={"max_requests_waiting": 7})
     other = ONPREM.model_copy(update={"monitoring": changed})
-    before = {a.name: a.expr for a in monitoring.alerts(ONPREM)}
-    after = {a.name: a.expr for a in monitoring.alerts(other)}
+    before = {a.name: a.expr for a in alerts.alerts(ONPREM)}
+    after = {a.name: a.expr for a in alerts.alerts(other)}
     assert {name for name in before if before[name] != after[name]} == {"QwenRequestsWaiting"}
     assert "> 7" in after["QwenRequestsWaiting"]
-    assert monitoring.prometheus_config(ONPREM, rules_path="r") == monitoring.prometheus_config(
+    assert prometheus.prometheus_config(ONPREM, rules_path="r") == prometheus.prometheus_config(
         other, rules_path="r"
     )
     assert all(
-        monitoring.aggregator_config(ONPREM, n) == monitoring.aggregator_config(other, n) for n in NODES
+        endpoint.aggregator_config(ONPREM, n) == endpoint.aggregator_config(other, n) for n in NODES
     )
 
 
 def test_the_latency_budget_and_bandwidth_floor_come_from_the_network_section():
     network = ONPREM.network.model_copy(update={"max_latency_ms": 0.25, "min_bandwidth_gbps": 25})
-    exprs = {a.name: a.expr for a in monitoring.alerts(ONPREM.model_copy(update={"network": network}))}
+    exprs = {a.name: a.expr for a in alerts.alerts(ONPREM.model_copy(update={"network": network}))}
     assert exprs["QwenNodeLatencyHigh"].endswith("> 0.00025")
     assert exprs["QwenNicBelowFloor"].endswith("< 25")
 
 
 def test_durations_follow_the_scrape_interval():
-    text = monitoring.rules(lab_clock(1))
+    text = alerts.rules(lab_clock(1))
     loaded = yaml.safe_load(text)["groups"][1]["rules"]
     fors = {rule["alert"]: rule.get("for") for rule in loaded}
     assert fors["QwenReplicaDown"] == "4s" and fors["QwenKvCacheFull"] == "20s"
     assert "[20s]" in next(r["expr"] for r in loaded if r["alert"] == "QwenTtftP99High")
-    assert monitoring.duration(15, 1 / 30) == "500ms" and monitoring.duration(600) == "10m"
-    prometheus = yaml.safe_load(monitoring.prometheus_config(lab_clock(1)))["global"]
-    assert prometheus["scrape_interval"] == "1s" and prometheus["scrape_timeout"] == "800ms"
+    assert clock.duration(15, 1 / 30) == "500ms" and clock.duration(600) == "10m"
+    settings = yaml.safe_load(prometheus.prometheus_config(lab_clock(1)))["global"]
+    assert settings["scrape_interval"] == "1s" and settings["scrape_timeout"] == "800ms"
 
 
 def test_the_grafana_dashboards_queries_parse(tmp_path):
@@ -524,13 +524,13 @@ def test_the_grafana_dashboards_queries_parse(tmp_path):
 def test_a_failed_probe_ends_before_the_endpoint_stops_waiting_and_that_before_the_scrape(scrape):
     """Otherwise a peer that is gone shows as a silent blackbox instead of probe_success 0."""
     cluster = lab_clock(scrape)
-    times = monitoring.timing(cluster)
-    blackbox = yaml.safe_load(monitoring.blackbox_config(cluster))["modules"]["icmp"]["timeout"]
-    endpoint = monitoring.aggregator_config(cluster, "master")["timeout"]
-    scrape_timeout = yaml.safe_load(monitoring.prometheus_config(cluster))["global"]["scrape_timeout"]
-    assert blackbox == monitoring.duration(times.probe_timeout)
-    assert times.probe_timeout < endpoint < times.scrape_timeout
-    assert scrape_timeout == monitoring.duration(times.scrape_timeout)
+    times = clock.timing(cluster)
+    blackbox = yaml.safe_load(endpoint.blackbox_config(cluster))["modules"]["icmp"]["timeout"]
+    endpoint_waits = endpoint.aggregator_config(cluster, "master")["timeout"]
+    scrape_timeout = yaml.safe_load(prometheus.prometheus_config(cluster))["global"]["scrape_timeout"]
+    assert blackbox == clock.duration(times.probe_timeout)
+    assert times.probe_timeout < endpoint_waits < times.scrape_timeout
+    assert scrape_timeout == clock.duration(times.scrape_timeout)
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod", "onprem", "onprem-pipeline"])
@@ -550,8 +550,8 @@ def test_each_nodes_endpoint_file_is_exactly_its_config_as_json(stack):
     for node in cluster.nodes:
         for gpu in (None, False):
             expected = json.dumps(
-                monitoring.aggregator_config(cluster, node.name, gpu=gpu), indent=2, sort_keys=True
+                endpoint.aggregator_config(cluster, node.name, gpu=gpu), indent=2, sort_keys=True
             )
-            assert monitoring.aggregator_json(cluster, node.name, gpu=gpu) == expected + "\n"
+            assert endpoint.aggregator_json(cluster, node.name, gpu=gpu) == expected + "\n"
     heads = {head.name for head in cluster.topology.heads}
     assert any(node.name not in heads for node in cluster.nodes) == (stack == "onprem-pipeline")

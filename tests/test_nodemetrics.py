@@ -16,7 +16,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from qwen_cluster.node import nodemetrics
-from qwen_cluster.render import monitoring
+from qwen_cluster.render.monitoring import endpoint as monitoring_endpoint
 from tooling import stackfile
 
 VLLM_TEXT = """\
@@ -200,7 +200,7 @@ def test_with_the_real_node_and_blackbox_exporters(tmp_path: Path):
     cluster = stackfile.load("onprem")
     node_port, blackbox_port = free_port(), free_port()
     blackbox_config = tmp_path / "blackbox.yml"
-    blackbox_config.write_text(monitoring.blackbox_config(cluster))
+    blackbox_config.write_text(monitoring_endpoint.blackbox_config(cluster))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()

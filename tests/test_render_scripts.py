@@ -1,11 +1,14 @@
 """RDMA, SELinux, preflight and verify scripts."""
 
+import os
 import subprocess
+import sys
 import time
 
 import pytest
 
-from qwen_cluster.render import preflight, rdma, selinux, verify
+from qwen_cluster.baremetal import serving
+from qwen_cluster.render import preflight, rdma, selinux, shell, verify
 from qwen_cluster.render.verify import Pair, Probe
 from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 
@@ -235,3 +238,33 @@ def test_a_verify_script_too_long_for_sshd_is_refused_when_rendered():
     cluster = _scaled_onprem(400)
     with pytest.raises(ValueError, match=r"the verify script of worker-9 is \d+ bytes, over the 131072"):
         verify.for_cluster(cluster, "worker-9")
+
+
+def _interface_from_bash(ip: str) -> str:
+    text = f'{shell.interface_of_function()}\n{shell.INTERFACE_OF} "$1"\n'
+    return subprocess.run(["bash", "-c", text, "bash", ip], capture_output=True, text=True, check=True).stdout
+
+
+def _interface_from_container(ip: str) -> str:
+    """The finder the bare-metal model container runs (it has Python, not iproute2)."""
+    env = {**os.environ, "VLLM_HOST_IP": ip}
+    finder = serving._FIND_INTERFACE
+    found = subprocess.run([sys.executable, "-c", finder], env=env, capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    return found.stdout
+
+
+def test_the_shell_and_the_containers_interface_finders_give_one_answer_for_every_address():
+    """One rule, two spellings: for every IPv4 address of this host both name the same NIC,
+    and for an address no interface holds both name none."""
+    listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True)
+    addresses = [line.split()[3].split("/")[0] for line in listed.stdout.splitlines()]
+    assert "127.0.0.1" in addresses
+    for ip in addresses:
+        assert _interface_from_bash(ip) == _interface_from_container(ip) != "", ip
+    assert _interface_from_bash("192.0.2.77") == _interface_from_container("192.0.2.77") == ""
+
+
+def test_the_interface_finder_is_shellcheck_clean(tmp_path):
+    body = f'{shell.interface_of_function()}\n{shell.INTERFACE_OF} "$1"'
+    shellcheck(shell.script("interface finder", body), tmp_path)

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qwen_cluster.config import ClusterConfig, ConfigError
-from qwen_cluster.render import monitoring
+from qwen_cluster.render.monitoring import alerts, prometheus
 from tooling import stackfile
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -74,7 +74,7 @@ def http_fetch(base: str, timeout: float = 5.0) -> Fetch:
     return fetch
 
 
-def _where(alert: monitoring.Alert | None, labels: dict[str, str], cluster: ClusterConfig) -> list[str]:
+def _where(alert: alerts.Alert | None, labels: dict[str, str], cluster: ClusterConfig) -> list[str]:
     names = {node.name for node in cluster.nodes}
     keys = alert.where if alert is not None else ("node",)
     found = [labels[key] for key in keys if labels.get(key) in names]
@@ -85,7 +85,7 @@ def _where(alert: monitoring.Alert | None, labels: dict[str, str], cluster: Clus
 
 def findings(fetch: Fetch, cluster: ClusterConfig) -> list[Finding]:
     """What is wrong now: alerts firing, and rules that are not loaded or fail."""
-    known = {alert.name: alert for alert in monitoring.alerts(cluster)}
+    known = {alert.name: alert for alert in alerts.alerts(cluster)}
     result: list[Finding] = []
     groups = (fetch("/api/v1/rules") or {}).get("groups", [])
     loaded = {}
@@ -156,7 +156,7 @@ def configured_url(cluster: ClusterConfig) -> str | None:
     where = cluster.monitoring_node
     if where is None:
         return None
-    return f"http://{where.ip}:{monitoring.prometheus_port(cluster)}"
+    return f"http://{where.ip}:{prometheus.prometheus_port(cluster)}"
 
 
 def lab_fetch(stack: str, label: str | None) -> tuple[Fetch, str]:

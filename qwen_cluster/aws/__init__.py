@@ -9,8 +9,8 @@ import pulumi_aws as aws
 
 from qwen_cluster import summary
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import monitoring as monitoring_render
 from qwen_cluster.render import sg_rules, vpc_plan
+from qwen_cluster.render.monitoring import containers as monitoring_containers
 from qwen_cluster.render.sg_rules import Group
 
 from .bastion import Bastion, BastionArgs
@@ -134,7 +134,7 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
         "vpcId": network.vpc_id,
         "portTable": data["ports"],
         "topology": data["topology"],
-        **monitoring_render.stack_outputs(cluster),
+        **monitoring_containers.stack_outputs(cluster),
     }
     if aws_target.bastion:
         bastion = Bastion(

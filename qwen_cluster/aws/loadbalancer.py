@@ -8,8 +8,7 @@ import pulumi
 import pulumi_aws as aws
 
 from qwen_cluster.config import NLB_IDLE_TIMEOUT_SECONDS
-
-HEALTH_CHECK_PATH = "/health"  # vLLM's OpenAI server answers 200 once the model is loaded
+from qwen_cluster.render import vllm
 
 
 @dataclass
@@ -77,7 +76,7 @@ class ModelLoadBalancer(pulumi.ComponentResource):
             health_check={
                 "enabled": True,
                 "protocol": "HTTP",
-                "path": HEALTH_CHECK_PATH,
+                "path": vllm.HEALTH_PATH,
                 "port": "traffic-port",
                 "matcher": "200",
                 "interval": 10,

@@ -1,7 +1,7 @@
 """Monitoring on AWS, by the model server's means: one SSM Command document and, per node, an
 association that runs that node's monitoring containers (and, on `monitoring.node`, writes
 Prometheus's and Alertmanager's files and reloads them). What runs is the same ContainerSpecs
-bare metal registers (qwen_cluster/render/monitoring.py); qwen_cluster/render/monitoring_ssm.py
+bare metal registers (qwen_cluster/render/monitoring/containers.py); qwen_cluster/render/monitoring_ssm.py
 renders the document and the parameters.
 
 Day 2 (tooling/changes/rules.py, terraform-provider-aws internal/service/ssm/association.go):

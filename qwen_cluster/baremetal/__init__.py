@@ -21,10 +21,8 @@ from qwen_cluster.baremetal.host import HostSetup, HostSetupArgs
 from qwen_cluster.baremetal.rollout import Rollout, RolloutArgs
 from qwen_cluster.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import monitoring, verify
-
-# vLLM loads Qwen3-32B's weights before it answers: the verify step waits for it.
-SERVICE_WAIT_SECONDS = 1800
+from qwen_cluster.render import verify
+from qwen_cluster.render.monitoring import containers as monitoring_containers
 
 
 class Cluster(pulumi.ComponentResource):
@@ -71,7 +69,11 @@ class Cluster(pulumi.ComponentResource):
             *self.rollout.gates.values(),
         ]
         def script(node_name: str) -> str:
-            return verify.for_cluster(cluster, node_name, service_wait_seconds=SERVICE_WAIT_SECONDS)
+            # vLLM loads Qwen3-32B's weights before it answers; the verify step waits for a model
+            # port as long as the rollout waits for a replica's health (one bound, one key).
+            return verify.for_cluster(
+                cluster, node_name, service_wait_seconds=cluster.rollout.health_timeout_seconds
+            )
 
         worker_checks = [
             remote.Command(
@@ -121,5 +123,5 @@ def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
         "firewall": cluster.bare_metal.firewall,
         "hosts": {name: str(node.ip) for name, node in ((n.name, n) for n in cluster.nodes)},
         "verify": built.verify.stdout,
-        **monitoring.stack_outputs(cluster),
+        **monitoring_containers.stack_outputs(cluster),
     }

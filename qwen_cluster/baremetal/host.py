@@ -10,8 +10,6 @@ from pulumi_command import remote
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import firewall, preflight, rdma, selinux, sysctl
 
-STEPS = ("preflight", "sysctl", "rdma", "firewall", "selinux")
-
 
 @dataclass(frozen=True)
 class Step:

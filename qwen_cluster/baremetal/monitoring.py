@@ -22,9 +22,10 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from qwen_cluster import tags
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.node import NODEMETRICS_SCRIPT
-from qwen_cluster.render import monitoring
+from qwen_cluster.render.monitoring import containers
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,9 @@ class NodeMonitoringArgs:
 
 
 def register(
-    resource_name: str, spec: monitoring.ContainerSpec, opts: pulumi.ResourceOptions
+    resource_name: str, spec: containers.ContainerSpec, opts: pulumi.ResourceOptions
 ) -> docker.Container:
-    """A ContainerSpec (qwen_cluster/render/monitoring.py) as a pinned host-network container."""
+    """A ContainerSpec (qwen_cluster/render/monitoring/containers.py) as a pinned host-network container."""
     image = docker.RemoteImage(f"{resource_name}-image", name=spec.image, keep_locally=True, opts=opts)
     # Plain binds are volumes; a bind with a propagation mode needs the `mounts` form.
     volumes = [
@@ -75,7 +76,7 @@ def register(
         else None,
         gpus="all" if spec.gpus else None,
         pid_mode="host" if spec.pid_host else None,
-        labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="monitoring")],
+        labels=[docker.ContainerLabelArgs(label=tags.CONTAINER_ROLE_LABEL, value=tags.MONITORING_CONTAINER)],
         opts=opts,
     )
 
@@ -86,7 +87,7 @@ class NodeMonitoring(pulumi.ComponentResource):
     def __init__(self, name: str, args: NodeMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:NodeMonitoring", name, None, opts)
         on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
-        specs = monitoring.node_containers(args.cluster, args.node.name, NODEMETRICS_SCRIPT.read_text())
+        specs = containers.node_containers(args.cluster, args.node.name, NODEMETRICS_SCRIPT.read_text())
         self.containers = {spec.role: register(f"{name}-{spec.role}", spec, on_host) for spec in specs}
         self.register_outputs({role: container.id for role, container in self.containers.items()})
 
@@ -108,10 +109,10 @@ class ClusterMonitoring(pulumi.ComponentResource):
         self.files = remote.Command(
             f"{name}-config",
             connection=args.connection,
-            create=monitoring.server_files_script(monitoring.server_files(cluster)),
+            create=containers.server_files_script(containers.server_files(cluster)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )
         on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.files])
-        specs = monitoring.server_containers(cluster)
+        specs = containers.server_containers(cluster)
         self.containers = {spec.role: register(f"{name}-{spec.role}", spec, on_host) for spec in specs}
         self.register_outputs({role: container.id for role, container in self.containers.items()})

@@ -9,6 +9,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from qwen_cluster import tags
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import nginx, vllm
 
@@ -20,7 +21,10 @@ HF_CACHE = "/root/.cache/huggingface"
 UNLIMITED = -1
 
 # Finds the NIC that holds VLLM_HOST_IP when bareMetal.interface is not set (host network:
-# the container sees the host's interfaces). Python is in every vLLM image; iproute2 is not.
+# the container sees the host's interfaces), by shell.interface_of_function's rule: the first
+# interface holding the address. Python is in every vLLM image; iproute2 is not. (SIOCGIFADDR
+# reads an interface's primary address only; a node IP held as a secondary address is found by
+# the host scripts and not here. Changing this text replaces every model container.)
 _FIND_INTERFACE = (
     "import fcntl,os,socket,struct\n"
     "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
@@ -63,7 +67,7 @@ def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
     a replica change exactly when one of its containers will be replaced."""
     script, env = server_command(cluster, node)
     rdma = cluster.tuning.rdma
-    role = "head" if cluster.topology.is_head(node.name) else "pipeline-worker"
+    role = tags.HEAD_CONTAINER if cluster.topology.is_head(node.name) else tags.PIPELINE_WORKER_CONTAINER
     spec: dict[str, Any] = {
         "name": f"qwen-{role}",
         "image": cluster.model.image,
@@ -86,7 +90,7 @@ def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
                 "selinux_relabel": "Z",
             }
         ],
-        "labels": [{"label": "qwen-cluster.role", "value": role}],
+        "labels": [{"label": tags.CONTAINER_ROLE_LABEL, "value": role}],
     }
     if rdma:
         spec["capabilities"] = {"adds": ["IPC_LOCK"]}
@@ -232,7 +236,9 @@ class LoadBalancer(pulumi.ComponentResource):
                     name="nofile", soft=nginx.WORKER_RLIMIT_NOFILE, hard=nginx.WORKER_RLIMIT_NOFILE
                 )
             ],
-            labels=[docker.ContainerLabelArgs(label="qwen-cluster.role", value="load-balancer")],
+            labels=[
+                docker.ContainerLabelArgs(label=tags.CONTAINER_ROLE_LABEL, value=tags.LOAD_BALANCER_CONTAINER)
+            ],
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=args.provider,

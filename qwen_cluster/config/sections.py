@@ -79,7 +79,7 @@ _ENDPOINT_PORT, _PROMETHEUS_PORT, _ALERTMANAGER_PORT = (
     port_table.port_of(port_table.DEFAULT_PORTS, name)
     for name in (port_table.MONITORING_ENDPOINT, port_table.PROMETHEUS, port_table.ALERTMANAGER)
 )
-# render/monitoring.py scales every monitoring duration by the scrape interval against this.
+# render/monitoring/clock.py scales every monitoring duration by the scrape interval against this.
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 15
 
 

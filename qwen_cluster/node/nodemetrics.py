@@ -10,7 +10,7 @@ port). Its own metrics:
     qwen_node_nic_info{device, address}           the NIC holding the node IP
 so a dead exporter is a 0, never a silent gap. Stdlib only: it runs in any Python image.
 
-Run: python3 nodemetrics.py CONFIG.json   (config rendered by qwen_cluster/render/monitoring.py)
+Run: python3 nodemetrics.py CONFIG.json   (config rendered by qwen_cluster/render/monitoring/endpoint.py)
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ def user_data(cluster: ClusterConfig, node_name: str) -> str:
         f"NODE_IP={ip}",
         "",
         "# The cluster interface is the one holding the node's static IP.",
+        # The rule of shell.interface_of_function, written out: this text is the launch
+        # template's user data, and a new template version replaces every GPU instance
+        # (tooling/changes.py), so the text stays as the running nodes have it.
         "IFACE=$(ip -o -4 addr show | "
         'awk -v ip="$NODE_IP" \'{split($4, a, "/"); if (a[1] == ip) print $2}\')',
         'if [ -z "$IFACE" ]; then echo "no interface holds $NODE_IP" >&2; exit 1; fi',

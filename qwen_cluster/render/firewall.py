@@ -38,7 +38,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qwen_cluster.ports import Exposure, Peer, Target
-from qwen_cluster.render.shell import persist_guard, quote, script, state_dir_line
+from qwen_cluster.render.shell import (
+    INTERFACE_OF,
+    interface_of_function,
+    persist_guard,
+    quote,
+    script,
+    state_dir_line,
+)
 from qwen_cluster.tags import GPU_NODE
 
 FLAVOURS = ("ufw", "firewalld", "nftables")
@@ -215,10 +222,6 @@ ufw status verbose
 """
 
 
-def _nft_set(rules: list[Rule], family: str) -> str:
-    return ", ".join(rule.source for rule in rules if rule.family == family)
-
-
 def _nftables_ruleset(rules: list[Rule]) -> str:
     members = [rule.source.removesuffix("/32") for rule in rules if rule.name == "cluster-all"]
     lines = []
@@ -379,7 +382,8 @@ def _interface(node_ip: str, interface: str | None) -> str:
     if interface:
         return f"iface={quote(interface)}"
     return f"""node_ip={quote(node_ip)}
-iface=$(ip -o -4 addr show | awk -v ip="$node_ip" '{{split($4, a, "/"); if (a[1] == ip) {{print $2; exit}}}}')
+{interface_of_function()}
+iface=$({INTERFACE_OF} "$node_ip")
 if [ -z "$iface" ]; then
   echo "firewall: no interface holds $node_ip" >&2
   exit 1

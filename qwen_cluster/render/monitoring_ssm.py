@@ -3,7 +3,7 @@ association whose parameters carry that node's containers (pure; qwen_cluster/aw
 registers them).
 
 The containers are the same ContainerSpecs bare metal registers with the Docker provider
-(qwen_cluster/render/monitoring.py), run here with `docker run`: each is replaced only when
+(qwen_cluster/render/monitoring/containers.py), run here with `docker run`: each is replaced only when
 its spec changed (a hash label, as the model-server document does), so a run on an unchanged
 node touches nothing. On the monitoring node the run also writes Prometheus's and
 Alertmanager's files and sends SIGHUP (server_files_script): a new alert bound changes that
@@ -20,17 +20,21 @@ import json
 import shlex
 from dataclasses import asdict
 
-from qwen_cluster.render import monitoring, ssm
+from qwen_cluster import tags
+from qwen_cluster.render import ssm
+from qwen_cluster.render.monitoring import containers
 from qwen_cluster.render.shell import script
 
-FILES_DIR = f"{monitoring.HOST_CONFIG_DIR}/files"
+FILES_DIR = f"{containers.HOST_CONFIG_DIR}/files"
 CONFIG_LABEL = "qwen-cluster.monitoring-config"
 _PACKED = "^[A-Za-z0-9+/=]*$"
 PARAMETERS: dict[str, tuple[str, str]] = {
     "Containers": (_PACKED, "gzip+base64: the bash script that runs this node's monitoring containers"),
     "ServerFiles": (_PACKED, "gzip+base64: Prometheus/Alertmanager files (monitoring node; else empty)"),
 }
-# Pulling the images (Prometheus, dcgm-exporter: a few hundred MB) and starting them.
+# One monitoring run: pulling the images (Prometheus, dcgm-exporter: a few hundred MB) and
+# starting them. Not rollout.healthTimeoutSeconds, though equal to its default: that bounds a
+# model server loading its weights, and no replica waits for this run (nothing drains).
 RUN_TIMEOUT_SECONDS = 1800
 
 _RUN = r"""#!/bin/bash
@@ -55,7 +59,7 @@ def unpack(value: str) -> str:
 
 
 def run_script() -> str:
-    return _RUN.replace("__DIR__", monitoring.HOST_CONFIG_DIR)
+    return _RUN.replace("__DIR__", containers.HOST_CONFIG_DIR)
 
 
 def document() -> str:
@@ -69,16 +73,17 @@ def document() -> str:
     )
 
 
-def spec_hash(spec: monitoring.ContainerSpec) -> str:
+def spec_hash(spec: containers.ContainerSpec) -> str:
     return hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()
 
 
-def docker_run(spec: monitoring.ContainerSpec, digest: str | None = None) -> list[str]:
+def docker_run(spec: containers.ContainerSpec, digest: str | None = None) -> list[str]:
     """`docker run` for a spec: host network, restart unless-stopped, its files bind-mounted
     read-only from FILES_DIR/<name>/ (docker run has no uploads). `digest`: spec_hash(spec)."""
     digest = spec_hash(spec) if digest is None else digest
     argv = ["docker", "run", "--detach", f"--name={spec.name}", f"--label={CONFIG_LABEL}={digest}"]
-    argv += ["--label=qwen-cluster.role=monitoring", "--network=host", "--restart=unless-stopped"]
+    argv += [f"--label={tags.CONTAINER_ROLE_LABEL}={tags.MONITORING_CONTAINER}", "--network=host"]
+    argv.append("--restart=unless-stopped")
     for path, _ in spec.files:
         argv.append(f"--volume={FILES_DIR}/{spec.name}{path}:{path}:ro")
     for mount in spec.mounts:
@@ -98,7 +103,7 @@ def docker_run(spec: monitoring.ContainerSpec, digest: str | None = None) -> lis
     return argv
 
 
-def containers_script(specs: list[monitoring.ContainerSpec]) -> str:
+def containers_script(specs: list[containers.ContainerSpec]) -> str:
     """Run each spec, replacing a container only when its spec hash differs."""
     parts = []
     for spec in specs:
@@ -130,15 +135,15 @@ fi
 def parameters(cluster, node_name: str, nodemetrics_source: str) -> dict[str, str]:
     """One node's association parameters."""
     specs = (
-        monitoring.node_containers(cluster, node_name, nodemetrics_source)
+        containers.node_containers(cluster, node_name, nodemetrics_source)
         if cluster.monitoring.exporters
         else []
     )
     server_files = ""
     where = cluster.monitoring_node
     if where is not None and where.name == node_name:
-        specs += monitoring.server_containers(cluster)
-        server_files = pack(monitoring.server_files_script(monitoring.server_files(cluster)))
+        specs += containers.server_containers(cluster)
+        server_files = pack(containers.server_files_script(containers.server_files(cluster)))
     return {"Containers": pack(containers_script(specs)), "ServerFiles": server_files}
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from qwen_cluster.render.shell import quote, script
+from qwen_cluster.render.vllm import HEALTH_PATH
 
 MAX_FAILS = 3
 FAIL_TIMEOUT_SECONDS = 30
@@ -137,8 +138,8 @@ http {{
         }}
 
         # Healthy when at least one replica's vLLM answers its own /health.
-        location = /health {{
-            proxy_pass http://qwen_model/health;
+        location = {HEALTH_PATH} {{
+            proxy_pass http://qwen_model{HEALTH_PATH};
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_connect_timeout {CONNECT_TIMEOUT_SECONDS}s;

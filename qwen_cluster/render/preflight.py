@@ -13,7 +13,7 @@ bareMetal.nicSpeedGbps (None skips that, e.g. in a lab of veth pairs), its MTU, 
 
 from __future__ import annotations
 
-from qwen_cluster.render.shell import os_family_function, quote, script
+from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function, os_family_function, quote, script
 
 
 def apply_script(
@@ -29,8 +29,7 @@ def apply_script(
     find = (
         f"iface={quote(interface)}"
         if interface
-        else """iface=$(ip -o -4 addr show \\
-  | awk -v ip="$node_ip" '{split($4, a, "/"); if (a[1] == ip) {print $2; exit}}')"""
+        else f'{interface_of_function()}\niface=$({INTERFACE_OF} "$node_ip")'
     )
     declared = "" if declared_gbps is None else f"{declared_gbps:g}"
     time_sync = (

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping
 
 from qwen_cluster.render import nginx
 from qwen_cluster.render.shell import quote, script, sha256
+from qwen_cluster.render.vllm import HEALTH_PATH
 
-HEALTH_PATH = "/health"  # vLLM: 200 once the engine serves (vllm/entrypoints/openai/api_server.py)
 HEALTH_CONNECT_SECONDS = 5
 
 
@@ -180,7 +180,7 @@ if server_flag "$address" "$upstream" down; then
   echo "ready: {replica} ($address) is back in rotation"
 fi
 """
-    return script(f"wait for {replica}'s /health, then put it back in rotation", body)
+    return script(f"wait for {replica}'s {HEALTH_PATH}, then put it back in rotation", body)
 
 
 def retire_script(

@@ -59,7 +59,6 @@ _TARGET_GROUP = {
     Target.BASTION: Group.BASTION,
 }
 _PEER_GROUP = {Peer.NODES: Group.NODES, Peer.LOAD_BALANCER: Group.LOAD_BALANCER, Peer.BASTION: Group.BASTION}
-_SHORT = {Direction.INGRESS: "in", Direction.EGRESS: "out"}
 
 
 def _ports(span: PortRange | None, protocol: str) -> tuple[str, int | None, int | None]:

@@ -4,6 +4,7 @@ Signatures:
     script(purpose: str, body: str) -> str      a complete bash script (set -euo pipefail)
     quote(value: object) -> str                 one shell word (shlex.quote of str(value))
     os_family_function() -> str                 bash function `os_family` printing debian|rhel
+    interface_of_function() -> str              bash function `interface_of IP` printing its NIC
     sha256(text: str) -> str                    the hex digest components use as triggers
     state_dir_line(default: str) -> str          `state_dir=...`, overridable by QWEN_STATE_DIR
     persist_guard(body: str) -> str             `body` unless QWEN_PERSIST=no
@@ -77,3 +78,18 @@ os_family() {{
   esac
 }}
 """
+
+
+# The rule every target uses to find the cluster interface: the first interface, in the order
+# the kernel lists addresses (`ip -o -4 addr show`, an RTM_GETADDR dump), that holds the node's
+# IPv4 address. qwen_cluster/baremetal/serving.py asks the same from inside the vLLM container,
+# which has Python but no iproute2 (tests/test_render_scripts.py holds the two to one answer).
+INTERFACE_OF = "interface_of"
+
+
+def interface_of_function() -> str:
+    """A bash function `interface_of IP` printing the interface that holds IPv4 address IP (the
+    first one listed), or nothing when none does."""
+    return f"""{INTERFACE_OF}() {{
+  ip -o -4 addr show | awk -v ip="$1" '{{split($4, a, "/"); if (a[1] == ip) {{print $2; exit}}}}'
+}}"""

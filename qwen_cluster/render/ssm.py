@@ -25,10 +25,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from typing import Any
 
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import vllm
+from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function
 from qwen_cluster.render.sysctl import DROPIN_PATH, dropin
 
 CONTAINER_NAME = "qwen-vllm"
@@ -60,12 +62,16 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "Region": ("^[a-z0-9-]+$", "the AWS region (for the aws CLI)"),
     "DrainSeconds": ("^[0-9]+$", "rollout.drainTimeoutSeconds"),
     "HealthSeconds": ("^[0-9]+$", "rollout.healthTimeoutSeconds"),
-    "HealthUrl": ("^(http://[0-9.]+:[0-9]+/health)?$", "where the replica answers /health"),
+    "HealthUrl": (
+        f"^(http://[0-9.]+:[0-9]+{re.escape(vllm.HEALTH_PATH)})?$",
+        f"where the replica answers {vllm.HEALTH_PATH}",
+    ),
 }
 
 _RUN = r"""#!/bin/bash
 set -euo pipefail
 b64() { printf '%s' "$1" | base64 -d; }
+__INTERFACE_OF_FUNCTION__
 NODE_IP='{{ NodeIp }}'
 HASH='{{ ConfigHash }}'
 IMAGE='{{ Image }}'
@@ -84,7 +90,7 @@ if [ -n "$(docker ps --quiet --filter 'name=^__NAME__$' --filter "label=__LABEL_
   echo "model server already runs configuration $HASH"
 else
   docker pull "$IMAGE"  # while the old server still serves
-  IFACE=$(ip -o -4 addr show | awk -v ip="$NODE_IP" '{split($4, a, "/"); if (a[1] == ip) print $2}')
+  IFACE=$(__INTERFACE_OF__ "$NODE_IP")
   if [ -z "$IFACE" ]; then echo "no interface holds $NODE_IP" >&2; exit 1; fi
   { b64 '{{ Environment }}'; echo "NCCL_SOCKET_IFNAME=$IFACE"; echo "GLOO_SOCKET_IFNAME=$IFACE"; } > __ENV__
   b64 '{{ ServerScript }}' > __SCRIPT__
@@ -117,7 +123,9 @@ fi
 
 def run_script() -> str:
     return (
-        _RUN.replace("__NAME__", CONTAINER_NAME)
+        _RUN.replace("__INTERFACE_OF_FUNCTION__", interface_of_function())
+        .replace("__INTERFACE_OF__", INTERFACE_OF)
+        .replace("__NAME__", CONTAINER_NAME)
         .replace("__LABEL__", CONFIG_LABEL)
         .replace("__ENV__", ENV_FILE)
         .replace("__SCRIPT__", SERVER_SCRIPT)

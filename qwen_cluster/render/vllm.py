@@ -16,8 +16,11 @@ from qwen_cluster.config import DEFAULT_VLLM_FLAGS, ClusterConfig, VllmFlagValue
 
 # vLLM binds every interface; the security groups / host firewall decide who reaches it.
 LISTEN_ADDRESS = "0.0.0.0"
-# vLLM's liveness endpoint (vllm/entrypoints/openai/api_server.py: GET /health answers 200 once
-# the engine is up). The load balancers and the rollout gate both ask it.
+# vLLM's health route, the one definition of it here: `GET /health` in
+# vllm/entrypoints/openai/api_server.py (vllm-project/vllm, the release of config.DEFAULT_IMAGE)
+# answers 200 while the engine serves and 503 once it is dead (EngineDeadError); before the
+# weights are loaded nothing listens. The NLB health check, nginx's /health, the rollout gate,
+# the SSM run's wait and the lab's stand-in model server all ask this path.
 HEALTH_PATH = "/health"
 
 

@@ -1,0 +1,205 @@
+"""The alert rules: the guide's requirements as Prometheus alerts (bounds from the stack
+config, durations on the monitoring clock) and the recording rules they read. `doctor`
+prints each alert's cause and fix. Pure: text and data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import yaml
+
+from qwen_cluster.render.monitoring.clock import clock, duration
+from qwen_cluster.render.monitoring.endpoint import XID_WINDOW_SECONDS
+from qwen_cluster.render.monitoring.prometheus import JOB
+
+KV_CACHE_FULL = 0.95
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert: its rule, and how `doctor` tells it in the guide's terms."""
+
+    name: str
+    severity: str
+    expr: str
+    for_seconds: float
+    summary: str  # Prometheus template, also what doctor prints as `what`
+    cause: str
+    fix: str
+    where: tuple[str, ...] = ("node",)  # labels naming the node(s)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _budget_seconds(cluster) -> float:
+    return cluster.network.max_latency_ms / 1000
+
+
+def alerts(cluster) -> list[Alert]:
+    """The guide's requirements as alerts, bounds from the stack config. `for_seconds` is
+    written for the default scrape; `rules` puts it on the cluster's clock."""
+    scale = clock(cluster)
+    net = cluster.network
+    mon = cluster.monitoring
+    unreachable_peer = 'label_replace(qwen:peer_reachable == 0, "node", "$1", "peer", "(.*)")'
+    rate_window = duration(300, scale)
+    return [
+        Alert(
+            "QwenReplicaDown",
+            "critical",
+            "qwen:replica_up == 0",
+            60,
+            "replica {{ $labels.replica }} (head {{ $labels.replica_head }}) is not serving",
+            "the model server on {{ $labels.replica_head }} does not answer /metrics, or a member of the "
+            "replica cannot be scraped (node down, link cut, container stopped)",
+            "check the node (ping, route -n) and its container: docker logs qwen-head",
+            where=("replica_head",),
+        ),
+        Alert(
+            "QwenAllReplicasDown",
+            "critical",
+            "max(qwen:replica_up) == 0",
+            60,
+            "no replica is serving: the load balancer has no healthy upstream",
+            "every model server is down or unreachable",
+            "start with the first replica's head: ping it, then docker logs qwen-head",
+            where=(),
+        ),
+        Alert(
+            "QwenNodeUnreachable",
+            "critical",
+            unreachable_peer,
+            60,
+            "node {{ $labels.node }} does not answer ping from any other member",
+            "the node is down, its link is cut, or a route is missing",
+            "ping {{ $labels.node }} from another node; check `route -n` and the link (ip link)",
+        ),
+        Alert(
+            "QwenNodeLatencyHigh",
+            "warning",
+            'max by (node, peer) (probe_icmp_duration_seconds{phase="rtt"})'
+            f" > {_budget_seconds(cluster):g}",
+            60,
+            "latency {{ $labels.node }} to {{ $labels.peer }} is "
+            f"{{{{ $value | humanizeDuration }}}}, over network.maxLatencyMs {net.max_latency_ms:g} ms",
+            "a congested or long path between the nodes (a switch hop, a shaped link, another segment)",
+            "ping -c 20 between the two; keep the nodes on one switch (a cluster placement group on AWS)",
+            where=("node", "peer"),
+        ),
+        Alert(
+            "QwenInterNodePortUnreachable",
+            "critical",
+            'probe_success{module="tcp_connect"} == 0 unless on(peer) (qwen:peer_reachable == 0)',
+            60,
+            "{{ $labels.node }} cannot connect to {{ $labels.peer }} port {{ $labels.port }} "
+            "({{ $labels.port_name }})",
+            "a firewall port closed between {{ $labels.node }} and {{ $labels.peer }}, or nothing listens "
+            "there (the service on {{ $labels.peer }} is down)",
+            "telnet {{ $labels.peer_ip }} {{ $labels.port }} from {{ $labels.node }}; check the host "
+            "firewall (ufw status / nft list ruleset) and the security group",
+            where=("node", "peer"),
+        ),
+        Alert(
+            "QwenNicBelowFloor",
+            "warning",
+            "(node_network_speed_bytes * on(instance, device) group_left() qwen_node_nic_info) * 8 / 1e9"
+            f" < {net.min_bandwidth_gbps:g}",
+            300,
+            "NIC {{ $labels.device }} on {{ $labels.node }} runs at {{ $value }} Gbit/s, below "
+            f"network.minBandwidthGbps {net.min_bandwidth_gbps:g}",
+            "the link negotiated a lower speed (cable, transceiver, switch port) or the wrong NIC carries "
+            "the node IP",
+            "ethtool {{ $labels.device }}; check the cable and the switch port",
+        ),
+        Alert(
+            "QwenKvCacheFull",
+            "warning",
+            f"max by (node, replica) (vllm:kv_cache_usage_perc) > {KV_CACHE_FULL:g}",
+            300,
+            "KV cache on {{ $labels.node }} is {{ $value | humanizePercentage }} full",
+            "more concurrent tokens than the replica holds: requests queue and get preempted",
+            "add replicas (nodes), lower max_model_len, or raise tensorParallel",
+        ),
+        Alert(
+            "QwenRequestsWaiting",
+            "warning",
+            f"sum by (node, replica) (vllm:num_requests_waiting) > {mon.max_requests_waiting}",
+            120,
+            "{{ $value }} requests waiting on {{ $labels.node }}, over monitoring.maxRequestsWaiting "
+            f"{mon.max_requests_waiting}",
+            "more load than the replicas serve",
+            "add replicas, or check that the load balancer spreads requests (every upstream up)",
+        ),
+        Alert(
+            "QwenTtftP99High",
+            "warning",
+            "histogram_quantile(0.99, sum by (node, replica, le) "
+            f"(rate(vllm:time_to_first_token_seconds_bucket[{rate_window}]))) > {mon.max_ttft_p99_seconds:g}",
+            300,
+            "TTFT p99 on {{ $labels.node }} is {{ $value | humanizeDuration }}, over "
+            f"monitoring.maxTtftP99Seconds {mon.max_ttft_p99_seconds:g} s",
+            "requests queue before prefill (load, KV cache full) or prompts are very long",
+            "look at QwenRequestsWaiting and QwenKvCacheFull on the same node; add replicas",
+        ),
+        Alert(
+            "QwenGpuXidErrors",
+            "critical",
+            "max by (node, gpu, xid) "
+            f"(max_over_time(DCGM_EXP_XID_ERRORS_COUNT[{duration(XID_WINDOW_SECONDS, scale)}])) > 0",
+            0,
+            "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID {{ $labels.xid }} "
+            "({{ $value }} in the window)",
+            "a GPU hardware, driver or application fault (see NVIDIA's XID catalogue)",
+            "dmesg | grep -i xid on {{ $labels.node }}; drain the node if it repeats",
+        ),
+        Alert(
+            "QwenMonitoringEndpointDown",
+            "warning",
+            f'up{{job="{JOB}"}} == 0 unless on(node) {unreachable_peer}',
+            60,
+            "Prometheus cannot scrape {{ $labels.node }}'s monitoring endpoint ({{ $labels.instance }})",
+            "the endpoint container is stopped, or the firewall closes the monitoring port to the "
+            "Prometheus node",
+            "curl {{ $labels.instance }}/metrics from the Prometheus node; docker logs qwen-nodemetrics",
+        ),
+        Alert(
+            "QwenMonitoringSourceDown",
+            "warning",
+            "qwen_source_up == 0",
+            60,
+            "{{ $labels.qwen_source }} metrics on {{ $labels.node }} are missing",
+            "that exporter is stopped or not answering on loopback",
+            "docker ps on {{ $labels.node }}; restart the {{ $labels.qwen_source }} exporter container",
+        ),
+    ]
+
+
+def recording_rules() -> list[dict]:
+    return [
+        {
+            # A member serves when Prometheus scrapes it and, where it runs vLLM, vLLM answers.
+            "record": "qwen:member_serving",
+            "expr": f'up{{job="{JOB}"}} * on(instance) group_left() qwen_source_up{{qwen_source="vllm"}}'
+            f' or up{{job="{JOB}"}}',
+        },
+        {"record": "qwen:replica_up", "expr": "min by (replica, replica_head) (qwen:member_serving)"},
+        # A node is reachable while any other member's ping reaches it.
+        {"record": "qwen:peer_reachable", "expr": 'max by (peer) (probe_success{module="icmp"})'},
+    ]
+
+
+def rules(cluster) -> str:
+    """The rule file: recording rules, then the alerts."""
+    alert_rules = []
+    for alert in alerts(cluster):
+        rule = {"alert": alert.name, "expr": alert.expr}
+        if alert.for_seconds:
+            rule["for"] = duration(alert.for_seconds, clock(cluster))
+        rule["labels"] = {"severity": alert.severity, **alert.labels}
+        rule["annotations"] = {"summary": alert.summary, "cause": alert.cause, "fix": alert.fix}
+        alert_rules.append(rule)
+    groups = [
+        {"name": "qwen-cluster-records", "rules": recording_rules()},
+        {"name": "qwen-cluster-alerts", "rules": alert_rules},
+    ]
+    return yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000)

@@ -1,0 +1,207 @@
+"""The monitoring containers, as data for every target (bare metal registers them with the
+Docker provider, AWS runs them with `docker run` from an SSM document), the Prometheus and
+Alertmanager files they mount on the monitoring node, and where they answer (stack outputs).
+Pure: text and data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from qwen_cluster.render.monitoring.alertmanager import (
+    alertmanager_args,
+    alertmanager_config,
+    alertmanager_port,
+)
+from qwen_cluster.render.monitoring.alerts import rules
+from qwen_cluster.render.monitoring.endpoint import (
+    DCGM_COUNTERS,
+    aggregator_json,
+    blackbox_args,
+    blackbox_config,
+    dcgm_args,
+    endpoint_port,
+    node_exporter_args,
+)
+from qwen_cluster.render.monitoring.prometheus import prometheus_args, prometheus_config, prometheus_port
+from qwen_cluster.render.shell import quote, script
+
+# Pinned: the versions Debian bookworm ships, so the configs promtool and amtool check in
+# the tests (Debian's packages) are read by the same versions on the nodes.
+NODE_EXPORTER_IMAGE = "prom/node-exporter:v1.5.0"
+BLACKBOX_EXPORTER_IMAGE = "prom/blackbox-exporter:v0.23.0"
+PROMETHEUS_IMAGE = "prom/prometheus:v2.42.0"
+ALERTMANAGER_IMAGE = "prom/alertmanager:v0.25.0"
+# NVIDIA's README quick start pins this tag (github.com/NVIDIA/dcgm-exporter).
+DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"
+# The aggregator is stdlib-only Python; any pinned CPython image runs it.
+AGGREGATOR_IMAGE = "python:3.12.7-slim-bookworm"
+
+HOST_CONFIG_DIR = "/etc/qwen-cluster/monitoring"
+HOST_DATA_DIR = "/var/lib/qwen-cluster"
+# Where a monitoring container reads its files: uploads for the exporters and the endpoint,
+# HOST_CONFIG_DIR mounted read-only for Prometheus and Alertmanager.
+CONTAINER_CONFIG_DIR = "/etc/qwen-monitoring"
+PROMETHEUS_CONTAINER = "qwen-prometheus"
+ALERTMANAGER_CONTAINER = "qwen-alertmanager"
+# prom/prometheus and prom/alertmanager run as nobody (their Dockerfiles: USER nobody).
+CONTAINER_UID = 65534
+
+
+def server_files(cluster) -> dict[str, str]:
+    """File name (in HOST_CONFIG_DIR, mounted at CONTAINER_CONFIG_DIR) -> text."""
+    return {
+        "prometheus.yml": prometheus_config(cluster, rules_path="rules.yml"),
+        "rules.yml": rules(cluster),
+        "alertmanager.yml": alertmanager_config(cluster),
+    }
+
+
+def server_files_script(files: Mapping[str, str], *, config_dir: str = HOST_CONFIG_DIR) -> str:
+    """Write the Prometheus/Alertmanager files atomically (temp file + rename in the same
+    directory), then ask the running servers to re-read them: SIGHUP reloads Prometheus's
+    config and rules and Alertmanager's config in place, no restart, no gap in the data.
+    On the first run the containers do not exist yet and read the files when they start."""
+    writes = []
+    for name, text in sorted(files.items()):
+        marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
+        writes.append(
+            f"cat >{quote(config_dir)}/.{name}.new <<'{marker}'\n{text.rstrip()}\n{marker}\n"
+            f"mv -f {quote(config_dir)}/.{name}.new {quote(config_dir)}/{name}\n"
+        )
+    body = f"""
+install -d -m 0755 {quote(config_dir)}
+install -d -m 0750 -o {CONTAINER_UID} -g {CONTAINER_UID} {quote(HOST_DATA_DIR + "/prometheus")} \\
+  {quote(HOST_DATA_DIR + "/alertmanager")}
+{"".join(writes)}chmod 0644 {quote(config_dir)}/*.yml
+for name in {PROMETHEUS_CONTAINER} {ALERTMANAGER_CONTAINER}; do
+  if docker inspect -f '{{{{.State.Running}}}}' "$name" 2>/dev/null | grep -qx true; then
+    docker kill --signal HUP "$name" >/dev/null
+    echo "monitoring: $name re-reads its configuration"
+  fi
+done
+"""
+    return script("Prometheus and Alertmanager configuration (reloaded in place)", body)
+
+
+# ---------------------------------------------------------------- the containers, as data
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: str
+    container: str
+    read_only: bool = False
+    propagation: str | None = None
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One monitoring container, for every target: bare metal registers it with the Docker
+    provider, AWS runs it with `docker run` from an SSM document. Host network always."""
+
+    role: str  # node-exporter, blackbox-exporter, dcgm-exporter, nodemetrics, prometheus, alertmanager
+    name: str  # the container's name on the host
+    image: str
+    command: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()  # (path in the container, content): uploads
+    mounts: tuple[Mount, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    gpus: bool = False
+    pid_host: bool = False
+
+
+def node_containers(cluster, node_name: str, nodemetrics_source: str) -> list[ContainerSpec]:
+    """One node's exporters and its endpoint. `nodemetrics_source` is qwen_cluster/node/nodemetrics.py's
+    text (the caller reads it: renderers do no I/O)."""
+    blackbox_file = f"{CONTAINER_CONFIG_DIR}/blackbox.yml"
+    script_path = f"{CONTAINER_CONFIG_DIR}/nodemetrics.py"
+    config_path = f"{CONTAINER_CONFIG_DIR}/nodemetrics.json"
+    specs = [
+        ContainerSpec(
+            "node-exporter",
+            "qwen-node-exporter",
+            NODE_EXPORTER_IMAGE,
+            command=tuple(node_exporter_args(rootfs="/host")),
+            # node_exporter's README (Docker): the host's / read-only at /host, rslave so mounts
+            # made later (a new disk) show up too; the host's PID namespace for its processes.
+            mounts=(Mount("/", "/host", read_only=True, propagation="rslave"),),
+            pid_host=True,
+        ),
+        ContainerSpec(
+            "blackbox-exporter",
+            "qwen-blackbox-exporter",
+            BLACKBOX_EXPORTER_IMAGE,
+            command=tuple(blackbox_args(blackbox_file)),
+            files=((blackbox_file, blackbox_config(cluster)),),
+            capabilities=("NET_RAW",),  # ICMP echo needs a raw socket
+        ),
+    ]
+    if cluster.gpus_per_node > 0:
+        counters = f"{CONTAINER_CONFIG_DIR}/dcgm-counters.csv"
+        specs.append(
+            # NVIDIA's quick start: --gpus all --cap-add SYS_ADMIN (github.com/NVIDIA/dcgm-exporter).
+            ContainerSpec(
+                "dcgm-exporter",
+                "qwen-dcgm-exporter",
+                DCGM_EXPORTER_IMAGE,
+                command=tuple(dcgm_args(counters)),
+                files=((counters, DCGM_COUNTERS),),
+                capabilities=("SYS_ADMIN",),
+                gpus=True,
+            )
+        )
+    specs.append(
+        ContainerSpec(
+            "nodemetrics",
+            "qwen-nodemetrics",
+            AGGREGATOR_IMAGE,
+            entrypoint=("python3", script_path, config_path),
+            files=((script_path, nodemetrics_source), (config_path, aggregator_json(cluster, node_name))),
+        )
+    )
+    return specs
+
+
+def server_containers(cluster) -> list[ContainerSpec]:
+    """Prometheus and Alertmanager: their files on the host (server_files_script), mounted."""
+    config = Mount(HOST_CONFIG_DIR, CONTAINER_CONFIG_DIR, read_only=True)
+    return [
+        ContainerSpec(
+            "prometheus",
+            PROMETHEUS_CONTAINER,
+            PROMETHEUS_IMAGE,
+            command=tuple(
+                prometheus_args(
+                    cluster, config_path=f"{CONTAINER_CONFIG_DIR}/prometheus.yml", data_path="/prometheus"
+                )
+            ),
+            # On the host, so a replaced container (a new image) keeps the history.
+            mounts=(config, Mount(f"{HOST_DATA_DIR}/prometheus", "/prometheus")),
+        ),
+        ContainerSpec(
+            "alertmanager",
+            ALERTMANAGER_CONTAINER,
+            ALERTMANAGER_IMAGE,
+            command=tuple(
+                alertmanager_args(
+                    cluster, config_path=f"{CONTAINER_CONFIG_DIR}/alertmanager.yml", data_path="/alertmanager"
+                )
+            ),
+            mounts=(config, Mount(f"{HOST_DATA_DIR}/alertmanager", "/alertmanager")),
+        ),
+    ]
+
+
+def stack_outputs(cluster) -> dict[str, object]:
+    """Stack outputs: where a central Prometheus scrapes, and the cluster's own (doctor reads it)."""
+    result: dict[str, object] = {}
+    if cluster.monitoring.exporters:
+        port = endpoint_port(cluster)
+        result["monitoringEndpoints"] = {n.name: f"http://{n.ip}:{port}/metrics" for n in cluster.nodes}
+    if cluster.monitoring_node is not None:
+        result["prometheus"] = f"http://{cluster.monitoring_node.ip}:{prometheus_port(cluster)}"
+        result["alertmanager"] = f"http://{cluster.monitoring_node.ip}:{alertmanager_port(cluster)}"
+    return result

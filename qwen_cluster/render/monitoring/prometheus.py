@@ -1,0 +1,75 @@
+"""The cluster's Prometheus: its scrape config (one static target per node's endpoint,
+labelled with what the rules group by) and its command line. Pure: text and data.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from qwen_cluster import ports as port_table
+from qwen_cluster.render.monitoring.alertmanager import alertmanager_port
+from qwen_cluster.render.monitoring.clock import duration, timing
+from qwen_cluster.render.monitoring.endpoint import LOOPBACK, endpoint_port
+
+JOB = "qwen-node"
+
+
+def prometheus_port(cluster) -> int:
+    return port_table.port_of(cluster.ports, port_table.PROMETHEUS)
+
+
+def scrape_targets(cluster) -> list[dict]:
+    """One static target per node: its endpoint, labelled with what the rules group by."""
+    topology = cluster.topology
+    port = endpoint_port(cluster)
+    targets = []
+    for node in cluster.nodes:
+        replica = topology.replica_of(node.name)
+        targets.append(
+            {
+                "targets": [f"{node.ip}:{port}"],
+                "labels": {
+                    "node": node.name,
+                    "replica": str(replica.index),
+                    "replica_head": replica.head.name,
+                    "role": "head" if replica.head.name == node.name else "pipeline-worker",
+                },
+            }
+        )
+    return targets
+
+
+def prometheus_config(cluster, *, rules_path: str = "rules.yml", cluster_name: str = "qwen-cluster") -> str:
+    """`rules_path` relative to the config file's directory (Prometheus resolves it there), so
+    the pair can be moved together (the lab runs them from its own directory)."""
+    times = timing(cluster)
+    am_port = alertmanager_port(cluster)
+    config = {
+        "global": {
+            "scrape_interval": duration(times.scrape),
+            "scrape_timeout": duration(times.scrape_timeout),
+            "evaluation_interval": duration(times.scrape),
+            "external_labels": {"cluster": cluster_name},
+        },
+        "rule_files": [rules_path],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"{LOOPBACK}:{am_port}"]}]}]},
+        "scrape_configs": [
+            {"job_name": JOB, "static_configs": scrape_targets(cluster)},
+            {
+                "job_name": "prometheus",
+                "static_configs": [{"targets": [f"{LOOPBACK}:{prometheus_port(cluster)}"]}],
+            },
+            {"job_name": "alertmanager", "static_configs": [{"targets": [f"{LOOPBACK}:{am_port}"]}]},
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def prometheus_args(cluster, *, config_path: str, data_path: str) -> list[str]:
+    return [
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={data_path}",
+        f"--web.listen-address=0.0.0.0:{prometheus_port(cluster)}",
+        # SIGHUP or POST /-/reload re-reads the rules: a new alert bound needs no restart.
+        "--web.enable-lifecycle",
+    ]
