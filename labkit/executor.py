@@ -243,6 +243,14 @@ class Applied:
         return all(step.ok for step in self.steps)
 
 
+def _ssh_opts(value: Any) -> list[str]:
+    """A provider's `sshOpts` as the engine hands it over: provider inputs that are not
+    strings arrive JSON-encoded."""
+    if isinstance(value, str):
+        value = json.loads(value) if value else []
+    return [str(option) for option in value or []]
+
+
 class Executor:
     """Runs resource steps in namespaces. `hosts` maps a node IP to where its things run."""
 
@@ -350,7 +358,7 @@ class Executor:
             ip=ip.split(":")[0],
             command="docker version --format '{{.Server.Version}}'",
             host_key=None,
-            verify=list(inputs.get("sshOpts") or []),
+            verify=_ssh_opts(inputs.get("sshOpts")),
             timeout=60,
         )
         outcome = (

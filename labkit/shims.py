@@ -8,6 +8,7 @@ stand-ins. The node comes from the environment the executor sets (QCL_LAB_*).
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -48,6 +49,42 @@ def _signal(name: str) -> int:
     return int(getattr(signal, name if name.startswith("SIG") else f"SIG{name}"))
 
 
+# What the docker CLI says when /var/run/docker.sock (root:docker, 0660) refuses the user, and
+# when no daemon listens on it (docker/cli: the client's connection errors). The launcher
+# (substitutions.install_shims) applies the socket's rules before any Python starts: a user's
+# process may not be able to run this machine's interpreter at all.
+SOCKET = "unix:///var/run/docker.sock"
+PERMISSION_DENIED = (
+    f"permission denied while trying to connect to the Docker daemon socket at {SOCKET}: "
+    'Get "http://%2Fvar%2Frun%2Fdocker.sock/v1.47/version": dial unix /var/run/docker.sock: '
+    "connect: permission denied"
+)
+NO_DAEMON = f"Cannot connect to the Docker daemon at {SOCKET}. Is the docker daemon running?"
+# A node's daemon is "down" while this file exists in its lab state (fault tests).
+DAEMON_DOWN = "dockerd-down"
+LAB_VERSION = "28.2.2-lab"
+
+
+def docker_launcher(python_command: str) -> str:
+    """The `docker` shim's launcher: the socket's rules, `docker version` for a user in group
+    docker, then the Python handler below (as root: the program runs docker under sudo)."""
+    return rf"""#!/bin/sh
+if [ -e "$QCL_LAB_NODE_STATE/{DAEMON_DOWN}" ]; then
+  echo {shlex.quote(NO_DAEMON)} >&2; exit 1
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  case " $(id -Gn) " in
+    *" docker "*) ;;
+    *) echo {shlex.quote(PERMISSION_DENIED)} >&2; exit 1 ;;
+  esac
+  if [ "${{1:-}}" = version ]; then echo {LAB_VERSION}; exit 0; fi
+  echo "lab docker: as a user only \`docker version\` is modelled (the program runs docker as root)" >&2
+  exit 125
+fi
+{python_command} docker "$@"
+"""
+
+
 def docker(args: list[str]) -> int:
     """The few docker commands a program's remote command may run against its containers."""
     if not args:
@@ -55,6 +92,10 @@ def docker(args: list[str]) -> int:
         return 125
     command, rest = args[0], args[1:]
     host = _host()
+    if command == "version":
+        asked_server = "{{.Server.Version}}" in " ".join(rest)
+        print(LAB_VERSION if asked_server else "Server: lab stand-ins (labkit/shims.py)")
+        return 0
     try:
         if command == "kill":
             sig = signal.SIGKILL

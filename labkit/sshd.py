@@ -25,6 +25,7 @@ import os
 import pwd
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,9 +213,13 @@ def start(namespace: str, node_dir: Path, config_text: str) -> str:
     config.write_text(config_text)
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     netns.run(["ip", "netns", "exec", namespace, SSHD, "-t", "-f", str(config)])
-    # sshd daemonises once it listens (the socket is bound before the parent exits).
     netns.run(["ip", "netns", "exec", namespace, SSHD, "-f", str(config), "-E", str(log)])
+    # The daemon writes its pid file once it listens, just after its parent has exited.
+    deadline = time.monotonic() + 10
     pid = _pid(pid_file, namespace)
+    while pid is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        pid = _pid(pid_file, namespace)
     if pid is None:
         raise SshError(f"sshd in {namespace} did not start: {log.read_text()[-500:] if log.exists() else ''}")
     return f"sshd started (pid {pid})"
@@ -229,8 +234,6 @@ def _pid(pid_file: Path, namespace: str) -> int | None:
 
 
 def _wait_gone(pid: int, timeout: float = 5.0) -> None:
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -170,12 +170,13 @@ SHIMS = {
 def install_shims(bin_dir: Path, project_root: Path) -> Path:
     """Write one small launcher per shim into `bin_dir` (prepended to PATH in namespaces)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
+    from labkit import shims  # the handlers' module; imported here, it needs this one
+
+    python = f"PYTHONPATH={project_root} exec {sys.executable} -m labkit.shims"
     for name in SHIMS:
         path = bin_dir / name
-        path.write_text(
-            "#!/bin/sh\n"
-            f'PYTHONPATH={project_root} exec {sys.executable} -m labkit.shims {name} "$@"\n'
-        )
+        text = shims.docker_launcher(python) if name == "docker" else f'#!/bin/sh\n{python} {name} "$@"\n'
+        path.write_text(text)
         path.chmod(0o755)
     return bin_dir
 

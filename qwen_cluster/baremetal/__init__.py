@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
-from pulumi_command import remote
 
 from qwen_cluster.baremetal import connection
 from qwen_cluster.baremetal import monitoring as node_monitoring
@@ -76,7 +75,7 @@ class Cluster(pulumi.ComponentResource):
             )
 
         worker_checks = [
-            remote.Command(
+            connection.command(
                 f"{node.name}-verify",
                 connection=connections[node.name],
                 create=script(node.name),
@@ -87,7 +86,7 @@ class Cluster(pulumi.ComponentResource):
             if node.name != cluster.master.name
         ]
         # The final check, on the master, after everything including the other nodes' checks.
-        self.verify = remote.Command(
+        self.verify = connection.command(
             f"{cluster.master.name}-verify",
             connection=connections[cluster.master.name],
             create=script(cluster.master.name),

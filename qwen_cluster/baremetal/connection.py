@@ -1,4 +1,6 @@
-"""SSH connection settings for pulumi-command and pulumi-docker, from `bareMetal` config."""
+"""How the program reaches a bare-metal host: SSH connection settings for pulumi-command and
+pulumi-docker (from `bareMetal`), and `command`, the one way a remote command is registered,
+which runs its scripts as root (qwen_cluster/render/privilege.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pulumi
 from pulumi_command import remote
 
 from qwen_cluster.config import ClusterConfig, Node
+from qwen_cluster.render import privilege
 
 MISSING_KEY = (
     "qwen-cluster:sshPrivateKey is not set and no SSH agent is running (SSH_AUTH_SOCK). Set it with "
@@ -80,3 +83,26 @@ def docker_host(cluster: ClusterConfig, node: Node) -> tuple[str, list[str]]:
         else:
             options += ["-J", f"{user}@{bastion.host}:{bastion.port}"]
     return f"ssh://{bare_metal.ssh_user}@{node.ip}", options
+
+
+def command(
+    name: str,
+    *,
+    connection: remote.ConnectionArgs,
+    create: str | None = None,
+    update: str | None = None,
+    delete: str | None = None,
+    first_as_user: str = "",
+    **kwargs: Any,
+) -> remote.Command:
+    """A `command:remote:Command` whose scripts run as root, whoever `bareMetal.sshUser` is:
+    every bare-metal step goes through here, so elevation is decided once. `first_as_user`
+    runs before `create`, as the SSH user itself (preflight's checks of that user)."""
+    return remote.Command(
+        name,
+        connection=connection,
+        create=privilege.as_root(create, first_as_user=first_as_user) if create else None,
+        update=privilege.as_root(update) if update else None,
+        delete=privilege.as_root(delete) if delete else None,
+        **kwargs,
+    )

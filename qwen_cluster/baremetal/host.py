@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
+from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, Node
-from qwen_cluster.render import firewall, preflight, rdma, selinux, sysctl
+from qwen_cluster.render import firewall, preflight, privilege, rdma, selinux, sysctl
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class Step:
     identity: tuple[str, ...]
     # Replace create-before-delete: the new step is applied before the old one is reverted.
     create_before_delete: bool = False
+    # Run as the SSH user before `create` runs as root (privilege.as_root).
+    first_as_user: str = ""
 
 
 def steps_for(cluster: ClusterConfig, node: Node) -> list[Step]:
@@ -29,7 +32,15 @@ def steps_for(cluster: ClusterConfig, node: Node) -> list[Step]:
     rules = firewall.host_rules(cluster, node.name)
     address = str(node.ip)
     return [
-        Step("preflight", preflight.for_node(cluster, node.name), None, (address,)),
+        # First on every host, and first as the user: what it lacks is said before anything
+        # changes (every later step depends on this one).
+        Step(
+            "preflight",
+            preflight.for_node(cluster, node.name),
+            None,
+            (address,),
+            first_as_user=privilege.user_checks(node.name, address),
+        ),
         Step("sysctl", sysctl.apply_script(cluster.tuning.sysctl), sysctl.revert_script(), (address,)),
         Step("rdma", rdma.apply_script(required=cluster.tuning.rdma), rdma.revert_script(), (address,)),
         Step(
@@ -85,10 +96,11 @@ class HostSetup(pulumi.ComponentResource):
         self.commands: dict[str, remote.Command] = {}
         previous: remote.Command | None = None
         for step in steps_for(args.cluster, args.node):
-            command = remote.Command(
+            command = connection.command(
                 f"{name}-{step.name}",
                 connection=args.connection,
                 create=step.create,
+                first_as_user=step.first_as_user,
                 delete=step.delete,
                 triggers=list(step.identity),
                 opts=pulumi.ResourceOptions(

@@ -23,6 +23,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from qwen_cluster import tags
+from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render.monitoring import containers
@@ -106,7 +107,7 @@ class ClusterMonitoring(pulumi.ComponentResource):
     def __init__(self, name: str, args: ClusterMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:ClusterMonitoring", name, None, opts)
         cluster = args.cluster
-        self.files = remote.Command(
+        self.files = connection.command(
             f"{name}-config",
             connection=args.connection,
             create=containers.server_files_script(containers.server_files(cluster)),

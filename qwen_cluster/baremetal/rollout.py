@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
+from qwen_cluster.baremetal import connection
 from qwen_cluster.baremetal.serving import LoadBalancer, ModelServer, replacing_fields
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import rollout
@@ -64,7 +65,7 @@ class Rollout(pulumi.ComponentResource):
                 replacing_fields(args.servers[member.name].spec) for member in replica.members
             )
             after = [args.load_balancer.config, args.load_balancer.container]
-            drain = remote.Command(
+            drain = connection.command(
                 f"{head.name}-drain",
                 connection=args.connection,
                 update=rollout.drain_script(
@@ -84,7 +85,7 @@ class Rollout(pulumi.ComponentResource):
                 health_timeout_seconds=settings.health_timeout_seconds,
                 fingerprint=fingerprint,
             )
-            ready = remote.Command(
+            ready = connection.command(
                 f"{head.name}-ready",
                 connection=args.connection,
                 create=rollout.ready_script(server, only_if_down=True, **gate),

@@ -10,6 +10,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from qwen_cluster import tags
+from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import nginx, vllm
 
@@ -202,7 +203,7 @@ class LoadBalancer(pulumi.ComponentResource):
     def __init__(self, name: str, args: LoadBalancerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:LoadBalancer", name, None, opts)
         self.config_text = nginx.for_cluster(args.cluster, upstream_file=nginx.UPSTREAM_FILE)
-        self.config = remote.Command(
+        self.config = connection.command(
             f"{name}-config",
             connection=args.connection,
             create=nginx.install_script(self.config_text, nginx.upstream_servers(args.cluster)),
