@@ -142,11 +142,13 @@ def docker(args: list[str]) -> int:
             return 0
         if command == "inspect":
             name = [word for word in rest if not word.startswith("-") and "{{" not in word][-1]
-            record = standins.running(host, name)
+            if standins.read_record(host, name) is None:
+                print("[]")
+                print(f"Error: No such object: {name}", file=sys.stderr)  # docker's own words
+                return 1
             if "{{.State.Running}}" in " ".join(rest):
-                print("true" if record else "false")
-                return 0 if standins.read_record(host, name) else 1
-            return 0 if record else 1
+                print("true" if standins.running(host, name) else "false")
+            return 0
     except standins.StandInError as error:
         print(error, file=sys.stderr)
         return 1
@@ -195,31 +197,12 @@ def ray(args: list[str]) -> int:
     return 0
 
 
-def nginx_ctl(args: list[str]) -> int:
-    """QWEN_NGINX_CTL test|reload: 3 when no nginx runs on this node, else nginx's own status."""
-    host = _host()
-    record = standins.running_kind(host, "nginx")
-    if record is None:
-        print("lab nginx-ctl: nginx is not running on this node", file=sys.stderr)
-        return 3
-    if args[:1] == ["test"]:
-        done = standins.nginx_test(host, record.name)
-        sys.stderr.write(done.stderr)
-        return done.returncode
-    if args[:1] == ["reload"]:
-        print(standins.send(host, record.name, signal.SIGHUP), file=sys.stderr)
-        return 0
-    print(f"lab nginx-ctl: test or reload, not {' '.join(args)}", file=sys.stderr)
-    return 2
-
-
 HANDLERS = {
     "systemctl": systemctl,
     "timedatectl": timedatectl,
     "docker": docker,
     "vllm": vllm,
     "ray": ray,
-    "nginx-ctl": nginx_ctl,
 }
 
 

@@ -150,7 +150,6 @@ def environment(etc_root: str, state_dir: str, bin_dir: str) -> dict[str, str]:
         "QWEN_STATE_DIR": state_dir,  # not the /var/lib/qwen-cluster every namespace shares
         "QWEN_PERSIST": "no",  # no boot persistence: nothing is enabled for a boot that never comes
         "QWEN_SYSCTL_SCOPE": "dropin",  # only the drop-in: `--system` would re-set global keys
-        "QWEN_NGINX_CTL": f"{bin_dir}/nginx-ctl",  # test/reload the nginx stand-in, not a container
     }
 
 
@@ -163,7 +162,6 @@ SHIMS = {
     "timedatectl": "every namespace shares this machine's clock: synchronised by construction",
     "vllm": "`vllm serve` starts the stand-in model server (labkit/modelserver.py)",
     "ray": "`ray start` succeeds; `--block` holds the container like a pipeline worker",
-    "nginx-ctl": "QWEN_NGINX_CTL: `test` / `reload` the node's nginx stand-in (exit 3: not running)",
 }
 
 

@@ -94,7 +94,9 @@ class Replica:
 
 class LoadBalancer:
     """nginx under a temporary prefix with the project's nginx.conf and the upstream file,
-    installed by the rendered install script, and QWEN_NGINX_CTL pointing at it."""
+    installed by the rendered install script, and a `docker` first on PATH that answers for
+    the nginx "container" as the docker CLI does (inspect, exec nginx -t, kill --signal=HUP),
+    so the scripts run their real docker path."""
 
     def __init__(self, root: Path, servers: list[tuple[str, int]]):
         self.root = root
@@ -114,15 +116,25 @@ class LoadBalancer:
         )
         main = self.conf_dir / nginx.CONF_FILE
         self.base = ["nginx", "-p", f"{root}/", "-c", str(main), "-e", "stderr"]
-        ctl = root / "nginx-ctl"
-        ctl.write_text(
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        docker = bin_dir / "docker"
+        base = " ".join(self.base)
+        docker.write_text(
             "#!/bin/bash\n"
-            f'[ -s {root}/nginx.pid ] && kill -0 "$(cat {root}/nginx.pid)" 2>/dev/null || exit 3\n'
-            f'case "$1" in test) exec {" ".join(self.base)} -t -q ;; '
-            f"reload) exec {' '.join(self.base)} -s reload ;; esac\nexit 2\n"
+            f'if [ -e {root}/docker-down ]; then echo "Cannot connect to the Docker daemon at '
+            'unix:///var/run/docker.sock. Is the docker daemon running?" >&2; exit 1; fi\n'
+            f'alive() {{ [ -s {root}/nginx.pid ] && kill -0 "$(cat {root}/nginx.pid)" 2>/dev/null; }}\n'
+            'case "$1" in\n'
+            f"  inspect) if [ -e {root}/nginx.pid ]; then alive && echo true || echo false; "
+            'else echo "Error: No such object: ${@: -1}" >&2; exit 1; fi ;;\n'
+            f"  exec) exec {base} -t -q ;;\n"
+            f"  kill) exec {base} -s reload ;;\n"
+            '  *) echo "test docker: $* is not modelled" >&2; exit 125 ;;\n'
+            "esac\n"
         )
-        ctl.chmod(0o755)
-        self.env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "QWEN_NGINX_CTL": str(ctl)}
+        docker.chmod(0o755)
+        self.env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
         self.process: subprocess.Popen | None = None
 
     def run(self, text: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -271,6 +283,36 @@ def test_drain_takes_the_replica_out_and_waits_for_its_stream_to_finish(cluster)
     assert "with 0 requests in flight" in result.stdout
     assert down_line(holder) in lb.upstream()
     assert settles_on(lb, {other.name}) == {other.name}
+
+
+def test_docker_unreachable_during_a_drain_fails_the_step_and_the_server_stays_in(cluster):
+    """A drain that cannot reach nginx's container does not mark the server down: the file a
+    later reload would read stays as it was, and nginx keeps sending the replica traffic."""
+    lb, a, b = cluster
+    assert lb.install([a.address, b.address]).returncode == 0
+    lb.start()
+    before = lb.upstream()
+    (lb.root / "docker-down").touch()
+    result = lb.run(
+        rollout.drain_script(
+            a.address, replica="a", drain_timeout_seconds=20, fingerprint="f", conf_dir=str(lb.conf_dir)
+        )
+    )
+    (lb.root / "docker-down").unlink()
+    assert result.returncode != 0
+    assert "Cannot connect to the Docker daemon" in result.stderr
+    assert "the upstream file is as it was" in result.stderr
+    assert lb.upstream() == before and down_line(a) not in lb.upstream()
+    assert settles_on(lb, {"a", "b"}) == {"a", "b"}
+
+
+def test_a_container_that_does_not_exist_is_not_running_and_nothing_else_is(cluster):
+    """Only docker's "No such object" counts as absent; the install goes on for a first start."""
+    lb, a, b = cluster
+    assert lb.install([a.address]).returncode == 0  # no nginx "container" yet
+    (lb.root / "docker-down").touch()
+    result = lb.install([a.address, b.address])
+    assert result.returncode != 0 and "Cannot connect to the Docker daemon" in result.stderr
 
 
 def test_drain_gives_up_waiting_after_the_drain_timeout(cluster):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from qwen_cluster.render.shell import quote, script
+from qwen_cluster.render.shell import container_state_function, quote, script
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 MAX_FAILS = 3
@@ -174,16 +174,16 @@ def upstream_conf(servers: Iterable[tuple[str, int]], down: frozenset[str] = fro
 
 
 def control_function() -> str:
-    """`nginx_ctl test|reload`: on a host, through the nginx container (nginx is its PID 1, so
-    HUP reloads it); QWEN_NGINX_CTL (the lab) replaces both. Exit 3: nginx is not running."""
+    """`nginx_ctl test|reload`, through the nginx container (nginx is its PID 1, so HUP reloads
+    it). Exit 3: the container is absent or stopped (nginx reads the files when it starts); any
+    other failure, docker's included (permission denied, no daemon), is an error."""
     conf = f"{CONTAINER_CONF_DIR}/{CONF_FILE}"
-    return f"""
+    return f"""{container_state_function().rstrip()}
+
 nginx_ctl() {{
-  if [ -n "${{QWEN_NGINX_CTL:-}}" ]; then
-    "$QWEN_NGINX_CTL" "$1"
-    return
-  fi
-  if [ "$(docker inspect -f '{{{{.State.Running}}}}' {CONTAINER_NAME} 2>/dev/null || true)" != true ]; then
+  local state
+  state=$(container_state {CONTAINER_NAME}) || return 1
+  if [ "$state" != running ]; then
     return 3
   fi
   case "$1" in
@@ -260,7 +260,8 @@ if [ "$status" = 3 ]; then
   echo "nginx: not running yet; it reads these files when it starts"
   exit 0
 elif [ "$status" != 0 ]; then
-  echo "nginx: the new configuration fails its test; the previous files are back" >&2
+  echo "nginx: the new configuration was not taken (its test failed, or docker did not" \\
+    "answer: see above); the previous files are back" >&2
   for file in {CONF_FILE} {UPSTREAM_FILE}; do
     if [ -e "$backup/$file" ]; then cp -p "$backup/$file" "$conf_dir/$file"; else rm -f "$conf_dir/$file"; fi
   done

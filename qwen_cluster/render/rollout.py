@@ -17,7 +17,7 @@ upstream module: `down` marks the server as permanently unavailable); a reload m
 start new workers with the file as it is, and the old workers finish the requests they hold.
 A stream in flight is an established TCP connection from this host to the server: upstream
 `keepalive` is off (nginx.py), so nginx holds one connection per request. nginx is reached
-through `nginx_ctl` (nginx.control_function; QWEN_NGINX_CTL in the lab).
+through `nginx_ctl` (nginx.control_function).
 """
 
 from __future__ import annotations
@@ -58,14 +58,26 @@ set_flag() {{
   mv -f "$upstream.$$" "$upstream"
 }}
 
-reload_nginx() {{
+# Mark the server down or up and have nginx take it, or leave the upstream file as it was: a
+# server is never marked down while nginx still sends it traffic (docker unreachable, a failed
+# test or reload), so the container that follows is not replaced under live requests.
+mark() {{
   local status=0
+  cp -p "$upstream" "$upstream.before.$$"
+  set_flag "$1"
   nginx_ctl test || status=$?
-  case "$status" in
-    0) nginx_ctl reload ;;
-    3) echo "nginx: not running; it reads the upstream file when it starts" ;;
-    *) echo "nginx: the upstream file fails nginx's test" >&2; return 1 ;;
-  esac
+  if [ "$status" = 0 ] && nginx_ctl reload; then
+    rm -f "$upstream.before.$$"
+    return 0
+  fi
+  if [ "$status" = 3 ]; then
+    rm -f "$upstream.before.$$"
+    echo "nginx: not running; it reads the upstream file when it starts"
+    return 0
+  fi
+  mv -f "$upstream.before.$$" "$upstream"
+  echo "nginx did not take $address $1 (see above); the upstream file is as it was" >&2
+  return 1
 }}
 
 # Requests nginx has in flight to the server: its established connections from this host.
@@ -115,8 +127,7 @@ def drain_script(
 {_helpers(server, conf_dir).strip()}
 
 if server_flag "$address" "$upstream" any; then
-  set_flag down
-  reload_nginx
+  mark down
 else
   echo "drain: $address is not in $upstream"
 fi
@@ -175,8 +186,7 @@ until [ "$(http_status {HEALTH_PATH})" = 200 ]; do
 done
 echo "ready: {replica} ($address) answers {HEALTH_PATH} after ${{SECONDS}}s"
 if server_flag "$address" "$upstream" down; then
-  set_flag up
-  reload_nginx
+  mark up
   echo "ready: {replica} ($address) is back in rotation"
 fi
 """
@@ -199,8 +209,7 @@ def retire_script(
 {_helpers(server, conf_dir).strip()}
 
 if server_flag "$address" "$upstream" any && ! server_flag "$address" "$upstream" down; then
-  set_flag down
-  reload_nginx
+  mark down
 fi
 {_wait_in_flight(replica, drain_timeout_seconds, poll_seconds).strip()}
 """

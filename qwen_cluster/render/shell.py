@@ -8,6 +8,7 @@ Signatures:
     sha256(text: str) -> str                    the hex digest components use as triggers
     state_dir_line(default: str) -> str          `state_dir=...`, overridable by QWEN_STATE_DIR
     persist_guard(body: str) -> str             `body` unless QWEN_PERSIST=no
+    container_state_function() -> str           bash `container_state NAME`: running|stopped|absent
 
 LAB_HOOKS are the only run-time differences between a real host and the lab, which runs the
 registered scripts unchanged inside network namespaces of one machine (scripts/lab.py). SSH
@@ -25,8 +26,6 @@ LAB_HOOKS = {
     "QWEN_STATE_DIR": "the state directory instead of /var/lib/qwen-cluster (one per lab node)",
     "QWEN_PERSIST": "`no` skips boot-time persistence (systemctl enable ...): no systemd for a namespace",
     "QWEN_SYSCTL_SCOPE": "`dropin` applies only our drop-in (sysctl -p), not every file (sysctl --system)",
-    "QWEN_NGINX_CTL": "an executable taking `test` or `reload` (exit 3: nginx is not running), in place "
-    "of the docker commands that reach the nginx container",
 }
 # sshd runs a pulumi-command `create` as `$SHELL -c '<command>'`: the whole script is one
 # argument, and Linux caps one argv or environment string at 32 pages (linux/binfmts.h
@@ -93,3 +92,22 @@ def interface_of_function() -> str:
     return f"""{INTERFACE_OF}() {{
   ip -o -4 addr show | awk -v ip="$1" '{{split($4, a, "/"); if (a[1] == ip) {{print $2; exit}}}}'
 }}"""
+
+
+def container_state_function() -> str:
+    """`container_state NAME` prints running, stopped or absent, and fails with docker's own
+    words when docker cannot say (permission denied, no daemon): only a container that is truly
+    absent or stopped is "not running", so no step acts on a guess."""
+    return """
+container_state() {
+  local out
+  if out=$(docker inspect -f '{{.State.Running}}' "$1" 2>&1); then
+    if [ "$out" = true ]; then echo running; else echo stopped; fi
+    return 0
+  fi
+  case "$out" in
+    *"No such object"* | *"No such container"*) echo absent ;;
+    *) echo "docker inspect $1 failed: $out" >&2; return 1 ;;
+  esac
+}
+"""

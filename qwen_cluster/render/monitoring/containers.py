@@ -25,7 +25,7 @@ from qwen_cluster.render.monitoring.endpoint import (
     node_exporter_args,
 )
 from qwen_cluster.render.monitoring.prometheus import prometheus_args, prometheus_config, prometheus_port
-from qwen_cluster.render.shell import quote, script
+from qwen_cluster.render.shell import container_state_function, quote, script
 
 # Pinned: the versions Debian bookworm ships, so the configs promtool and amtool check in
 # the tests (Debian's packages) are read by the same versions on the nodes.
@@ -75,8 +75,10 @@ install -d -m 0755 {quote(config_dir)}
 install -d -m 0750 -o {CONTAINER_UID} -g {CONTAINER_UID} {quote(HOST_DATA_DIR + "/prometheus")} \\
   {quote(HOST_DATA_DIR + "/alertmanager")}
 {"".join(writes)}chmod 0644 {quote(config_dir)}/*.yml
+{container_state_function().strip()}
 for name in {PROMETHEUS_CONTAINER} {ALERTMANAGER_CONTAINER}; do
-  if docker inspect -f '{{{{.State.Running}}}}' "$name" 2>/dev/null | grep -qx true; then
+  state=$(container_state "$name")  # docker's errors fail the step
+  if [ "$state" = running ]; then
     docker kill --signal HUP "$name" >/dev/null
     echo "monitoring: $name re-reads its configuration"
   fi
