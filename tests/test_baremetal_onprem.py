@@ -7,6 +7,7 @@ import pytest
 from qwen_cluster import config
 from qwen_cluster.baremetal import connection
 from qwen_cluster.baremetal.host import steps_for
+from qwen_cluster.render import privilege
 from tooling import offline, stackfile
 
 NODES = {
@@ -168,7 +169,8 @@ def test_nginx_runs_on_the_load_balancer_node_with_its_config_mounted_from_the_h
     assert config.inputs["triggers"] == [NODES["master"]]
     onprem = stackfile.load("onprem")
     conf = nginx.for_cluster(onprem, upstream_file="upstream.conf")
-    assert config.inputs["create"] == nginx.install_script(conf, nginx.upstream_servers(onprem))
+    installed = nginx.install_script(conf, nginx.upstream_servers(onprem))
+    assert config.inputs["create"] == privilege.as_root(installed)
     assert "include upstream.conf;" in conf and "server 192.168.1.101:5000" not in conf
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit import executor, standins, substitutions
+from labkit import executor, sshd, standins, substitutions
 from tooling import stackfile
 
 
@@ -117,9 +117,9 @@ def test_every_host_path_of_the_program_is_moved_and_none_is_left(onprem):
 
 
 def test_a_command_over_the_kernels_argument_limit_fails_as_sshd_would(onprem, tmp_path):
-    """The executor runs a command as sshd does, `bash -c '<the script>'`: one argument, which
-    Linux caps at 128 KiB. The script fails to start here as it would on a host; the step
-    says why (nothing runs: the limit hits before any namespace is entered)."""
+    """sshd runs a command as `$SHELL -c '<the command>'`: one argument, which Linux caps at
+    128 KiB. The lab's ssh client holds it as one argument too, so it fails to start here as it
+    would on a host; the step says why (nothing runs: the limit hits before any connection)."""
     import dataclasses
 
     rendered, _ = onprem
@@ -134,7 +134,8 @@ def test_a_command_over_the_kernels_argument_limit_fails_as_sshd_would(onprem, t
         state_dir=str(tmp_path / "state"),
         bin_dir=str(tmp_path / "bin"),
     )
-    engine = executor.Executor({"192.168.1.100": host}, log_dir=tmp_path / "scripts")
+    client = sshd.Client("qcl-no-such-namespace", tmp_path / "id_ed25519")
+    engine = executor.Executor({"192.168.1.100": host}, log_dir=tmp_path / "scripts", ssh=client)
     step = engine.run_op("create", huge, rendered)
     assert not step.ok
     assert step.detail == (
