@@ -127,6 +127,10 @@ def with_node_count(cluster: ClusterConfig, count: int) -> ClusterConfig:
             nodes.append({"name": f"worker-{index}", "ip": ip, "role": "worker"})
             used |= {ip, f"worker-{index}"}
     raw["nodes"] = nodes
+    if raw.get("bareMetal", {}).get("hostKeys"):
+        # Pins of nodes that left go with them; new nodes get theirs from the lab (substitutions).
+        names = {node["name"] for node in nodes}
+        raw["bareMetal"]["hostKeys"] = {k: v for k, v in raw["bareMetal"]["hostKeys"].items() if k in names}
     return config.validate(raw)
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit import netns
+from qwen_cluster.baremetal import connection
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 22
@@ -248,19 +249,12 @@ def _wait_gone(pid: int, timeout: float = 5.0) -> None:
 
 
 def known_host_options(ip: str, host_key: str | None) -> list[str]:
-    """`connection.hostKey` as OpenSSH checks it: pinned (a mismatch refuses the connection
-    before any command), or, with none, accepted unverified (pulumi-command's
-    InsecureIgnoreHostKey)."""
+    """`connection.hostKey` as OpenSSH checks it: pinned the way the program pins docker's ssh
+    (a mismatch refuses the connection before any command), or, with none, accepted unverified
+    (pulumi-command's InsecureIgnoreHostKey)."""
     if host_key is None:
         return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-    return [
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
-        "-o",
-        f"KnownHostsCommand=/bin/echo {ip} {host_key}",
-    ]
+    return ["-o", "UserKnownHostsFile=/dev/null", *connection.known_host_options(ip, SSH_PORT, host_key)]
 
 
 def refused_environment(environment: dict[str, str]) -> list[str]:

@@ -17,8 +17,11 @@ NODES = ["master", "worker-1", "worker-2", "worker-3"]
 BASE = stackfile.read("onprem")
 
 
-def render_with(*change: str) -> offline.Render:
-    result = offline.render(changes.apply_changes(BASE, list(change)), "onprem")
+def render_with(*change: str, nodes: list[dict] | None = None) -> offline.Render:
+    """onprem with `change`s; `nodes` also pins a host key for each new node, as
+    scripts/hostkeys.py would before `pulumi up`."""
+    base = BASE if nodes is None else stackfile.with_nodes(BASE, nodes)
+    result = offline.render(changes.apply_changes(base, list(change)), "onprem")
     assert result.error is None, result.error
     return result
 
@@ -93,7 +96,7 @@ def test_day_0_runs_no_drain_and_no_wait_for_a_model_load(before):
 
 def test_adding_a_node_touches_no_running_container(before):
     nodes = [*BASE["qwen-cluster:nodes"], {"name": "worker-4", "ip": "192.168.1.104"}]
-    after = render_with(f"nodes={json.dumps(nodes)}")
+    after = render_with(nodes=nodes)
     diff = moved(before, after)
     assert not [n for n, c in diff.items() if c.type == CONTAINER and c.action != "create"]
     assert {n for n, c in diff.items() if c.action in ("replace", "delete")} == set()
@@ -117,7 +120,7 @@ def test_adding_a_node_touches_no_running_container(before):
 
 def test_removing_a_node_deletes_only_its_own_resources(before):
     nodes = [n for n in BASE["qwen-cluster:nodes"] if n["name"] != "worker-3"]
-    after = render_with(f"nodes={json.dumps(nodes)}")
+    after = render_with(nodes=nodes)
     diff = moved(before, after)
     deleted = {n for n, c in diff.items() if c.action == "delete"}
     assert deleted and all(n.startswith("worker-3-") for n in deleted)
@@ -182,7 +185,7 @@ def test_with_pipeline_parallel_a_new_replica_leaves_the_others_containers_alone
         {"name": "worker-4", "ip": "192.168.1.104"},
         {"name": "worker-5", "ip": "192.168.1.105"},
     ]
-    after = render_with("model.pipelineParallel=2", f"nodes={json.dumps(nodes)}")
+    after = render_with("model.pipelineParallel=2", nodes=nodes)
     diff = {c.name: c for c in changes.diff(before, after)}
     assert {diff[f"{n}-model-vllm"].action for n in NODES} == {"same"}
     assert diff["worker-4-model-vllm"].action == diff["worker-5-model-vllm"].action == "create"

@@ -238,6 +238,7 @@ def test_host_keys_and_bastion_reach_the_connection():
         **stack["qwen-cluster:bareMetal"],
         "hostKeys": {"worker-1": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB"},
         "bastion": {"host": "203.0.113.10", "user": "jump"},
+        "allowUnverifiedHosts": True,  # the other nodes and the bastion: an explicit choice
     }
     result = offline.render(stack, "onprem")
     assert result.error is None, result.error
@@ -294,3 +295,36 @@ def test_the_verify_step_waits_for_a_model_port_as_long_as_the_rollout_waits_for
     for node in NODES:
         script = result.named(f"{node}-verify").inputs["create"]
         assert "\nservice_wait=120\n" in script, node
+
+
+def _without_host_key(node: str) -> dict:
+    from tooling import stackfile
+
+    stack = stackfile.read("onprem")
+    keys = {k: v for k, v in stack["qwen-cluster:bareMetal"]["hostKeys"].items() if k != node}
+    stack["qwen-cluster:bareMetal"] = {**stack["qwen-cluster:bareMetal"], "hostKeys": keys}
+    return stack
+
+
+def test_up_refuses_a_node_without_a_pinned_host_key_before_registering_anything():
+    result = offline.render(_without_host_key("worker-2"), "onprem")
+    assert result.error is not None
+    assert "bareMetal.hostKeys pins no host key for worker-2" in result.error
+    assert "scripts/hostkeys.py <stack> --write" in result.error
+    assert "bareMetal.allowUnverifiedHosts: true" in result.error
+    assert not result.of_type("command:remote:Command")
+
+
+def test_a_preview_warns_of_the_unpinned_node_and_renders(caplog):
+    result = offline.render(_without_host_key("worker-2"), "onprem", preview=True)
+    assert result.error is None, result.error
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("pins no host key for worker-2" in line and "will refuse" in line for line in warned)
+
+
+def test_a_stack_may_accept_unverified_hosts_explicitly():
+    stack = _without_host_key("worker-2")
+    stack["qwen-cluster:bareMetal"]["allowUnverifiedHosts"] = True
+    result = offline.render(stack, "onprem")
+    assert result.error is None, result.error
+    assert "hostKey" not in result.named("worker-2-firewall").inputs["connection"]["value"]

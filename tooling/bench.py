@@ -45,7 +45,7 @@ def scaled_stack(stack: str, count: int) -> dict[str, Any]:
         if index == 0:
             node["role"] = "master"
         nodes.append(node)
-    stack_config["qwen-cluster:nodes"] = nodes
+    stack_config = stackfile.with_nodes(stack_config, nodes)
     stack_config["qwen-cluster:network"] = {
         **stack_config["qwen-cluster:network"],
         "cidr": f"{first}.{second}.0.0/17",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -59,3 +61,28 @@ def as_pulumi_config(stack_config: dict[str, Any]) -> tuple[dict[str, str], list
             value = value["secure"]
         values[key] = value if isinstance(value, str) else json.dumps(value)
     return values, secrets
+
+
+def placeholder_host_key(name: str) -> str:
+    """A well-formed `ssh-ed25519` public key that no host holds (derived from `name`), for
+    offline renders of stacks whose nodes do not exist: a real host's key never matches it."""
+    kind = b"ssh-ed25519"
+    blob = (
+        len(kind).to_bytes(4, "big") + kind + (32).to_bytes(4, "big") + hashlib.sha256(name.encode()).digest()
+    )
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()}"
+
+
+def with_nodes(stack_config: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stack config with `nodes`; on bare metal `bareMetal.hostKeys` follows them: kept for a
+    node that stays, a placeholder for a new one (see placeholder_host_key), gone with one that
+    leaves."""
+    result = {**stack_config, f"{config.NAMESPACE}:nodes": nodes}
+    bare_metal = stack_config.get(f"{config.NAMESPACE}:bareMetal")
+    if isinstance(bare_metal, dict):
+        pinned = bare_metal.get("hostKeys") or {}
+        keys = {
+            node["name"]: pinned.get(node["name"]) or placeholder_host_key(node["name"]) for node in nodes
+        }
+        result[f"{config.NAMESPACE}:bareMetal"] = {**bare_metal, "hostKeys": keys}
+    return result

@@ -113,6 +113,7 @@ def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi
 
 def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
     connection.check_credentials(ssh_private_key)
+    connection.check_host_keys(cluster, dry_run=pulumi.runtime.is_dry_run())
     built = Cluster("bare-metal", cluster, ssh_private_key)
     lb_node = cluster.load_balancer_node
     return {

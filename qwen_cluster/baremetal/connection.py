@@ -27,6 +27,35 @@ def check_credentials(ssh_private_key: Any, environ: dict[str, str] | None = Non
         raise pulumi.RunError(MISSING_KEY)
 
 
+def unverified_hosts(cluster: ClusterConfig) -> list[str]:
+    """The hosts pulumi would reach without checking who answers: pulumi-command accepts any
+    host key when `connection.hostKey` is unset (provider/pkg/provider/remote/connection.go:
+    ssh.InsecureIgnoreHostKey), and the docker provider's ssh then has none to pin."""
+    bare_metal = cluster.bare_metal
+    names = [node.name for node in cluster.nodes if node.name not in bare_metal.host_keys]
+    if bare_metal.bastion is not None and not bare_metal.bastion.host_key:
+        names.append(f"the bastion {bare_metal.bastion.host}")
+    return names
+
+
+def check_host_keys(cluster: ClusterConfig, *, dry_run: bool) -> None:
+    """`pulumi up` refuses unverified hosts unless the stack accepts them explicitly; a preview
+    says so and goes on (it connects nowhere)."""
+    missing = unverified_hosts(cluster)
+    if not missing or cluster.bare_metal.allow_unverified_hosts:
+        return
+    message = (
+        f"bareMetal.hostKeys pins no host key for {', '.join(missing)}: pulumi would connect "
+        "without checking who answers. Pin them with `scripts/hostkeys.py <stack> --write` (it asks "
+        "each host, as ssh-keyscan does, and writes bareMetal.hostKeys), or accept unverified hosts "
+        "explicitly with bareMetal.allowUnverifiedHosts: true"
+    )
+    if dry_run:
+        pulumi.log.warn(f"{message}. `pulumi up` will refuse to deploy.")
+        return
+    raise pulumi.RunError(message)
+
+
 def node_connection(cluster: ClusterConfig, node: Node, ssh_private_key: Any) -> remote.ConnectionArgs:
     """The key stays an Output secret; without one, pulumi-command uses SSH_AUTH_SOCK."""
     bare_metal = cluster.bare_metal
@@ -51,7 +80,7 @@ def node_connection(cluster: ClusterConfig, node: Node, ssh_private_key: Any) ->
     )
 
 
-def _known_host(host: str, port: int, key: str) -> list[str]:
+def known_host_options(host: str, port: int, key: str) -> list[str]:
     """Pin `key` for `host` without touching ~/.ssh/known_hosts: OpenSSH (8.5+) asks
     KnownHostsCommand for the known-hosts line, and a mismatch refuses the connection."""
     name = host if port == 22 else f"[{host}]:{port}"
@@ -65,7 +94,7 @@ def docker_host(cluster: ClusterConfig, node: Node) -> tuple[str, list[str]]:
     bare_metal = cluster.bare_metal
     options = ["-o", "BatchMode=yes"]
     if node.name in bare_metal.host_keys:
-        options += _known_host(str(node.ip), 22, bare_metal.host_keys[node.name])
+        options += known_host_options(str(node.ip), 22, bare_metal.host_keys[node.name])
     if bare_metal.bastion is not None:
         bastion = bare_metal.bastion
         user = bastion.user or bare_metal.ssh_user
@@ -73,7 +102,7 @@ def docker_host(cluster: ClusterConfig, node: Node) -> tuple[str, list[str]]:
             # -J does not pass -o options on to the jump connection; a ProxyCommand does.
             pinned = " ".join(
                 f'"{option}"' if " " in option else option
-                for option in _known_host(bastion.host, bastion.port, bastion.host_key)
+                for option in known_host_options(bastion.host, bastion.port, bastion.host_key)
             )
             options += [
                 "-o",

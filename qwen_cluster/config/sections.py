@@ -432,7 +432,13 @@ class BareMetalTarget(Section):
     host_keys: dict[str, Annotated[str, Field(pattern=_HOST_KEY)]] = Field(
         default={},
         description='Pins each node\'s SSH host key, by node name (`{<node>: "ssh-ed25519 AAAA..."}`); '
-        "the names must be nodes.",
+        "the names must be nodes. `pulumi up` refuses a node without one (unless "
+        "`allowUnverifiedHosts`); `scripts/hostkeys.py STACK --write` collects them.",
+    )
+    allow_unverified_hosts: bool = Field(
+        default=False,
+        description="Connect to nodes (and a bastion) whose host key is not pinned: pulumi-command "
+        "then accepts whatever key answers. An explicit choice; without it `pulumi up` refuses them.",
     )
     bastion: Bastion | None = Field(default=None, description="An SSH jump host (`bareMetal.bastion` below).")
     interface: str | None = Field(
