@@ -496,6 +496,7 @@ def down(label: str | None = None) -> list[str]:
     created = ETC_MARKER.exists()
     remaining = [entry for entry in root.iterdir() if entry.is_dir()] if root.exists() else []
     if not remaining:
+        sshd.remove_users()  # the lab's users and their sudo rule go with the last lab
         netns.remove_etc_root_if_empty(created)
         ETC_MARKER.unlink(missing_ok=True)
         if root.exists() and not any(root.iterdir()):

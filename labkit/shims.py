@@ -116,8 +116,12 @@ def docker(args: list[str]) -> int:
                 print(name)
             return 0
         if command == "exec":
-            words = [word for word in rest if not word.startswith("-")]
-            name, inner = words[0], words[1:]
+            # docker exec [OPTIONS] CONTAINER COMMAND [ARG...]: the command's own words untouched.
+            index = 0
+            while index < len(rest) and rest[index].startswith("-"):
+                takes_value = rest[index] in ("-u", "--user", "-e", "--env", "-w", "--workdir")
+                index += 2 if takes_value else 1
+            name, inner = rest[index], rest[index + 1 :]
             if inner[:3] == ["nginx", "-s", "reload"]:
                 print(standins.send(host, name, signal.SIGHUP), file=sys.stderr)
                 return 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and the lab run for real (nginx -t, shellcheck,
-# network namespaces, firewalls, probes, promtool, Prometheus and its exporters). Skips what
+# network namespaces, firewalls, probes, promtool, Prometheus and its exporters, sshd and sudo
+# for the lab's nodes). Skips what
 # is already there; needs root for apt.
 set -euo pipefail
 
@@ -16,6 +17,10 @@ declare -A needed=(
   [dot]=graphviz
   [sysctl]=procps
   [wrk]=wrk
+  # The lab reaches every node through its own sshd, as a non-root user with sudo.
+  [sshd]=openssh-server
+  [ssh]=openssh-client
+  [sudo]=sudo
   # Monitoring: promtool/amtool check what is rendered; the lab runs them for real.
   [promtool]=prometheus
   [prometheus-alertmanager]=prometheus-alertmanager

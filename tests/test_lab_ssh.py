@@ -1,0 +1,148 @@
+"""Bare metal over real SSH (root, network namespaces): every registered command reaches each
+node's own sshd as the stack's user, elevated with sudo -n; a user without sudo, a wrong pinned
+host key and a docker daemon that stops answering are each refused before anything changes.
+
+One lab for the module, reached as the sudo user; the refusals run their own short-lived labs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from labkit import blueprint, executor, lifecycle, netns, shims, sshd, upgrade
+from qwen_cluster.ports import Vantage
+from qwen_cluster.render import nginx
+from tooling import hostkeys, stackfile
+
+LABEL = f"s{os.getpid() % 100000}"
+BINARIES = ("ip", "nginx", "ufw")
+MISSING = (
+    netns.missing_requirements()
+    + sshd.missing_requirements()
+    + [f"{b} not installed" for b in BINARIES if not shutil.which(b)]
+)
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
+
+
+def failures(report) -> list[tuple[str, str]]:
+    return [(step.resource, step.detail[-400:]) for step in report.steps if not step.ok]
+
+
+@pytest.fixture(scope="module")
+def running():
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.load("onprem", label=LABEL)
+    options = lifecycle.Options()
+    try:
+        report = lifecycle.up(lab_plan, options)
+        assert report.ok, failures(report)
+        yield lab_plan, options, report
+    finally:
+        lifecycle.down(LABEL)
+
+
+def test_every_command_ran_over_ssh_as_the_sudo_user(running):
+    lab_plan, _, report = running
+    assert "bareMetal.sshUser ubuntu -> qcl-deploy (the lab's user)" in report.notes
+    for member in lab_plan.nodes:
+        log = (lifecycle.ssh_dir(lab_plan) / member.node / "sshd.log").read_text()
+        assert f"Accepted publickey for {sshd.DEPLOY_USER}" in log
+        # sudo ran the scripts as root: the drop-in they install is root's, mode 0644.
+        dropin = Path(lifecycle.node_etc(member)) / "sysctl.d" / "90-qwen-cluster.conf"
+        assert (dropin.stat().st_uid, oct(dropin.stat().st_mode & 0o777)) == (0, "0o644")
+    preflight = next(s for s in report.steps if s.resource == "worker-1-preflight")
+    assert "qcl-deploy reaches docker" in preflight.detail
+
+
+def test_a_user_without_sudo_fails_preflight_on_every_host_and_nothing_changes():
+    label = f"{LABEL}p"
+    lifecycle.down(label)
+    lab_plan = blueprint.load("onprem", label=label)
+    try:
+        report = lifecycle.up(lab_plan, lifecycle.Options(ssh_user=sshd.PLAIN_USER))
+        failed = {step.resource: step.detail for step in report.steps if not step.ok}
+        assert set(failed) == {f"{member.node}-preflight" for member in lab_plan.nodes}, failed
+        for member in lab_plan.nodes:
+            detail = failed[f"{member.node}-preflight"]
+            where = f"preflight on {member.node} ({member.ip})"
+            assert f"{where}: FAILED: {sshd.PLAIN_USER} cannot run sudo" in detail
+            assert "Set bareMetal.sshUser to root or to a user with passwordless sudo" in detail
+            assert "add it to group docker" in detail
+        failed = {step.resource: step.detail for step in report.steps if not step.ok}
+        # Nothing after preflight ran anywhere: no command or container exists (providers and
+        # image pulls, which touch no host, are all that was created).
+        created = {name: r.type for name, r in report.applied.state.items()}
+        assert not [n for n, kind in created.items() if kind in (executor.COMMAND, executor.CONTAINER)]
+        for member in lab_plan.nodes:
+            assert not (Path(lifecycle.node_etc(member)) / "sysctl.d" / "90-qwen-cluster.conf").exists()
+            assert not list(Path(lifecycle.node_state(lab_plan, member)).glob("*.rules*"))
+    finally:
+        lifecycle.down(label)
+
+
+def test_a_wrong_pinned_host_key_is_refused_before_any_command_runs():
+    label = f"{LABEL}k"
+    lifecycle.down(label)
+    lab_plan = blueprint.load("onprem", label=label)
+    wrong = stackfile.placeholder_host_key("not worker-1")
+    try:
+        report = lifecycle.up(lab_plan, lifecycle.Options(host_key_overrides={"worker-1": wrong}))
+        failed = {step.resource: step.detail for step in report.steps if not step.ok}
+        assert "worker-1-preflight" in failed
+        assert "ssh: connection failed (exit 255)" in failed["worker-1-preflight"]
+        assert "Host key verification failed" in failed["worker-1-preflight"]
+        log = (lifecycle.ssh_dir(lab_plan) / "worker-1" / "sshd.log").read_text()
+        assert "Accepted publickey" not in log  # the client left before logging in
+    finally:
+        lifecycle.down(label)
+
+
+def test_hostkeys_pins_what_each_node_answers_in_the_stack_file(running, tmp_path, capsys):
+    lab_plan, _, _ = running
+    stack = Path(tmp_path / "Pulumi.onprem.yaml")
+    shutil.copy(stackfile.stack_path("onprem"), stack)
+    deployer = lab_plan.vantage(Vantage.ADMIN).namespace
+
+    def in_the_lab(argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", deployer, *argv], capture_output=True, text=True, timeout=60)
+
+    assert hostkeys.main(["onprem", "--write"], run=in_the_lab, root=tmp_path) == 0
+    keys = lifecycle.ssh_keys(lab_plan)
+    pinned = stackfile.read("onprem", tmp_path)["qwen-cluster:bareMetal"]["hostKeys"]
+    assert pinned == {member.node: keys.public_host_key(member.node) for member in lab_plan.nodes}
+    assert "(CHANGED)" in capsys.readouterr().out  # the placeholders were replaced
+    assert "# Placeholders that no host holds" in stack.read_text()  # comments kept
+
+
+def test_docker_unreachable_during_a_drain_fails_the_step_and_the_server_stays_in(running):
+    """The image bump's first drain cannot reach nginx's container: it fails, the upstream file
+    keeps every server in, no model container is replaced, and clients see no failure. With
+    the daemon back the same change converges."""
+    lab_plan, options, _ = running
+    lb = lab_plan.load_balancer
+    down = Path(lifecycle.node_state(lab_plan, lb)) / shims.DAEMON_DOWN
+    upstream = Path(lifecycle.node_state(lab_plan, lb)) / "etc-qwen-cluster" / "nginx" / nginx.UPSTREAM_FILE
+    before = upstream.read_text()
+    change = ["model.image=vllm/vllm-openai:v0.11.1"]
+    down.touch()
+    try:
+        stopped = upgrade.run(LABEL, change, options)
+    finally:
+        down.unlink()
+    failed = {step.resource: step.detail for step in stopped.steps if not step.ok}
+    assert list(failed) == ["master-drain"], failed
+    assert shims.NO_DAEMON in failed["master-drain"]
+    assert upstream.read_text() == before and " down;" not in before
+    assert not [s for s in stopped.steps if s.resource.endswith("-vllm") and s.op in ("create", "delete")]
+    assert stopped.failed == 0, stopped.failures
+    converged = upgrade.run(LABEL, change, options)
+    assert converged.ok, failures(converged)
+    assert converged.failed == 0 and converged.streams_cut == 0, converged.failures
+    assert converged.images == {
+        head.node: "vllm/vllm-openai:v0.11.1" for head in lab_plan.heads
+    }
