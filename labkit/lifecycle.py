@@ -286,8 +286,9 @@ def served_ports(rendered: Render, member: Member) -> set[int]:
 
 def holder(plan: LabPlan, member: Member, rendered: Render) -> StepResult:
     """A listener on every probed port no container serves, so that a probe that fails was
-    refused by the firewall, not by an empty port."""
-    hold = [port for port in plan.probe_ports(member.node) if port not in served_ports(rendered, member)]
+    refused by the firewall, not by an empty port. SSH is the node's own sshd."""
+    served = served_ports(rendered, member) | {sshd.SSH_PORT}
+    hold = [port for port in plan.probe_ports(member.node) if port not in served]
     argv = [sys.executable, "-m", "labkit.modelserver", "--node", member.node]
     argv += ["--hold", ",".join(map(str, hold))]
     return _start(plan, member, "holder", argv)

@@ -340,5 +340,14 @@ def test_down_after_a_crash_finds_everything_by_its_prefix():
     assert not [name for name in netns.listed() if name.startswith(f"qcl-{label}-")]
     assert not [p for p in netns.NETNS_ETC.glob(f"qcl-{label}-*")]
     assert not Path(small.state_dir).exists()
-    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-    assert not alive
+    assert not [pid for pid in pids if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (killed, its exit status not yet collected by its parent,
+    e.g. a daemon's init) is not alive."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

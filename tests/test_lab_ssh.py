@@ -109,7 +109,8 @@ def test_hostkeys_pins_what_each_node_answers_in_the_stack_file(running, tmp_pat
     deployer = lab_plan.vantage(Vantage.ADMIN).namespace
 
     def in_the_lab(argv: list[str]) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", deployer, *argv], capture_output=True, text=True, timeout=60)
+        argv = ["ip", "netns", "exec", deployer, *argv]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
     assert hostkeys.main(["onprem", "--write"], run=in_the_lab, root=tmp_path) == 0
     keys = lifecycle.ssh_keys(lab_plan)
