@@ -210,7 +210,7 @@ def changes_between(old: Render | None, new: Render) -> dict[str, Change]:
     render, every resource a `create` when there is none (day 0)."""
     if old is None:
         return {r.name: Change(r.name, r.type, "create") for r in new.custom_resources}
-    from tooling import changes  # the one table of replacement rules (issue 10)
+    from tooling import changes  # the one table of replacement rules
 
     result = {}
     for entry in changes.diff(old, new):
