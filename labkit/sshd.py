@@ -297,9 +297,11 @@ class Client:
         return [*argv, f"{user}@{ip}", command]
 
     def run(self, *, timeout: float, stdin: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+        # No stdin given: the remote command reads end of file, never this process's stdin.
+        feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
         return subprocess.run(
             self.argv(**kwargs),
-            input=stdin,
+            **feed,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -314,20 +316,3 @@ def describe(done: subprocess.CompletedProcess) -> str:
         return f"ssh: connection failed (exit 255): {output[-1500:]}"
     return output
 
-
-__all__ = [
-    "ACCEPT_ENV",
-    "DEPLOY_USER",
-    "PLAIN_USER",
-    "Client",
-    "Keys",
-    "SshError",
-    "describe",
-    "ensure_keys",
-    "ensure_users",
-    "known_host_options",
-    "missing_requirements",
-    "refused_environment",
-    "sshd_config",
-    "start",
-]
