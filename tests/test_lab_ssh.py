@@ -129,7 +129,7 @@ def test_docker_unreachable_during_a_drain_fails_the_step_and_the_server_stays_i
     down = Path(lifecycle.node_state(lab_plan, lb)) / shims.DAEMON_DOWN
     upstream = Path(lifecycle.node_state(lab_plan, lb)) / "etc-qwen-cluster" / "nginx" / nginx.UPSTREAM_FILE
     before = upstream.read_text()
-    change = ["model.image=vllm/vllm-openai:v0.11.1"]
+    change = ["model.image=vllm/vllm-openai:v0.33.1"]
     down.touch()
     try:
         stopped = upgrade.run(LABEL, change, options)
@@ -145,5 +145,5 @@ def test_docker_unreachable_during_a_drain_fails_the_step_and_the_server_stays_i
     assert converged.ok, failures(converged)
     assert converged.failed == 0 and converged.streams_cut == 0, converged.failures
     assert converged.images == {
-        head.node: "vllm/vllm-openai:v0.11.1" for head in lab_plan.heads
+        head.node: "vllm/vllm-openai:v0.33.1" for head in lab_plan.heads
     }
