@@ -98,9 +98,9 @@ def _image_record(host: standins.Host, image: str) -> Path:
     return Path(host.state_dir) / IMAGES_DIR / image.replace("/", "_").replace(":", "@")
 
 
-def pulled(host: standins.Host) -> list[str]:
-    """The images `docker pull` recorded on this lab node."""
-    folder = Path(host.state_dir) / IMAGES_DIR
+def pulled(state_dir: str) -> list[str]:
+    """The images `docker pull` recorded on a lab node (its state directory)."""
+    folder = Path(state_dir) / IMAGES_DIR
     return sorted(path.read_text() for path in folder.glob("*")) if folder.is_dir() else []
 
 

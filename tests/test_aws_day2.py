@@ -188,8 +188,8 @@ def test_each_replica_waits_for_the_previous_replicas_health_gate():
         assert result.named(f"gpu-nodes-{after}").depends_on == [gate]
         assert result.named(f"gpu-nodes-{after}-server").depends_on == [gate, f"gpu-nodes-{after}-stage"]
     first = result.named("gpu-nodes-master-server")
-    # May drain and register from the first run, once its node has staged.
-    assert first.depends_on == ["model-server-drain", "gpu-nodes-master-stage"]
+    # May drain, register and (prod's weights are in S3) read, once its node has staged.
+    assert first.depends_on == ["model-server-drain", "model-server-weights", "gpu-nodes-master-stage"]
 
 
 def test_associations_replace_on_any_change_and_wait_for_the_run():

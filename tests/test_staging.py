@@ -100,8 +100,9 @@ def test_every_aws_node_has_a_staging_association_waited_for_before_its_server()
         assert stage.inputs["waitForSuccessTimeoutSeconds"] == ssm.STAGE_TIMEOUT_SECONDS
         assert set(stage.replace_on_changes) == {"parameters", "targets"}
         assert stage.name in result.named(f"gpu-nodes-{node.name}-server").depends_on
-        # Its instance and the permissions only: on a change every node stages at once.
-        assert stage.depends_on == ["model-server-drain"]
+        # Its instance and the permissions only (prod reads its weights from S3): on a change
+        # every node stages at once.
+        assert stage.depends_on == ["model-server-drain", "model-server-weights"]
 
 
 def test_the_aws_staging_changes_with_the_image_and_replaces_without_gating_a_replica():
@@ -122,6 +123,14 @@ def test_s3_weights_give_the_node_role_read_on_exactly_the_prefix():
     assert json.loads(policy.inputs["policy"]) == weights.s3_read_policy(cluster.model.weights)
     # In place before the first staging runs, which reads the prefix.
     assert "model-server-weights" in result.named("gpu-nodes-master-stage").depends_on
+
+
+def test_prod_reads_its_weights_from_its_s3_prefix():
+    result = render_stack("prod")
+    policy = json.loads(result.named("model-server-weights").inputs["policy"])
+    assert policy["Statement"][0]["Resource"] == "arn:aws:s3:::qwen-cluster-weights-example/Qwen/Qwen3-32B/*"
+    script = ssm.decoded(result.named("gpu-nodes-master-stage").inputs["parameters"]["StageScript"])
+    assert "aws s3 sync" in script and "export AWS_DEFAULT_REGION=us-east-1" in script
 
 
 def test_hub_weights_give_the_node_role_no_s3_read():

@@ -48,7 +48,9 @@ class Cluster(pulumi.ComponentResource):
         # Every node's staging (image and weights), for the rollout: a change's first drain may
         # wait for all of them, so no replica leaves the load balancer before every node holds
         # what it will restart into.
-        self.stage_resources: list[pulumi.Resource] = [server.stage for server in self.servers.values()]
+        self.stage_resources: dict[str, pulumi.Resource] = {
+            node_name: server.stage for node_name, server in self.servers.items()
+        }
         self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child)
         lb_node = cluster.load_balancer_node
         self.load_balancer = LoadBalancer(

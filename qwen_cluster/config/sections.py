@@ -335,8 +335,8 @@ class Rollout(Section):
         ge=60,
         le=7200,
         description="How long a restarted replica has to answer vLLM's `/health` before the rollout "
-        "stops with the other replicas still serving (weights load from the local cache; a cold "
-        "download takes longer).",
+        "stops with the other replicas still serving: its start and its load from local disk (the "
+        "node staged image and weights before its drain).",
     )
 
 
