@@ -85,7 +85,10 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
     serving = ModelServerDocument(
         "model-server",
         ModelServerDocumentArgs(
-            role_name=role.role_name, target_group_arn=load_balancer.target_group_arn, tags=tags
+            role_name=role.role_name,
+            target_group_arn=load_balancer.target_group_arn,
+            tags=tags,
+            weights=cluster.model.weights,
         ),
     )
     nodes = GpuNodeGroup(
@@ -97,9 +100,10 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             tags=tags,
             instance_profile_name=role.instance_profile_name,
             document_name=serving.document_name,
+            stage_document_name=serving.stage_document_name,
             target_group_arn=load_balancer.target_group_arn,
             attach=load_balancer.attach,
-            ready=[serving.drain_policy],
+            ready=serving.ready,
         ),
     )
     if cluster.monitoring.exporters or cluster.monitoring.prometheus:
