@@ -82,6 +82,7 @@ class Cluster(pulumi.ComponentResource):
             ],
             opts=child,
         )
+
         def script(node_name: str) -> str:
             # vLLM loads Qwen3-32B's weights before it answers; the verify step waits for a model
             # port as long as the rollout waits for a replica's health (one bound, one key).
