@@ -30,6 +30,7 @@ what they meant, and move WRITTEN_FOR.
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import warnings
 
 WRITTEN_FOR = "3.272.0"
@@ -45,21 +46,43 @@ def installed_sdk_version() -> str:
     return importlib.metadata.version("pulumi")
 
 
-# Where add_dependency keeps the reverse edges, next to the SDK's own attribute
-# (resource_cycle_breaker._DEPENDENCIES_PROPERTY).
+# What add_dependency keeps on each resource, next to the SDK's own attribute
+# (resource_cycle_breaker._DEPENDENCIES_PROPERTY): the reverse edges, and a place in an order in
+# which every resource comes after what it depends on.
 _DEPENDENTS_PROPERTY = "_qwen_cluster_dependents"
-
-
+_ORDER_PROPERTY = "_qwen_cluster_order"
 _NONE: frozenset = frozenset()
+_places = itertools.count()
+# False once an edge closed a cycle (only a direct call can add one: declare_dependency refuses
+# them); from then on the order means nothing and the searches are not bounded by it.
+_ordered = True
+
+
+def reset_order() -> None:
+    """Order the searches again from here on: for a graph that shares no resource with the
+    graphs before it (a new program run; `apply` calls it)."""
+    global _ordered
+    _ordered = True
 
 
 def _dependents(resource) -> set:
     return getattr(resource, _DEPENDENTS_PROPERTY, _NONE)
 
 
+def _place(resource) -> int:
+    found = getattr(resource, _ORDER_PROPERTY, None)
+    if found is None:
+        found = next(_places)
+        setattr(resource, _ORDER_PROPERTY, found)
+    return found
+
+
 def add_dependency(from_resource, to_resource) -> None:
     """What the SDK's `_add_dep` records (`from_resource` depends on `to_resource`), in place
-    rather than as a new set per edge, and the reverse edge."""
+    rather than as a new set per edge, the reverse edge, and the order kept: a resource first
+    seen is placed last, what it depends on before it; an edge against the order moves the
+    resources between its ends that it concerns (Pearce and Kelly, "A dynamic topological sort
+    algorithm for directed acyclic graphs", JEA 2006), usually none."""
     from pulumi.runtime import resource_cycle_breaker
 
     for resource, other, name in (
@@ -71,16 +94,59 @@ def add_dependency(from_resource, to_resource) -> None:
             setattr(resource, name, {other})
         else:
             found.add(other)
+    if _ordered and _place(to_resource) > _place(from_resource):
+        _reorder(from_resource, to_resource)
+
+
+def _region(start, neighbours, keep) -> list:
+    """`start` and what `neighbours` lead to from it through resources whose place `keep`s."""
+    seen, stack = {start}, [start]
+    while stack:
+        for found in neighbours(stack.pop()):
+            if found not in seen and keep(getattr(found, _ORDER_PROPERTY)):
+                seen.add(found)
+                stack.append(found)
+    return list(seen)
+
+
+def _reorder(dependent, dependency) -> None:
+    """`dependent` now depends on `dependency`, which is placed after it: what depends on
+    `dependent` up to `dependency`'s place, and what `dependency` depends on down to
+    `dependent`'s, swap places, keeping their order among themselves."""
+    from pulumi.runtime import resource_cycle_breaker
+
+    global _ordered
+    low, high = _place(dependent), _place(dependency)
+    after = _region(dependent, _dependents, lambda place: place <= high)
+    if dependency in after:  # a cycle
+        _ordered = False
+        return
+    before = _region(dependency, resource_cycle_breaker._deps, lambda place: place >= low)
+    moved = sorted(before, key=_place) + sorted(after, key=_place)
+    for resource, place in zip(moved, sorted(_place(r) for r in moved), strict=True):
+        setattr(resource, _ORDER_PROPERTY, place)
 
 
 def reachable(from_resource, to_resource) -> bool:
-    """Whether `to_resource` is `from_resource` or one of its recorded dependencies, at any depth:
-    forward from one and backward from the other in turns, until they meet (yes) or either side
-    runs out (no: it has seen everything on its side, and the other end was not there)."""
+    """Whether `to_resource` is `from_resource` or one of its recorded dependencies, at any depth.
+
+    In the order add_dependency keeps, what a resource depends on comes before it: if
+    `to_resource` comes after `from_resource`, the answer is no at once (what the SDK asks is
+    almost always that: does the dependency reach the resource registered after it). Otherwise
+    forward from one and backward from the other in turns, each within the places between
+    them, until they meet (yes) or either side runs out (no: it has seen everything on its side,
+    and the other end was not there)."""
     from pulumi.runtime import resource_cycle_breaker
 
     if from_resource == to_resource:
         return True
+    top = bottom = None
+    if _ordered:
+        # Without a place a resource has no recorded edge: it reaches, and is reached by, nothing.
+        top = getattr(from_resource, _ORDER_PROPERTY, None)
+        bottom = getattr(to_resource, _ORDER_PROPERTY, None)
+        if top is None or bottom is None or bottom > top:
+            return False
     dependencies = resource_cycle_breaker._deps
     ahead, behind = {from_resource}, {to_resource}
     forward, backward = [from_resource], [to_resource]
@@ -88,13 +154,13 @@ def reachable(from_resource, to_resource) -> bool:
         for found in dependencies(forward.pop()):
             if found in behind:
                 return True
-            if found not in ahead:
+            if found not in ahead and (bottom is None or getattr(found, _ORDER_PROPERTY) >= bottom):
                 ahead.add(found)
                 forward.append(found)
         for found in _dependents(backward.pop()):
             if found in ahead:
                 return True
-            if found not in behind:
+            if found not in behind and (top is None or getattr(found, _ORDER_PROPERTY) <= top):
                 behind.add(found)
                 backward.append(found)
     return False
@@ -119,7 +185,8 @@ def apply() -> bool:
     # Imported only here: on another release the private module may not even exist.
     from pulumi.runtime import resource_cycle_breaker
 
-    # Both or neither: the backward walk needs every edge recorded with its reverse.
+    # Both or neither: the searches need every edge recorded with its reverse and its order.
+    reset_order()  # a new program: nothing it registers is connected to an earlier graph
     resource_cycle_breaker._add_dep = add_dependency
     resource_cycle_breaker._reachable = reachable
     return True
