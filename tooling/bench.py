@@ -396,14 +396,13 @@ def print_render(console, figures: dict[str, Any]) -> None:
     )
     sizes = " / ".join(str(run["nodes"]) for run in runs)
     console.print(
-        f"critical paths at {sizes} nodes: day 0 "
+        f"critical paths (longest dependency chains) at {sizes} nodes: day 0 "
         + " / ".join(str(run["day0_path"]) for run in runs)
-        + " resources in a row, "
+        + f" resources (the same at every size: {figures['day0_path_constant']}) and "
         + " / ".join(str(run["day0_waits"]) for run in runs)
-        + " waits for a model load in a row (constant: "
-        + f"{figures['day0_path_constant']}); day 2 "
+        + " creations that wait for a model load, one after another; day 2 "
         + " / ".join(str(run["day2_gates"]) for run in runs)
-        + " health gates in a row"
+        + " health gates one after another"
     )
 
 
