@@ -121,6 +121,16 @@ def test_adding_a_node_touches_no_running_container(before):
     assert summary.max_replicas_out_of_service == 0 and summary.endpoint_stays_up
 
 
+def test_adding_a_node_leaves_the_barriers_unchanged(before):
+    """A barrier's new dependency edge is not an input: the engine sees no change (pulumi/pulumi
+    step_generator.go diffs inputs only), so nothing behind it re-runs."""
+    nodes = [*BASE["qwen-cluster:nodes"], {"name": "worker-4", "ip": "192.168.1.104"}]
+    after = render_with(nodes=nodes)
+    everything = {c.name: c for c in changes.diff(before, after)}
+    assert everything["cluster-set-up"].action == everything["cluster-started"].action == "same"
+    assert "worker-4-selinux" in after.dependencies()["cluster-set-up"]
+
+
 def test_removing_a_node_deletes_only_its_own_resources(before):
     nodes = [n for n in BASE["qwen-cluster:nodes"] if n["name"] != "worker-3"]
     after = render_with(nodes=nodes)

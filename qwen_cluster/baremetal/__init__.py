@@ -5,7 +5,9 @@
 Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
 ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; the Rollout chain that
 starts (and on Day 2 replaces) the model containers one replica at a time; and the verify
-commands, the master's last of all. Returns the stack outputs.
+commands, the master's last of all. What waits for every host, or for everything, waits for one
+barrier command (`connection.barrier`), so the dependency edges grow linearly with the nodes.
+Returns the stack outputs.
 """
 
 from __future__ import annotations
@@ -35,9 +37,17 @@ class Cluster(pulumi.ComponentResource):
             self.hosts[node.name] = HostSetup(
                 node.name, HostSetupArgs(cluster, node, connections[node.name]), opts=child
             )
+        lb_node = cluster.load_balancer_node
         # Containers start once every host's firewall and tuning are in place: NCCL needs the
-        # whole cluster reachable, not just its own host.
-        setup_done = [host.last for host in self.hosts.values()]
+        # whole cluster reachable, not just its own host. They wait for one barrier that waits
+        # for every host (connection.barrier): 2N dependency edges, not N x N.
+        self.set_up = connection.barrier(
+            "cluster-set-up",
+            connection=connections[lb_node.name],
+            after=[host.last for host in self.hosts.values()],
+            opts=child,
+        )
+        setup_done: list[pulumi.Resource] = [self.set_up]
         for node in cluster.nodes:
             docker_host, ssh_opts = connection.docker_host(cluster, node)
             self.servers[node.name] = ModelServer(
@@ -52,7 +62,6 @@ class Cluster(pulumi.ComponentResource):
             node_name: server.stage for node_name, server in self.servers.items()
         }
         self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child)
-        lb_node = cluster.load_balancer_node
         self.load_balancer = LoadBalancer(
             "load-balancer",
             LoadBalancerArgs(
@@ -67,12 +76,19 @@ class Cluster(pulumi.ComponentResource):
             RolloutArgs(cluster, self.servers, self.load_balancer, connections[lb_node.name], setup_done),
             opts=child,
         )
-        everything = [
-            *setup_done,
-            *(s.container for s in self.servers.values() if s.container is not None),
-            self.load_balancer.container,
-            *self.rollout.gates.values(),
-        ]
+        # Every check runs once everything is started: one barrier again, not N x N edges.
+        self.started = connection.barrier(
+            "cluster-started",
+            connection=connections[lb_node.name],
+            after=[
+                *setup_done,
+                *(s.container for s in self.servers.values() if s.container is not None),
+                self.load_balancer.container,
+                *self.rollout.gates.values(),
+            ],
+            opts=child,
+        )
+
         def script(node_name: str) -> str:
             # vLLM loads Qwen3-32B's weights before it answers; the verify step waits for a model
             # port as long as the rollout waits for a replica's health (one bound, one key).
@@ -86,7 +102,7 @@ class Cluster(pulumi.ComponentResource):
                 connection=connections[node.name],
                 create=script(node.name),
                 triggers=[str(node.ip)],  # identity only: a changed script re-runs as an update
-                opts=pulumi.ResourceOptions(parent=self, depends_on=everything),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.started]),
             )
             for node in cluster.nodes
             if node.name != cluster.master.name
@@ -97,7 +113,7 @@ class Cluster(pulumi.ComponentResource):
             connection=connections[cluster.master.name],
             create=script(cluster.master.name),
             triggers=[str(cluster.master.ip)],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*everything, *worker_checks]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.started, *worker_checks]),
         )
         self.register_outputs({"verify": self.verify.stdout})
 

@@ -135,3 +135,31 @@ def command(
         delete=privilege.as_root(delete) if delete else None,
         **kwargs,
     )
+
+
+def barrier(
+    name: str,
+    *,
+    connection: remote.ConnectionArgs,
+    after: list[pulumi.Resource],
+    opts: pulumi.ResourceOptions | None = None,
+) -> remote.Command:
+    """One resource that waits for many, so that many can wait for one: N resources depending
+    on a barrier of M are N + M dependency edges, not N x M, and the SDK checks each edge for a
+    cycle (pulumi/runtime/rpc.py `_add_dependency`) by walking what it reaches.
+
+    A command without scripts does nothing and never connects: pulumi-command's Create returns
+    before running anything when `create` is unset, Update runs `update` or else `create`,
+    Delete runs only a `delete` (provider/pkg/provider/remote/commandController.go). Its only
+    input is the connection (the host it would use, never dialled): the dependency edges are not
+    inputs. The engine diffs inputs alone (pulumi/pulumi pkg/resource/deploy/step_generator.go
+    `diff`: the provider reference, then the provider's Diff of old and new inputs) and ripples
+    a replacement only through property dependencies (`calculateDependentReplacements`), never
+    through dependsOn. So a node joining or leaving adds or removes an edge and the barrier stays
+    `same`: nothing downstream re-runs or is replaced because of it, and the program still
+    registers what waits on the barrier only once every resource behind it has finished.
+
+    A component resource is no aggregate here: the SDK expands a dependency on a local component
+    into a dependency on each of its children (`_add_dependency`), N x M edges again."""
+    merged = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=after))
+    return command(name, connection=connection, opts=merged)

@@ -174,6 +174,26 @@ def _impact(resource: RecordedResource, change: Change, before: RecordedResource
     return None
 
 
+def is_health_gate(resource: RecordedResource) -> bool:
+    """A resource whose change (see `_gates` for which) waits until its replica serves again:
+    the day-2 chain is counted in these (`make bench`, Render.critical_path)."""
+    if resource.type == "aws:ssm/association:Association":
+        return bool(resource.inputs.get("waitForSuccessTimeoutSeconds"))
+    if resource.type == "docker:index/container:Container":
+        return bool(resource.inputs.get("wait"))
+    if resource.type == "command:remote:Command":
+        return bool(HEALTH_GATE_SUFFIXES) and resource.name.endswith(HEALTH_GATE_SUFFIXES)
+    return False
+
+
+def waits_on_create(resource: RecordedResource) -> bool:
+    """A health gate whose creation waits for a model to load, on day 0 too: an association
+    (its create waits for the run, association.go) or a container with `wait`. A bare-metal
+    `ready` is created waiting only for a server marked down, and on day 0 none is
+    (qwen_cluster/baremetal/rollout.py)."""
+    return is_health_gate(resource) and resource.type != "command:remote:Command"
+
+
 def _gates(resource: RecordedResource, change: Change) -> bool:
     """A change that, once carried out, has waited for its replica to serve again."""
     if change.action == "same" or change.action == "delete":
@@ -184,15 +204,8 @@ def _gates(resource: RecordedResource, change: Change) -> bool:
         if any(name in (resource.inputs.get("parameters") or {}) for name in ssm.STAGE_PARAMETERS):
             return False
         # Only a create (a new association or a replacement) waits: association.go.
-        return bool(resource.inputs.get("waitForSuccessTimeoutSeconds")) and change.action in (
-            "create",
-            "replace",
-        )
-    if resource.type == "docker:index/container:Container":
-        return bool(resource.inputs.get("wait"))
-    if resource.type == "command:remote:Command":
-        return bool(HEALTH_GATE_SUFFIXES) and resource.name.endswith(HEALTH_GATE_SUFFIXES)
-    return False
+        return is_health_gate(resource) and change.action in ("create", "replace")
+    return is_health_gate(resource)
 
 
 def _ancestors(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
