@@ -38,7 +38,7 @@ def check_existing_vpc(vpc_id: str, plan: vpc_plan.VpcPlan) -> None:
         )
 
 
-def build(cluster: ClusterConfig) -> dict[str, Any]:
+def build(cluster: ClusterConfig, *, ray_auth_token: Any = None) -> dict[str, Any]:
     """Register the AWS resources for a validated cluster; return the stack outputs."""
     aws_target = cluster.aws
     if aws_target is None:
@@ -85,7 +85,10 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
     serving = ModelServerDocument(
         "model-server",
         ModelServerDocumentArgs(
-            role_name=role.role_name, target_group_arn=load_balancer.target_group_arn, tags=tags
+            role_name=role.role_name,
+            target_group_arn=load_balancer.target_group_arn,
+            tags=tags,
+            ray_auth_token=ray_auth_token,
         ),
     )
     nodes = GpuNodeGroup(
@@ -99,7 +102,9 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             document_name=serving.document_name,
             target_group_arn=load_balancer.target_group_arn,
             attach=load_balancer.attach,
-            ready=[serving.drain_policy],
+            ready=[serving.drain_policy, *([serving.ray_token_policy] if ray_auth_token is not None else [])],
+            ray_token_parameter=serving.ray_token_parameter,
+            ray_token_version=serving.ray_token_version,
         ),
     )
     if cluster.monitoring.exporters or cluster.monitoring.prometheus:

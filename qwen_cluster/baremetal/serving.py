@@ -9,7 +9,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from qwen_cluster import tags
+from qwen_cluster import tags, topology
 from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import nginx, vllm
@@ -111,6 +111,22 @@ class ModelServerArgs:
     docker_host: str
     ssh_opts: list[str]
     depends_on: list[pulumi.Resource] = field(default_factory=list)
+    # qwen-cluster:rayAuthToken (an Output secret) when the replica spans nodes, else None.
+    ray_auth_token: pulumi.Input[str] | None = None
+
+
+def container_envs(spec: dict[str, Any], ray_auth_token: pulumi.Input[str] | None) -> pulumi.Input[list[str]]:
+    """The container's environment: the spec's, and with Ray the token, added inside the secret's
+    apply so the whole list stays secret (the plan shows [secret], never the token). `envs` is
+    ForceNew (IN_PLACE_FIELDS), so a new token replaces the replica's containers."""
+    if ray_auth_token is None:
+        return spec["envs"]
+    return pulumi.Output.secret(ray_auth_token).apply(
+        lambda token: [
+            *spec["envs"],
+            *(f"{key}={value}" for key, value in sorted(topology.ray_auth_environment(token).items())),
+        ]
+    )
 
 
 class ModelServer(pulumi.ComponentResource):
@@ -157,7 +173,7 @@ class ModelServer(pulumi.ComponentResource):
             image=self.image.name,  # the pinned tag (spec["image"]); the Output orders the pull first
             entrypoints=spec["entrypoints"],
             command=spec["command"],
-            envs=spec["envs"],
+            envs=container_envs(spec, self._args.ray_auth_token),
             network_mode=spec["network_mode"],
             ipc_mode=spec["ipc_mode"],
             gpus=spec["gpus"],
