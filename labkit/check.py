@@ -434,8 +434,9 @@ def allowed_ports(plan: LabPlan, member: Member) -> set[int]:
 def listeners(plan: LabPlan, workers: int = 32) -> list[Result]:
     """Every node's listening sockets (ss in its namespace): none on a non-loopback address
     outside the port table. Then each of those sockets probed from a cluster member and from
-    the intruder (an unused address on the node segment): the intruder reaches only what the
-    table promises it (nothing, unless an access CIDR holds it), a member reaches what listens."""
+    every vantage (client, monitoring, admin, outsider, and the intruder: an unused address on
+    the node segment): each reaches only what the table promises it, a member what listens.
+    The results are the measured list of who reaches what."""
     results = []
     exposed: list[Listener] = []
     for member in plan.nodes:
@@ -458,12 +459,6 @@ def listeners(plan: LabPlan, workers: int = 32) -> list[Result]:
             )
         )
     by_node = {member.node: member for member in plan.nodes}
-    intruder = next((v for v in plan.vantages if v.vantage is Vantage.INTRUDER), None)
-    promised = {
-        (exp.target_node, exp.port)
-        for exp in plan.expectations()
-        if intruder is not None and exp.source == intruder.namespace and exp.open
-    }
 
     def reach(source: Member, targets: list[Listener]) -> list[Listener]:
         def one(lst: Listener) -> bool:
@@ -476,6 +471,9 @@ def listeners(plan: LabPlan, workers: int = 32) -> list[Result]:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return [lst for lst, ok in zip(unique, pool.map(one, unique), strict=True) if ok]
 
+    def named(reached: list[Listener]) -> str:
+        return ", ".join(f"{lst.node}:{lst.port}" for lst in reached) or "nothing"
+
     nodes = plan.nodes
     if len(nodes) > 1:
         member = nodes[-1]
@@ -487,21 +485,29 @@ def listeners(plan: LabPlan, workers: int = 32) -> list[Result]:
                 "every other node",
                 "connect to every listener found",
                 "reaches port-table ports only",
-                ", ".join(f"{lst.node}:{lst.port}" for lst in reached) or "nothing",
+                named(reached),
                 _status(all(lst.port in allowed_ports(plan, by_node[lst.node]) for lst in reached)),
             )
         )
-    if intruder is not None:
-        reached = reach(intruder, exposed)
+    expectations = plan.expectations()
+    for vantage in plan.vantages:
+        # What the table promises this vantage (its own rows and those of every access CIDR
+        # its address is in); anything else it reaches is a finding.
+        promised = {
+            (exp.target_node, exp.port)
+            for exp in expectations
+            if exp.source == vantage.namespace and exp.open
+        }
+        reached = reach(vantage, exposed)
         unpromised = [lst for lst in reached if (lst.node, lst.port) not in promised]
         results.append(
             Result(
                 "listeners",
-                "intruder",
+                vantage.vantage.value,
                 "every node",
                 "connect to every listener found",
                 "only what the port table promises it",
-                ", ".join(f"{lst.node}:{lst.port}" for lst in reached) or "nothing",
+                named(reached) + (f" (not promised: {named(unpromised)})" if unpromised else ""),
                 _status(not unpromised),
             )
         )
