@@ -5,6 +5,7 @@ security groups and on bare-metal host firewalls alike.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 from collections import defaultdict
 from collections.abc import Callable
@@ -67,6 +68,12 @@ def _intervals(spans: list[PortRange]) -> list[PortRange]:
     return [PortRange(low, high - 1) for low, high in zip(cuts, cuts[1:], strict=False) if low < high]
 
 
+@functools.lru_cache(maxsize=4096)
+def _worlds(cidrs: frozenset) -> tuple:
+    """world.worlds, remembered: the hosts of a bare-metal stack share their member lists."""
+    return tuple(world.worlds(cidrs))
+
+
 def split_world(rules: list[Rule]) -> list[Rule]:
     """Ingress rules that open the world only together: for each rule that takes part, the same
     rule narrowed to the ports and protocol the world reaches through it, its peer the world with
@@ -90,7 +97,7 @@ def split_world(rules: list[Rule]) -> list[Rule]:
             for interval in _intervals([rule.ports or EVERY_PORT for rule in same]):
                 covering = [rule for rule in same if (rule.ports or EVERY_PORT).overlaps(interval)]
                 cidrs = [peer.cidr for rule in covering for peer in rule.peers if peer.cidr is not None]
-                for every in world.worlds(cidrs):
+                for every in _worlds(frozenset(cidrs)):
                     blocks = [cidr for cidr in cidrs if cidr.version == every.version]
                     if any(world.is_world(cidr) for cidr in blocks):
                         continue  # judged as it is
