@@ -5,7 +5,6 @@ AWS: an SSM SecureString the run script reads), required when replicas span node
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pulumi
 import pytest
@@ -13,26 +12,10 @@ import pytest
 from qwen_cluster import config, topology
 from qwen_cluster.render import ssm
 from tests.helpers.aws_stacks import render, variant
+from tests.helpers.secrets import SECRET_SIG, shown_in_clear
 from tooling import offline, stackfile
 
-SECRET_SIG = "4dabf18193072939515e22adb298388d"
 TOKEN = offline.OFFLINE_RAY_TOKEN
-
-
-def _plain(value: Any) -> Any:
-    """The value with every secret wrapper removed (what the plan shows in clear)."""
-    if isinstance(value, dict):
-        if SECRET_SIG in value:
-            return "[secret]"
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
-
-
-def _in_clear(result: offline.Render) -> list[str]:
-    """Resources whose inputs show the token outside a secret."""
-    return [r.name for r in result.resources if TOKEN in json.dumps(_plain(r.inputs))]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +59,7 @@ def test_bare_metal_gives_every_ray_container_the_token_as_a_secret(onprem_pipel
         assert SECRET_SIG in envs, container.name  # the whole list is secret
         assert "RAY_AUTH_MODE=token" in envs["value"]
         assert f"RAY_AUTH_TOKEN={TOKEN}" in envs["value"]
-    assert _in_clear(onprem_pipeline) == []
+    assert shown_in_clear(onprem_pipeline.resources, TOKEN) == []
 
 
 def test_without_ray_no_container_carries_a_token():
@@ -94,7 +77,7 @@ def test_aws_keeps_the_token_in_a_securestring_the_nodes_alone_may_read(prod_pip
     assert policy["Statement"] == [
         {"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": parameter.outputs["arn"]}
     ]
-    assert _in_clear(prod_pipeline) == []
+    assert shown_in_clear(prod_pipeline.resources, TOKEN) == []
 
 
 def test_aws_associations_name_the_parameter_and_its_version_never_the_token(prod_pipeline):
