@@ -41,15 +41,18 @@ def moved(old: offline.Render, new: offline.Render) -> dict[str, changes.Change]
 
 
 def test_an_image_bump_replaces_exactly_the_model_containers_one_replica_at_a_time(before):
-    after = render_with("model.image=vllm/vllm-openai:v0.11.1")
+    after = render_with("model.image=vllm/vllm-openai:v0.33.1")
     diff = moved(before, after)
     replaced = {name for name, c in diff.items() if c.action == "replace" and c.type == CONTAINER}
     assert replaced == {f"{n}-model-vllm" for n in NODES}
     assert {diff[name].strategy for name in replaced} == {"delete-before-replace"}
     assert "load-balancer-nginx" not in diff and "load-balancer-config" not in diff
-    # The drain and the gate of every replica run (update), nothing else of the chain moves.
+    # Every node stages the image, then the drain and the gate of every replica run (update);
+    # nothing else of the chain moves.
     commands = {name for name, c in diff.items() if c.type == COMMAND}
-    assert commands == {f"{n}-drain" for n in NODES} | {f"{n}-ready" for n in NODES}
+    assert commands == (
+        {f"{n}-model-stage" for n in NODES} | {f"{n}-drain" for n in NODES} | {f"{n}-ready" for n in NODES}
+    )
     assert {diff[name].action for name in commands} == {"update"}
     summary = changes.rollout(before, after)
     assert summary.max_replicas_out_of_service == 1
@@ -158,7 +161,7 @@ def test_a_pipeline_parallel_replica_is_drained_and_gated_as_one():
     assert {"master-model-vllm", "worker-1-model-vllm"} <= graph["master-ready"]
     assert "master-ready" in graph["worker-2-drain"]
     bumped = offline.render(
-        changes.apply_changes(BASE, ["model.pipelineParallel=2", "model.image=vllm/vllm-openai:v0.11.1"]),
+        changes.apply_changes(BASE, ["model.pipelineParallel=2", "model.image=vllm/vllm-openai:v0.33.1"]),
         "onprem",
     )
     summary = changes.rollout(after, bumped)

@@ -140,8 +140,8 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
         assert args["devices"] == [{"hostPath": "/dev/infiniband"}]
         assert args["capabilities"] == {"adds": ["IPC_LOCK"]}
         assert args["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1}]
-        assert args["image"] == "vllm/vllm-openai:v0.11.0"
-        assert server.depends_on == [*(f"{n}-selinux" for n in NODES), f"{node}-drain"]
+        assert args["image"] == "vllm/vllm-openai:v0.33.0"
+        assert server.depends_on == [*(f"{n}-selinux" for n in NODES), f"{node}-model-stage", f"{node}-drain"]
         assert server.provider.split("::")[-1].startswith(f"{node}-model-docker")
 
 

@@ -45,9 +45,17 @@ class Cluster(pulumi.ComponentResource):
             docker_host, ssh_opts = connection.docker_host(cluster, node)
             self.servers[node.name] = ModelServer(
                 f"{node.name}-model",
-                ModelServerArgs(cluster, node, docker_host, ssh_opts, setup_done, ray_auth_token),
+                ModelServerArgs(
+                    cluster, node, docker_host, ssh_opts, connections[node.name], setup_done, ray_auth_token
+                ),
                 opts=child,
             )
+        # Every node's staging (image and weights), for the rollout: a change's first drain may
+        # wait for all of them, so no replica leaves the load balancer before every node holds
+        # what it will restart into.
+        self.stage_resources: dict[str, pulumi.Resource] = {
+            node_name: server.stage for node_name, server in self.servers.items()
+        }
         self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child)
         lb_node = cluster.load_balancer_node
         self.load_balancer = LoadBalancer(

@@ -27,6 +27,7 @@ from qwen_cluster.config.sections import (
     DEFAULT_SCRAPE_INTERVAL_SECONDS,
     DEFAULT_SYSCTL,
     DEFAULT_VLLM_FLAGS,
+    DEFAULT_WEIGHTS_CACHE,
     OWNED_VLLM_FLAGS,
     Access,
     AwsTarget,
@@ -41,6 +42,7 @@ from qwen_cluster.config.sections import (
     Target,
     Tuning,
     VllmFlagValue,
+    Weights,
 )
 from qwen_cluster.config.values import Cidr, IPv4, IPv4Net
 
@@ -52,6 +54,7 @@ __all__ = [
     "DEFAULT_SCRAPE_INTERVAL_SECONDS",
     "DEFAULT_SYSCTL",
     "DEFAULT_VLLM_FLAGS",
+    "DEFAULT_WEIGHTS_CACHE",
     "IDLE_TIMEOUT_LIMITS",
     "KNOWN_KEYS",
     "MIN_BANDWIDTH_GBPS",
@@ -81,6 +84,7 @@ __all__ = [
     "Target",
     "Tuning",
     "VllmFlagValue",
+    "Weights",
     "complete_ports",
     "cross_errors",
     "decode_value",

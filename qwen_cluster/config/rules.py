@@ -110,6 +110,12 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
         if load_balancer.port == port_table.SSH_PORT:
             errors.append(f"loadBalancer.port {load_balancer.port} is the SSH port")
 
+    if target is Target.BARE_METAL and model is not None and model.weights.source == "s3":
+        errors.append(
+            f"model.weights.source s3 ({model.weights.uri}) applies to target aws only: there the node "
+            "role reads the prefix through the VPC's S3 endpoint. On bare metal use source mirror "
+            "(an HF-compatible endpoint in reach) or hub; bareMetal.weightsCache keeps what was fetched"
+        )
     if target is Target.AWS and aws is not None:
         errors += _aws_errors(aws, network, access)
     if target is Target.BARE_METAL and bare_metal is not None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwen_cluster import tags
+from qwen_cluster.render import ssm
 from tooling.changes.compare import Change, diff
 from tooling.offline import RecordedResource, Render, references, strings
 
@@ -178,6 +179,10 @@ def _gates(resource: RecordedResource, change: Change) -> bool:
     if change.action == "same" or change.action == "delete":
         return False
     if resource.type == "aws:ssm/association:Association":
+        # A staging association waits for its node's pull and fetch, not for a replica to serve
+        # again (qwen_cluster/render/ssm.py stage_document): it gates nothing.
+        if any(name in (resource.inputs.get("parameters") or {}) for name in ssm.STAGE_PARAMETERS):
+            return False
         # Only a create (a new association or a replacement) waits: association.go.
         return bool(resource.inputs.get("waitForSuccessTimeoutSeconds")) and change.action in (
             "create",

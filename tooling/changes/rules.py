@@ -217,7 +217,8 @@ _RULES: tuple[Rule, ...] = (
         frozenset({"name", "instanceId"}),
         f"{_TF_AWS} internal/service/ssm/association.go: name, instance_id ForceNew; parameters "
         "and targets update (UpdateAssociation). wait_for_success_timeout_seconds is read in "
-        "resourceAssociationCreate only: an update returns without waiting for its runs",
+        "resourceAssociationCreate only: an update returns without waiting for its runs (so the "
+        "program's model-server and staging associations replace on parameters and targets)",
     ),
     # --- bare metal -------------------------------------------------------------------------
     Rule(
@@ -235,7 +236,9 @@ _RULES: tuple[Rule, ...] = (
         "every configured field ForceNew (name, image, command, entrypoint, env, labels, upload, "
         "volumes, devices, gpus, network_mode, ipc_mode, ulimit, capabilities...) except those "
         "resourceDockerContainerUpdate changes (resource_docker_container_funcs.go: restart, "
-        "max_retry_count, cpu_shares, memory*, cpu_set, device_*_bps/iops, must_run); "
+        "max_retry_count, cpu_shares, memory*, cpu_set, device_*_bps/iops, must_run); stop_timeout "
+        "ForceNew; destroy_grace_seconds has no ForceNew and no update (only stored; "
+        "resourceDockerContainerDelete reads it as the stop timeout); "
         "pulumi/pulumi-docker provider/resources.go sets DeleteBeforeReplace: true",
         updates=frozenset(
             {
@@ -251,6 +254,7 @@ _RULES: tuple[Rule, ...] = (
                 "deviceReadIops",
                 "deviceWriteBps",
                 "deviceWriteIops",
+                "destroyGraceSeconds",
             }
         ),
         delete_before_replace=True,
