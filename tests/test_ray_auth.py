@@ -108,3 +108,24 @@ def test_the_labs_ray_refuses_token_mode_without_a_token_as_ray_does(monkeypatch
     assert shims.ray(["start", "--head"]) == 1
     monkeypatch.setenv("RAY_AUTH_TOKEN", "t")
     assert shims.ray(["start", "--head"]) == 0
+
+
+def _onprem_pipeline_with_token(token: str) -> offline.Render:
+    stack = stackfile.read("onprem")
+    stack["qwen-cluster:model"] = {**stack["qwen-cluster:model"], "pipelineParallel": 2}
+    stack["qwen-cluster:rayAuthToken"] = token
+    result = offline.render(stack, "onprem")
+    assert result.error is None, result.error
+    return result
+
+
+def test_a_new_ray_token_on_bare_metal_drains_each_replica_before_replacing_its_containers():
+    from tooling import changes
+
+    moved = changes.diff(_onprem_pipeline_with_token("a" * 64), _onprem_pipeline_with_token("b" * 64))
+    actions = {(c.name, str(c.action)) for c in moved if str(c.action) != "same"}
+    drains = {name for name, action in actions if name.endswith("-drain") and action == "update"}
+    replaced = {name for name, action in actions if name.endswith("-model-vllm") and action == "replace"}
+    assert drains == {"master-drain", "worker-2-drain"}  # both replica heads
+    assert replaced == {f"{node}-model-vllm" for node in ("master", "worker-1", "worker-2", "worker-3")}
+    assert shown_in_clear(_onprem_pipeline_with_token("a" * 64).resources, "a" * 64) == []

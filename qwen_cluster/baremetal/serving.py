@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +140,19 @@ def container_envs(spec: dict[str, Any], ray_auth_token: pulumi.Input[str] | Non
     )
 
 
+def token_tag(ray_auth_token: pulumi.Input[str] | None) -> pulumi.Output[str] | None:
+    """A short digest of the Ray token, not secret, for the rollout's fingerprint: a new token
+    replaces the replica's containers (`envs` is ForceNew), so it must drain the replica first,
+    and the drain runs only when its fingerprint changes. The token is random
+    (`openssl rand -hex 32`, 256 bits): 64 bits of a labelled SHA-256 of it tell nothing usable."""
+    if ray_auth_token is None:
+        return None
+    digest = pulumi.Output.secret(ray_auth_token).apply(
+        lambda token: hashlib.sha256(f"qwen-cluster rollout: {token}".encode()).hexdigest()[:16]
+    )
+    return pulumi.Output.unsecret(digest)
+
+
 class ModelServer(pulumi.ComponentResource):
     """One node's vLLM container (a replica head, or a pipeline worker running Ray).
 
@@ -175,6 +189,7 @@ class ModelServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:ModelServer", name, None, opts)
         self._name, self._args = name, args
+        self.token_tag = token_tag(args.ray_auth_token)
         self.spec = model_container_spec(args.cluster, args.node)
         self.provider = docker.Provider(
             f"{name}-docker",
