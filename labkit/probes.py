@@ -94,6 +94,11 @@ def get(ip: str, port: int, path: str, *, timeout: float = 5.0) -> Reply:
     return _request(ip, port, "GET", path, None, {}, timeout)
 
 
+def post(ip: str, port: int, path: str, *, timeout: float = 5.0) -> Reply:
+    """An empty POST (an admin route such as Prometheus's /-/quit)."""
+    return _request(ip, port, "POST", path, "", {}, timeout)
+
+
 @dataclass
 class Stream:
     status: int

@@ -260,6 +260,13 @@ def vllm(args: list[str]) -> int:
 
 
 def ray(args: list[str]) -> int:
+    # As Ray 2.52+ does: in token mode `ray start` refuses to run without a token
+    # (ray-project/ray python/ray/tests: test_ray_start_without_token_raises_error).
+    if os.environ.get("RAY_AUTH_MODE") == "token" and not (
+        os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    ):
+        print("lab ray: RAY_AUTH_MODE=token and no RAY_AUTH_TOKEN: refused", file=sys.stderr)
+        return 1
     if "--block" in args:
         print("lab ray: holding like `ray start --block`", flush=True)
         signal.pause()

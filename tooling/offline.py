@@ -36,6 +36,9 @@ PROGRAM = stackfile.PROJECT_ROOT / "__main__.py"
 OFFLINE_SSH_KEY = (
     "-----BEGIN OPENSSH PRIVATE KEY-----\noffline-placeholder\n-----END OPENSSH PRIVATE KEY-----\n"
 )
+# Placeholder for `rayAuthToken` when a stack file has none (needed with pipelineParallel > 1):
+# a secret like the real one, so a render (and the lab) shows where it travels.
+OFFLINE_RAY_TOKEN = "offline-ray-token-placeholder"
 
 
 @dataclass
@@ -361,6 +364,10 @@ def render(
     if ssh_private_key is not None and key_name not in values:
         values[key_name] = ssh_private_key
         secret_keys.append(key_name)
+    token_name = "qwen-cluster:rayAuthToken"
+    if token_name not in values:
+        values[token_name] = OFFLINE_RAY_TOKEN
+        secret_keys.append(token_name)
     mocks = RecordingMocks(
         invoke_results, preview=preview, echo_inputs=echo_inputs, region=stack_region(stack_config)
     )

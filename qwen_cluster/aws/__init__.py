@@ -38,7 +38,7 @@ def check_existing_vpc(vpc_id: str, plan: vpc_plan.VpcPlan) -> None:
         )
 
 
-def build(cluster: ClusterConfig) -> dict[str, Any]:
+def build(cluster: ClusterConfig, *, ray_auth_token: Any = None) -> dict[str, Any]:
     """Register the AWS resources for a validated cluster; return the stack outputs."""
     aws_target = cluster.aws
     if aws_target is None:
@@ -89,6 +89,7 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             target_group_arn=load_balancer.target_group_arn,
             tags=tags,
             weights=cluster.model.weights,
+            ray_auth_token=ray_auth_token,
         ),
     )
     nodes = GpuNodeGroup(
@@ -104,6 +105,8 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             target_group_arn=load_balancer.target_group_arn,
             attach=load_balancer.attach,
             ready=serving.ready,
+            ray_token_parameter=serving.ray_token_parameter,
+            ray_token_version=serving.ray_token_version,
         ),
     )
     if cluster.monitoring.exporters or cluster.monitoring.prometheus:

@@ -58,6 +58,9 @@ class GpuNodeGroupArgs:
     attach: Callable[[str, pulumi.Input[str]], Any]
     # What the first association needs in place (the drain permission, the weights read).
     ready: list[pulumi.Resource] = field(default_factory=list)
+    # With Ray: the SecureString holding rayAuthToken and its version (ModelServerDocument).
+    ray_token_parameter: pulumi.Input[str] = ""
+    ray_token_version: pulumi.Input[str] = ""
 
     def validate(self) -> None:
         aws_target, kind = self.cluster.aws, self.cluster.instance
@@ -145,7 +148,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
                         name=args.document_name,
                         targets=[{"key": "InstanceIds", "values": [instances[member.name].id]}],
                         parameters=ssm.parameters(
-                            cluster, member.name, target_group_arn=args.target_group_arn, target_id=head_id
+                            cluster,
+                            member.name,
+                            target_group_arn=args.target_group_arn,
+                            target_id=head_id,
+                            ray_token_parameter=args.ray_token_parameter,
+                            ray_token_version=args.ray_token_version,
                         ),
                         max_concurrency="1",
                         max_errors="0",

@@ -67,6 +67,8 @@ class ModelServerDocumentArgs:
     target_group_arn: pulumi.Input[str]
     tags: dict[str, str]
     weights: Weights = field(default_factory=Weights)
+    # qwen-cluster:rayAuthToken (an Output secret) when replicas span nodes, else None.
+    ray_auth_token: pulumi.Input[str] | None = None
 
 
 class ModelServerDocument(pulumi.ComponentResource):
@@ -144,5 +146,45 @@ class ModelServerDocument(pulumi.ComponentResource):
             )
         self.ready = [self.drain_policy, *([self.weights_policy] if self.weights_policy else [])]
         self.document_name = document.name
+        self.ray_token_parameter: pulumi.Input[str] = ""
+        self.ray_token_version: pulumi.Input[str] = ""
+        if args.ray_auth_token is not None:
+            self._ray_token(name, args, child)
+            self.ready.append(self.ray_token_policy)
         self.stage_document_name = stage_document.name
         self.register_outputs({"document": self.document_name, "stageDocument": self.stage_document_name})
+
+    def _ray_token(self, name: str, args: ModelServerDocumentArgs, child: pulumi.ResourceOptions) -> None:
+        """rayAuthToken as an SSM SecureString (encrypted with the account's aws/ssm key) that the
+        run script reads with `aws ssm get-parameter --with-decryption`, and the nodes' permission
+        to read that one parameter. terraform-provider-aws internal/service/ssm/parameter.go:
+        `name` is ForceNew; a new `value` updates in place (PutParameter, Overwrite) and raises
+        `version`, which the associations carry, so a new token restarts each server through
+        the usual drain and health gates. `value` is Sensitive there and a secret here."""
+        parameter = aws.ssm.Parameter(
+            f"{name}-ray-auth-token",
+            name=f"/qwen-cluster/{pulumi.get_stack()}/ray-auth-token",
+            type="SecureString",
+            value=pulumi.Output.secret(args.ray_auth_token),
+            description="qwen-cluster: the token Ray's processes authenticate with (RAY_AUTH_TOKEN)",
+            tags={**args.tags, "Name": f"{name}-ray-auth-token"},
+            opts=child,
+        )
+        # With the AWS managed key aws/ssm no kms:Decrypt grant is needed: its key policy lets
+        # principals of the account use it through SSM (docs.aws.amazon.com/systems-manager/latest/
+        # userguide/sysman-paramstore-access.html).
+        self.ray_token_policy = aws.iam.RolePolicy(
+            f"{name}-ray-auth-token-read",
+            role=args.role_name,
+            policy=parameter.arn.apply(
+                lambda arn: json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [{"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": arn}],
+                    }
+                )
+            ),
+            opts=child,
+        )
+        self.ray_token_parameter = parameter.name
+        self.ray_token_version = parameter.version.apply(str)

@@ -1,6 +1,7 @@
 """The bare-metal target: hosts configured over SSH, vLLM and nginx as containers.
 
-    build(cluster: ClusterConfig, ssh_private_key: Output[str] | None) -> dict[str, Any]
+    build(cluster: ClusterConfig, ssh_private_key: Output[str] | None, *,
+          ray_auth_token: Output[str] | None = None) -> dict[str, Any]
 
 Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
 ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; the Rollout chain that
@@ -27,7 +28,9 @@ from qwen_cluster.render.monitoring import containers as monitoring_containers
 
 
 class Cluster(pulumi.ComponentResource):
-    def __init__(self, name: str, cluster: ClusterConfig, ssh_private_key: Any, opts=None):
+    def __init__(
+        self, name: str, cluster: ClusterConfig, ssh_private_key: Any, ray_auth_token: Any = None, opts=None
+    ):
         super().__init__("qwen-cluster:baremetal:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.hosts: dict[str, HostSetup] = {}
@@ -52,7 +55,9 @@ class Cluster(pulumi.ComponentResource):
             docker_host, ssh_opts = connection.docker_host(cluster, node)
             self.servers[node.name] = ModelServer(
                 f"{node.name}-model",
-                ModelServerArgs(cluster, node, docker_host, ssh_opts, connections[node.name], setup_done),
+                ModelServerArgs(
+                    cluster, node, docker_host, ssh_opts, connections[node.name], setup_done, ray_auth_token
+                ),
                 opts=child,
             )
         # Every node's staging (image and weights), for the rollout: a change's first drain may
@@ -133,10 +138,10 @@ def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi
     return built
 
 
-def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
+def build(cluster: ClusterConfig, ssh_private_key: Any, *, ray_auth_token: Any = None) -> dict[str, Any]:
     connection.check_credentials(ssh_private_key)
     connection.check_host_keys(cluster, dry_run=pulumi.runtime.is_dry_run())
-    built = Cluster("bare-metal", cluster, ssh_private_key)
+    built = Cluster("bare-metal", cluster, ssh_private_key, ray_auth_token)
     lb_node = cluster.load_balancer_node
     return {
         "endpoint": f"http://{lb_node.ip}:{cluster.load_balancer.port}",

@@ -118,9 +118,9 @@ def command(
     name: str,
     *,
     connection: remote.ConnectionArgs,
-    create: str | None = None,
-    update: str | None = None,
-    delete: str | None = None,
+    create: str | pulumi.Output[str] | None = None,
+    update: str | pulumi.Output[str] | None = None,
+    delete: str | pulumi.Output[str] | None = None,
     first_as_user: str = "",
     **kwargs: Any,
 ) -> remote.Command:
@@ -130,11 +130,19 @@ def command(
     return remote.Command(
         name,
         connection=connection,
-        create=privilege.as_root(create, first_as_user=first_as_user) if create else None,
-        update=privilege.as_root(update) if update else None,
-        delete=privilege.as_root(delete) if delete else None,
+        create=_as_root(create, first_as_user=first_as_user),
+        update=_as_root(update),
+        delete=_as_root(delete),
         **kwargs,
     )
+
+
+def _as_root(script: str | pulumi.Output[str] | None, first_as_user: str = "") -> Any:
+    """privilege.as_root over a script, or over an Output of one (a script that carries a value
+    known only once another input resolves, such as the rollout's fingerprint with Ray)."""
+    if isinstance(script, pulumi.Output):
+        return script.apply(lambda text: privilege.as_root(text, first_as_user=first_as_user))
+    return privilege.as_root(script, first_as_user=first_as_user) if script else None
 
 
 def barrier(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,7 +10,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from qwen_cluster import tags
+from qwen_cluster import tags, topology
 from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import nginx, vllm, weights
@@ -121,6 +122,35 @@ class ModelServerArgs:
     ssh_opts: list[str]
     connection: remote.ConnectionArgs  # to the node, for the staging command
     depends_on: list[pulumi.Resource] = field(default_factory=list)
+    # qwen-cluster:rayAuthToken (an Output secret) when the replica spans nodes, else None.
+    ray_auth_token: pulumi.Input[str] | None = None
+
+
+def container_envs(spec: dict[str, Any], ray_auth_token: pulumi.Input[str] | None) -> pulumi.Input[list[str]]:
+    """The container's environment: the spec's, and with Ray the token, added inside the secret's
+    apply so the whole list stays secret (the plan shows [secret], never the token). `envs` is
+    ForceNew (IN_PLACE_FIELDS), so a new token replaces the replica's containers."""
+    if ray_auth_token is None:
+        return spec["envs"]
+    return pulumi.Output.secret(ray_auth_token).apply(
+        lambda token: [
+            *spec["envs"],
+            *(f"{key}={value}" for key, value in sorted(topology.ray_auth_environment(token).items())),
+        ]
+    )
+
+
+def token_tag(ray_auth_token: pulumi.Input[str] | None) -> pulumi.Output[str] | None:
+    """A short digest of the Ray token, not secret, for the rollout's fingerprint: a new token
+    replaces the replica's containers (`envs` is ForceNew), so it must drain the replica first,
+    and the drain runs only when its fingerprint changes. The token is random
+    (`openssl rand -hex 32`, 256 bits): 64 bits of a labelled SHA-256 of it tell nothing usable."""
+    if ray_auth_token is None:
+        return None
+    digest = pulumi.Output.secret(ray_auth_token).apply(
+        lambda token: hashlib.sha256(f"qwen-cluster rollout: {token}".encode()).hexdigest()[:16]
+    )
+    return pulumi.Output.unsecret(digest)
 
 
 class ModelServer(pulumi.ComponentResource):
@@ -159,6 +189,7 @@ class ModelServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:ModelServer", name, None, opts)
         self._name, self._args = name, args
+        self.token_tag = token_tag(args.ray_auth_token)
         self.spec = model_container_spec(args.cluster, args.node)
         self.provider = docker.Provider(
             f"{name}-docker",
@@ -189,7 +220,7 @@ class ModelServer(pulumi.ComponentResource):
             image=self.image.name,  # the pinned tag (spec["image"]); the Output orders the pull first
             entrypoints=spec["entrypoints"],
             command=spec["command"],
-            envs=spec["envs"],
+            envs=container_envs(spec, self._args.ray_auth_token),
             network_mode=spec["network_mode"],
             ipc_mode=spec["ipc_mode"],
             gpus=spec["gpus"],

@@ -19,7 +19,7 @@ from qwen_cluster.config.limits import (
     NLB_IDLE_TIMEOUT_SECONDS,
     RECOMMENDED_NODES,
 )
-from qwen_cluster.config.loading import decode_value, from_pulumi, validate
+from qwen_cluster.config.loading import decode_value, from_pulumi, ray_auth_token, validate
 from qwen_cluster.config.rules import complete_ports, cross_errors, monitoring_rows
 from qwen_cluster.config.sections import (
     DEFAULT_IMAGE,
@@ -89,6 +89,7 @@ __all__ = [
     "cross_errors",
     "decode_value",
     "from_pulumi",
+    "ray_auth_token",
     "monitoring_rows",
     "validate",
 ]

@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from qwen_cluster import catalog, topology
+from qwen_cluster import catalog, topology, world
 from qwen_cluster import ports as port_table
 from qwen_cluster.config.limits import (
     AWS_RESERVED_HEAD,
@@ -35,7 +35,27 @@ from qwen_cluster.config.sections import (
 
 # The reserved-address message spells the count out; a new count fails here, not silently.
 _RESERVED_HEAD_IN_WORDS = {4: "four"}[AWS_RESERVED_HEAD]
-_WORLD = {ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")}
+
+
+def _world_errors(access: Access) -> list[str]:
+    """monitoringCidrs and adminCidrs are never the world, however it is spelled (qwen_cluster/world.py):
+    one block that is the world by itself is named by its index, a list that is the world only
+    together is named as a whole. clientCidrs may be the world (an internet-facing endpoint)."""
+    errors = []
+    for key, cidrs in (("monitoringCidrs", access.monitoring_cidrs), ("adminCidrs", access.admin_cidrs)):
+        alone = [(index, cidr) for index, cidr in enumerate(cidrs) if world.is_world(cidr)]
+        errors += [
+            f"access.{key}[{index}] {cidr} opens to the whole internet; name the networks that need it"
+            for index, cidr in alone
+        ]
+        for every in world.worlds(cidrs):
+            if not any(cidr.version == every.version for _, cidr in alone):
+                parts = ", ".join(str(cidr) for cidr in cidrs if cidr.version == every.version)
+                errors.append(
+                    f"access.{key} [{parts}] together cover every public {world.family(every)} address: "
+                    "that opens to the whole internet; name the networks that need it"
+                )
+    return errors
 
 
 def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
@@ -58,13 +78,7 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
     if table is not None:
         errors += port_table.table_errors(table)
     if access is not None:
-        for key, cidrs in (("monitoringCidrs", access.monitoring_cidrs), ("adminCidrs", access.admin_cidrs)):
-            for index, cidr in enumerate(cidrs):
-                if cidr in _WORLD:
-                    errors.append(
-                        f"access.{key}[{index}] {cidr} opens to the whole internet; "
-                        "name the networks that need it"
-                    )
+        errors += _world_errors(access)
 
     for chosen, own, other in ((Target.AWS, "aws", "bareMetal"), (Target.BARE_METAL, "bareMetal", "aws")):
         if target is chosen:

@@ -151,12 +151,13 @@ class Access(Section):
     monitoring_cidrs: list[Cidr] = Field(
         default=[],
         description=f"Who may reach the `monitoring` ports ({_ENDPOINT_PORT}, Prometheus, Alertmanager); "
-        "never `0.0.0.0/0` or `::/0`.",
+        "never the world: not `0.0.0.0/0` or `::/0`, nor blocks that together cover every public address.",
     )
     admin_cidrs: list[Cidr] = Field(
         default=[],
-        description="Who may reach SSH (bastion, bare-metal hosts) and `admin` ports; never `0.0.0.0/0` "
-        "or `::/0`. Required on bare metal: the default-deny host firewall would lock SSH out, "
+        description="Who may reach SSH (bastion, bare-metal hosts) and `admin` ports; never the world "
+        "(`0.0.0.0/0`, `::/0`, or blocks that together cover every public address). Required on bare "
+        "metal: the default-deny host firewall would lock SSH out, "
         "pulumi's own connection included.",
     )
 

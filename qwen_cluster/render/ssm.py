@@ -69,6 +69,11 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "DrainSeconds": ("^[0-9]+$", "rollout.drainTimeoutSeconds"),
     "HealthSeconds": ("^[0-9]+$", "rollout.healthTimeoutSeconds"),
     "StopSeconds": ("^[0-9]+$", "how long `docker stop` waits: vLLM's shutdown timeout and a margin"),
+    "RayTokenParameter": (
+        "^[A-Za-z0-9/_.-]*$",
+        "the SSM SecureString holding rayAuthToken (empty when the replica runs no Ray)",
+    ),
+    "RayTokenVersion": ("^[0-9]*$", "that parameter's version: a new token restarts the container"),
     "HealthUrl": (
         f"^(http://[0-9.]+:[0-9]+{re.escape(vllm.HEALTH_PATH)})?$",
         f"where the replica answers {vllm.HEALTH_PATH}",
@@ -81,6 +86,9 @@ b64() { printf '%s' "$1" | base64 -d; }
 __INTERFACE_OF_FUNCTION__
 NODE_IP='{{ NodeIp }}'
 HASH='{{ ConfigHash }}'
+RAY_TOKEN_VERSION='{{ RayTokenVersion }}'
+if [ -n "$RAY_TOKEN_VERSION" ]; then HASH="$HASH-$RAY_TOKEN_VERSION"; fi  # a new Ray token restarts
+RAY_TOKEN_PARAMETER='{{ RayTokenParameter }}'
 IMAGE='{{ Image }}'
 TG='{{ TargetGroupArn }}'
 TARGET='{{ TargetId }}'
@@ -99,7 +107,17 @@ else
   docker pull "$IMAGE"  # while the old server still serves
   IFACE=$(__INTERFACE_OF__ "$NODE_IP")
   if [ -z "$IFACE" ]; then echo "no interface holds $NODE_IP" >&2; exit 1; fi
-  { b64 '{{ Environment }}'; echo "NCCL_SOCKET_IFNAME=$IFACE"; echo "GLOO_SOCKET_IFNAME=$IFACE"; } > __ENV__
+  install -m 0600 /dev/null __ENV__  # it may hold the Ray token: root only
+  {
+    b64 '{{ Environment }}'; echo "NCCL_SOCKET_IFNAME=$IFACE"; echo "GLOO_SOCKET_IFNAME=$IFACE"
+    if [ -n "$RAY_TOKEN_PARAMETER" ]; then
+      # The token never travels in the document's parameters: read it here, decrypted, from
+      # the SecureString the instance role may read (and nothing else).
+      echo "RAY_AUTH_MODE=token"
+      printf 'RAY_AUTH_TOKEN=%s\n' "$(aws ssm get-parameter --name "$RAY_TOKEN_PARAMETER" \
+        --with-decryption --query Parameter.Value --output text)"
+    fi
+  } > __ENV__
   b64 '{{ ServerScript }}' > __SCRIPT__
   mapfile -t OPTIONS < <(b64 '{{ DockerOptions }}')
   if [ -n "$TG" ] && [ -n "$(docker ps --quiet --filter 'name=^__NAME__$')" ]; then
@@ -224,9 +242,13 @@ def parameters(
     *,
     target_group_arn: Any = "",
     target_id: Any = "",
+    ray_token_parameter: Any = "",
+    ray_token_version: Any = "",
 ) -> dict[str, Any]:
     """The association parameters for one node. `target_group_arn` / `target_id` may be Pulumi
-    Outputs (the component passes them); they are empty for pipeline workers."""
+    Outputs (the component passes them); they are empty for pipeline workers. With Ray
+    (pipelineParallel > 1) `ray_token_parameter` names the SecureString holding rayAuthToken and
+    `ray_token_version` is its version: the token itself is never a parameter."""
     topology = cluster.topology
     replica = topology.replica_of(node_name)
     node = next(member for member in replica.members if member.name == node_name)
@@ -247,6 +269,8 @@ def parameters(
         "DrainSeconds": str(cluster.rollout.drain_timeout_seconds),
         "HealthSeconds": str(cluster.rollout.health_timeout_seconds),
         "StopSeconds": str(vllm.stop_grace_seconds(cluster)),
+        "RayTokenParameter": ray_token_parameter if topology.pipeline_parallel > 1 else "",
+        "RayTokenVersion": ray_token_version if topology.pipeline_parallel > 1 else "",
         "HealthUrl": f"http://{replica.head.ip}:{topology.model_port}{vllm.HEALTH_PATH}" if head else "",
     }
 

@@ -206,6 +206,13 @@ _RULES: tuple[Rule, ...] = (
         "document version); associations do not re-run on it by themselves",
     ),
     Rule(
+        "aws:ssm/parameter:Parameter",
+        frozenset({"name", "dataType"}),
+        f"{_TF_AWS} internal/service/ssm/parameter.go: name, data_type ForceNew (and tier Advanced -> "
+        "Standard); value, type, description update in place (PutParameter with Overwrite), and a "
+        "new value raises the computed version",
+    ),
+    Rule(
         "aws:ssm/association:Association",
         frozenset({"name", "instanceId"}),
         f"{_TF_AWS} internal/service/ssm/association.go: name, instance_id ForceNew; parameters "
