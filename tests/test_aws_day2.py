@@ -274,9 +274,7 @@ def test_pipeline_workers_start_before_their_head_and_only_heads_wait(pipeline):
     head = result.named("gpu-nodes-master-server")
     assert "waitForSuccessTimeoutSeconds" not in worker.inputs and head.inputs["waitForSuccessTimeoutSeconds"]
     assert "gpu-nodes-worker-1-server" in head.depends_on
-    assert (
-        worker.inputs["parameters"]["HealthUrl"] == "" and worker.inputs["parameters"]["TargetGroupArn"] == ""
-    )
+    assert worker.inputs["parameters"]["HealthUrl"] == ""
     assert result.outputs["rollout"]["order"] == ["worker-1", "master", "worker-3", "worker-2"]
 
 

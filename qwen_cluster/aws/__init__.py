@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pulumi
@@ -38,8 +39,9 @@ def check_existing_vpc(vpc_id: str, plan: vpc_plan.VpcPlan) -> None:
         )
 
 
-def build(cluster: ClusterConfig) -> dict[str, Any]:
-    """Register the AWS resources for a validated cluster; return the stack outputs."""
+def build(cluster: ClusterConfig, staged: Sequence[pulumi.Resource] = ()) -> dict[str, Any]:
+    """Register the AWS resources for a validated cluster; return the stack outputs. `staged`:
+    what must be on every node before any replica drains (GpuNodeGroupArgs.staged)."""
     aws_target = cluster.aws
     if aws_target is None:
         raise ValueError("qwen_cluster.aws.build needs target aws")
@@ -100,6 +102,7 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
             target_group_arn=load_balancer.target_group_arn,
             attach=load_balancer.attach,
             ready=[serving.drain_policy],
+            staged=staged,
         ),
     )
     if cluster.monitoring.exporters or cluster.monitoring.prometheus:
@@ -128,6 +131,8 @@ def build(cluster: ClusterConfig) -> dict[str, Any]:
         },
         "rollout": {
             "order": nodes.rollout_order,
+            "maxUnavailable": cluster.max_unavailable,
+            "lanes": nodes.lanes,
             "drainTimeoutSeconds": cluster.rollout.drain_timeout_seconds,
             "healthTimeoutSeconds": cluster.rollout.health_timeout_seconds,
         },

@@ -1,5 +1,5 @@
 """GpuNodeGroup: a cluster placement group, one EFA instance per configured node, and each
-node's model server as an SSM association, rolled one replica at a time.
+node's model server as an SSM association, rolled in rollout.maxUnavailable lanes.
 
 Day 2 (issue 10), what decides the design, from the providers' sources:
 - A launch template change is a new version, and the instance replaces when the version it
@@ -14,17 +14,31 @@ Day 2 (issue 10), what decides the design, from the providers' sources:
   UpdateAssociation). So any change to an association replaces it (replaceOnChanges on its
   parameters and targets), and the replacement's create waits for the run, which waits for
   the node to serve again.
-- The chain: each replica's instances and associations depend on the previous replica's
-  head association, the health gate. A model-server change rolls one replica at a time, and so
-  does a machine change (the association targets the instance by id: a new instance means new
-  targets, so a new association that waits before the next instance is touched). The cost is
-  day 0: replicas come up one after another (boot, image pull, weights, load per replica).
+- The lanes: replica i rolls in lane i mod k (k = rollout.maxUnavailable as a count,
+  ClusterConfig.rollout_lanes). Each replica's instances and associations depend on the head
+  association of the replica before it in its lane, its health gate; the lanes do not wait for
+  each other. A model-server change rolls k replicas at a time, and so does a machine change
+  (the association targets the instance by id: a new instance means new targets, so a new
+  association that waits before the lane's next instance is touched). A lane's first
+  associations also wait for `staged` (GpuNodeGroupArgs), so no replica is drained before what
+  the change stages is on every node.
+- Day 0 does not wait for a model load: what an association's create waits for is its run
+  (association.go resourceAssociationCreate: waitAssociationSuccess after CreateAssociation),
+  and the run (qwen_cluster/render/ssm.py) waits for /health only when the replica served
+  before it (a container of ours ran on the node) or the target group already has a healthy
+  target (a machine replaced in a serving cluster, a node that joins one). On a new stack
+  neither holds: each run starts its server and returns, and the NLB's health check admits
+  every replica when it has loaded. A lane on day 0 is ceil(replicas / k) turns of launch,
+  boot and server start (4 at the default 25 %, whatever the node count), not of model loads.
+- A pipeline-parallel replica drains as a whole: its workers' runs take the replica's head out
+  of the target group before they restart their Ray worker (ssm.py), and the head's run after
+  them.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +49,7 @@ from qwen_cluster import catalog
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import cloudinit, ec2, ssm
 from qwen_cluster.tags import GPU_NODE, NODE_TAG, ROLE_TAG
+from qwen_cluster.topology import previous_in_lane
 
 
 @dataclass
@@ -50,6 +65,10 @@ class GpuNodeGroupArgs:
     attach: Callable[[str, pulumi.Input[str]], Any]
     # What the first association needs in place (the drain permission).
     ready: list[pulumi.Resource] = field(default_factory=list)
+    # What must be on every node before any replica drains (images and weights staged while the
+    # old servers still serve): each lane's first associations depend on all of it. Registered
+    # before the node group, so it cannot wait for the group's later instances.
+    staged: Sequence[pulumi.Resource] = ()
 
     def validate(self) -> None:
         aws_target, kind = self.cluster.aws, self.cluster.instance
@@ -92,6 +111,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
     image_ids: dict[str, pulumi.Output[str]]
     placement_group_name: pulumi.Output[str]
     rollout_order: list[str]
+    lanes: list[list[str]]  # replica heads, lane by lane
 
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
         args.validate()
@@ -115,15 +135,22 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._nodes = {node.name: node for node in cluster.nodes}
         self._interfaces = self._interface_layout()
         topology = cluster.topology
-        gate: list[pulumi.Resource] = list(args.ready)  # the previous replica's health gate
+        width = cluster.max_unavailable
+        gates: list[aws.ssm.Association] = []  # each replica's head association, by replica index
         for replica in topology.replicas:
+            before = previous_in_lane(replica, width)
+            # The lane's previous health gate; a lane's first replica: the drain permission.
+            machine_after = [gates[before]] if before is not None else list(args.ready)
+            server_after = [gates[before]] if before is not None else [*args.ready, *args.staged]
             instances = {
-                member.name: self._instance(self._node(member.name), gate) for member in replica.members
+                member.name: self._instance(self._node(member.name), machine_after)
+                for member in replica.members
             }
             head_id = instances[replica.head.name].id
             args.attach(replica.head.name, head_id)
-            # Pipeline workers first (their Ray worker joins the head), the head last: its run
-            # waits for the replica's /health and gates the next replica.
+            # Pipeline workers first (their run drains the replica's head, then their Ray worker
+            # joins it), the head last: its run waits for the replica's /health and gates the
+            # lane's next replica.
             started: list[pulumi.Resource] = []
             for member in [*replica.workers, replica.head]:
                 is_head = member.name == replica.head.name
@@ -142,12 +169,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
                             parent=self,
                             # Waited for on create only (association.go): every change replaces.
                             replace_on_changes=["parameters", "targets"],
-                            depends_on=[*gate, *started],
+                            depends_on=[*server_after, *started],
                         ),
                     )
                 )
                 self.rollout_order.append(member.name)
-            gate = [started[-1]]
+            gates.append(started[-1])
+        self.lanes = [[replica.head.name for replica in lane] for lane in cluster.rollout_lanes]
 
         self.placement_group_name = self._placement_group.name
         self.register_outputs(

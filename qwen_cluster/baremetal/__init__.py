@@ -1,15 +1,16 @@
 """The bare-metal target: hosts configured over SSH, vLLM and nginx as containers.
 
-    build(cluster: ClusterConfig, ssh_private_key: Output[str] | None) -> dict[str, Any]
+    build(cluster: ClusterConfig, ssh_private_key: Output[str] | None, staged=()) -> dict[str, Any]
 
 Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
 ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; the Rollout chain that
-starts (and on Day 2 replaces) the model containers one replica at a time; and the verify
+starts (and on Day 2 replaces) the model containers in rollout.maxUnavailable lanes; and the verify
 commands, the master's last of all. Returns the stack outputs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pulumi
@@ -25,7 +26,14 @@ from qwen_cluster.render.monitoring import containers as monitoring_containers
 
 
 class Cluster(pulumi.ComponentResource):
-    def __init__(self, name: str, cluster: ClusterConfig, ssh_private_key: Any, opts=None):
+    def __init__(
+        self,
+        name: str,
+        cluster: ClusterConfig,
+        ssh_private_key: Any,
+        opts=None,
+        staged: Sequence[pulumi.Resource] = (),
+    ):
         super().__init__("qwen-cluster:baremetal:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.hosts: dict[str, HostSetup] = {}
@@ -54,11 +62,13 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        # The model containers start through the rollout chain: one replica after another,
-        # each drained before its container is replaced and healthy before the next starts.
+        # The model containers start through the rollout lanes: in each lane one replica after
+        # another, drained before its containers are replaced and healthy before the next starts.
         self.rollout = Rollout(
             "rollout",
-            RolloutArgs(cluster, self.servers, self.load_balancer, connections[lb_node.name], setup_done),
+            RolloutArgs(
+                cluster, self.servers, self.load_balancer, connections[lb_node.name], setup_done, staged
+            ),
             opts=child,
         )
         everything = [
@@ -111,10 +121,13 @@ def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi
     return built
 
 
-def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
+def build(
+    cluster: ClusterConfig, ssh_private_key: Any, staged: Sequence[pulumi.Resource] = ()
+) -> dict[str, Any]:
+    """`staged`: what must be on every node before any replica drains (RolloutArgs.staged)."""
     connection.check_credentials(ssh_private_key)
     connection.check_host_keys(cluster, dry_run=pulumi.runtime.is_dry_run())
-    built = Cluster("bare-metal", cluster, ssh_private_key)
+    built = Cluster("bare-metal", cluster, ssh_private_key, staged=staged)
     lb_node = cluster.load_balancer_node
     return {
         "endpoint": f"http://{lb_node.ip}:{cluster.load_balancer.port}",
@@ -123,5 +136,11 @@ def build(cluster: ClusterConfig, ssh_private_key: Any) -> dict[str, Any]:
         "firewall": cluster.bare_metal.firewall,
         "hosts": {name: str(node.ip) for name, node in ((n.name, n) for n in cluster.nodes)},
         "verify": built.verify.stdout,
+        "rollout": {
+            "maxUnavailable": cluster.max_unavailable,
+            "lanes": built.rollout.lanes,
+            "drainTimeoutSeconds": cluster.rollout.drain_timeout_seconds,
+            "healthTimeoutSeconds": cluster.rollout.health_timeout_seconds,
+        },
         **monitoring_containers.stack_outputs(cluster),
     }
