@@ -240,6 +240,8 @@ class Model(Section):
 # rollout.maxUnavailable: a count, or a percentage of the replicas as Kubernetes writes it
 # ("25%"; its Deployment default, rounded down as Kubernetes rounds maxUnavailable).
 DEFAULT_MAX_UNAVAILABLE = "25%"
+# A real replica loads its weights for minutes: a shorter gate would fail every rollout.
+MIN_HEALTH_TIMEOUT_SECONDS = 60
 _PERCENT = re.compile(r"^([0-9]{1,3})%$")
 
 
@@ -286,7 +288,7 @@ class Rollout(Section):
     )
     health_timeout_seconds: int = Field(
         default=1800,
-        ge=60,
+        ge=MIN_HEALTH_TIMEOUT_SECONDS,
         le=7200,
         description="How long a restarted replica has to answer vLLM's `/health` before the rollout "
         "stops with the other replicas still serving (weights load from the local cache; a cold "

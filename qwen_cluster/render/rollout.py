@@ -30,6 +30,9 @@ from qwen_cluster.render.shell import quote, script, sha256
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 HEALTH_CONNECT_SECONDS = 5
+# The shell variable holding rollout.healthTimeoutSeconds in the gate (the lab puts it on its
+# clock: labkit/substitutions.py).
+HEALTH_TIMEOUT_VARIABLE = "health_timeout"
 
 
 def fingerprint(specs: Iterable[Mapping]) -> str:
@@ -159,7 +162,6 @@ fi
         if only_if_down
         else ""
     )
-    timeout = int(health_timeout_seconds)
     body = f"""
 # {replica}: the containers it runs: {fingerprint}
 {_helpers(server, conf_dir).strip()}
@@ -174,12 +176,13 @@ http_status() {{
   ' "$server_ip" "$server_port" "$1" 2>/dev/null </dev/null || true
 }}
 {skip}
-deadline=$((SECONDS + {timeout}))
+{HEALTH_TIMEOUT_VARIABLE}={int(health_timeout_seconds)}
+deadline=$((SECONDS + {HEALTH_TIMEOUT_VARIABLE}))
 until [ "$(http_status {HEALTH_PATH})" = 200 ]; do
   if [ "$SECONDS" -ge "$deadline" ]; then
     echo "ready: {replica} ($address) did not answer {HEALTH_PATH} with 200 within" \\
-      "rollout.healthTimeoutSeconds={timeout}; it stays out of rotation and the rollout" \\
-      "stops here (the replicas after it still serve the previous version)" >&2
+      "rollout.healthTimeoutSeconds=${HEALTH_TIMEOUT_VARIABLE}; it stays out of rotation and its" \\
+      "lane stops here (the replicas not yet reached still serve the previous version)" >&2
     exit 1
   fi
   sleep {int(poll_seconds)}
