@@ -89,20 +89,26 @@ def test_a_count_of_two_makes_two_lanes_of_eight(stack):
 # drain (bare metal) or association (AWS) must wait for.
 STAGED_PROGRAM = textwrap.dedent(
     """
+    import pulumi
     import pulumi_command
 
-    from qwen_cluster import config
+    from qwen_cluster import config, summary
 
     cluster, ssh_private_key = config.from_pulumi()
-    staged = pulumi_command.local.Command("staged-everywhere", create="true")
+    staged = pulumi_command.remote.Command(
+        "staged-everywhere", connection={"host": "192.0.2.1"}, create=f"stage {cluster.model.image}"
+    )
+    pulumi.export("summary", summary.summary(cluster))
     if cluster.target is config.Target.AWS:
         from qwen_cluster import aws
 
-        aws.build(cluster, staged=[staged])
+        outputs = aws.build(cluster, staged=[staged])
     else:
         from qwen_cluster import baremetal
 
-        baremetal.build(cluster, ssh_private_key, staged=[staged])
+        outputs = baremetal.build(cluster, ssh_private_key, staged=[staged])
+    for name, value in outputs.items():
+        pulumi.export(name, value)
     """
 )
 
@@ -116,3 +122,12 @@ def test_every_lanes_first_drain_waits_for_what_is_staged(stack, tmp_path):
     graph = result.dependencies()
     waiting = {name for name, found in graph.items() if "staged-everywhere" in found}
     assert waiting == {FIRST[stack].format(name) for name in heads(16)[:4]}
+
+
+def test_the_plan_names_what_is_staged_before_the_first_lane_drains(tmp_path):
+    program = tmp_path / "__main__.py"
+    program.write_text(STAGED_PROGRAM)
+    config = bench.scaled_stack("onprem", 4)
+    before = offline.render(config, "onprem", program=program)
+    after = offline.render(changes.apply_changes(config, [IMAGE_BUMP]), "onprem", program=program)
+    assert changes.rollout(before, after).staged_first == ["staged-everywhere"]

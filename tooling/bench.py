@@ -78,6 +78,8 @@ def measure_render(stack: str, count: int) -> dict[str, Any]:
         "interfaces": sum(1 for r in custom if r.type in NETWORK_INTERFACE_TYPES),
         "sg_rules": sum(1 for r in custom if r.type in SG_RULE_TYPES),
         "critical_path": len(render.critical_path()),
+        # A day-2 change's longest lane: ceil(replicas / rollout.maxUnavailable).
+        "day2_chain": max(map(len, (render.outputs.get("rollout") or {}).get("lanes") or [[]])),
     }
 
 
@@ -336,6 +338,7 @@ def print_render(console, figures: dict[str, Any]) -> None:
         "interfaces",
         "SG rules",
         "critical path",
+        "day-2 lane",
         title=f"offline render of {figures['stack']} (fastest of {figures['repeat']})",
     )
     for run in figures["runs"]:
@@ -350,10 +353,11 @@ def print_render(console, figures: dict[str, Any]) -> None:
             str(run["interfaces"]),
             str(run["sg_rules"]),
             str(run["critical_path"]),
+            str(run["day2_chain"]),
         )
     floor = figures["floor"]
     table.add_row(
-        "floor", f"{floor['wall_s']:.2f}", "-", "-", f"{floor['peak_mb']:.0f}", "0", "0", "0", "0", "0"
+        "floor", f"{floor['wall_s']:.2f}", "-", "-", f"{floor['peak_mb']:.0f}", "0", "0", "0", "0", "0", "0"
     )
     console.print(table)
     runs = figures["runs"]
@@ -373,9 +377,9 @@ def print_chain(console, runs: list[dict[str, Any]]) -> None:
     first, last = runs[0], runs[-1]
     per_node = (last["critical_path"] - first["critical_path"]) / max(1, last["nodes"] - first["nodes"])
     console.print(
-        "bare-metal rollout chain (one replica at a time): critical path "
+        "bare-metal rollout lanes (rollout.maxUnavailable, 25 % by default): critical path "
         + " / ".join(f"{run['critical_path']} at {run['nodes']} nodes" for run in runs)
-        + f" ({per_node:.1f} per added node: drain, container, health gate); on day 0 "
+        + f" ({per_node:.1f} per added node; a lane is drain, container, health gate per replica); on day 0 "
         + " / ".join(str(run["day0_serial_steps"]) for run in runs)
         + " of those steps do work one after another (a container start, a short SSH command;"
         " no drain, no wait for a model load)"

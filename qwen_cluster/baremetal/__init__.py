@@ -129,6 +129,7 @@ def build(
     connection.check_host_keys(cluster, dry_run=pulumi.runtime.is_dry_run())
     built = Cluster("bare-metal", cluster, ssh_private_key, staged=staged)
     lb_node = cluster.load_balancer_node
+    settings = cluster.rollout
     return {
         "endpoint": f"http://{lb_node.ip}:{cluster.load_balancer.port}",
         "loadBalancerNode": lb_node.name,
@@ -139,8 +140,11 @@ def build(
         "rollout": {
             "maxUnavailable": cluster.max_unavailable,
             "lanes": built.rollout.lanes,
-            "drainTimeoutSeconds": cluster.rollout.drain_timeout_seconds,
-            "healthTimeoutSeconds": cluster.rollout.health_timeout_seconds,
+            "staged": [resource.urn for resource in staged],
+            # The longest one replica holds its lane: its drain's and its gate's deadlines.
+            "replicaBoundSeconds": settings.drain_timeout_seconds + settings.health_timeout_seconds,
+            "drainTimeoutSeconds": settings.drain_timeout_seconds,
+            "healthTimeoutSeconds": settings.health_timeout_seconds,
         },
         **monitoring_containers.stack_outputs(cluster),
     }
