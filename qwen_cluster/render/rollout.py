@@ -30,6 +30,8 @@ from qwen_cluster.render.shell import quote, script, sha256
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 HEALTH_CONNECT_SECONDS = 5
+# How long a lane waits for another lane's mark (a file rewrite, `nginx -t` and a reload).
+LOCK_WAIT_SECONDS = 120
 # The shell variable holding rollout.healthTimeoutSeconds in the gate (the lab puts it on its
 # clock: labkit/substitutions.py).
 HEALTH_TIMEOUT_VARIABLE = "health_timeout"
@@ -63,8 +65,17 @@ set_flag() {{
 
 # Mark the server down or up and have nginx take it, or leave the upstream file as it was: a
 # server is never marked down while nginx still sends it traffic (docker unreachable, a failed
-# test or reload), so the container that follows is not replaced under live requests.
+# test or reload), so the container that follows is not replaced under live requests. The
+# lanes of a rollout run at once on this host: one at a time in the file (flock), or two
+# read-modify-writes would lose one server's mark.
 mark() {{
+  (
+    flock -w {LOCK_WAIT_SECONDS} 9 || {{ echo "another rollout step holds $upstream.lock" >&2; exit 1; }}
+    mark_locked "$1"
+  ) 9>>"$upstream.lock"
+}}
+
+mark_locked() {{
   local status=0
   cp -p "$upstream" "$upstream.before.$$"
   set_flag "$1"
