@@ -75,6 +75,7 @@ def print_upgrade(console: Console, result) -> None:
         console.print(
             "replicas not reached (still on what they ran): " + (", ".join(result.not_reached) or "none")
         )
+        console.print("replicas left out of the load balancer: " + (", ".join(result.left_out) or "none"))
 
 
 def print_results(console: Console, results: list[Result], *, verbose: bool = False) -> None:

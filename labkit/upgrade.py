@@ -24,7 +24,7 @@ from labkit.blueprint import LabPlan, ProbeExpectation
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.vllm import HEALTH_PATH
 from tooling import changes as change_syntax
-from tooling.changes.impact import DRAIN_SUFFIXES
+from tooling.changes.impact import DRAIN_SUFFIXES, HEALTH_GATE_SUFFIXES
 
 
 class UpgradeError(RuntimeError):
@@ -241,6 +241,7 @@ class UpgradeReport:
     # still run what they ran before).
     stopped_at: list[str] = field(default_factory=list)
     not_reached: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # drained, their gate never passed
     lanes: list[list[str]] = field(default_factory=list)  # replica heads, lane by lane
 
     def as_json(self) -> dict[str, Any]:
@@ -268,6 +269,7 @@ class UpgradeReport:
         if not self.ok:
             document["stoppedAt"] = self.stopped_at
             document["replicasNotReached"] = self.not_reached
+            document["replicasLeftOut"] = self.left_out
         if self.probe_sweeps is not None:
             document["probes"] = {"sweeps": self.probe_sweeps, "openThatMustBeClosed": self.opened}
         return document
@@ -340,6 +342,15 @@ def run(
         for head in after.heads
         if not any(f"{head.node}{suffix}" in drained for suffix in DRAIN_SUFFIXES)
     ]
+    # Out of the load balancer when the rollout stopped: drained, and their gate did not pass
+    # (it failed, or never started because the engine stopped starting steps).
+    passed = {step.resource for step in ran if step.ok}
+    left_out = [
+        head.node
+        for head in after.heads
+        if head.node not in not_reached
+        and not any(f"{head.node}{suffix}" in passed for suffix in HEALTH_GATE_SUFFIXES)
+    ]
     return UpgradeReport(
         requests=len(outcomes),
         failed=sum(1 for o in outcomes if not o.ok and not o.cut),
@@ -356,6 +367,7 @@ def run(
         opened=opened,
         stopped_at=stopped_at,
         not_reached=not_reached if stopped_at else [],
+        left_out=left_out if stopped_at else [],
         lanes=[[replica.head.name for replica in lane] for lane in after.cluster.rollout_lanes],
     )
 

@@ -133,6 +133,7 @@ def test_an_image_that_never_becomes_healthy_stops_the_rollout_with_the_rest_ser
     assert [where.split(":")[0] for where in result["stoppedAt"]] == ["master-ready on master"]
     assert "rollout.healthTimeoutSeconds=2" in result["stoppedAt"][0]
     assert result["replicasNotReached"] == ["worker-1", "worker-2", "worker-3"]
+    assert result["replicasLeftOut"] == ["master"]
     assert result["maxReplicasDown"] == 1
 
 
