@@ -2,9 +2,10 @@
 
 scripts/lab.py up STACK [--nodes N]       apply the program to the lab (day 0, or what changed)
 scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure
-scripts/lab.py upgrade STACK --change KEY=VALUE [...] [--json] [--probe-matrix]
+scripts/lab.py upgrade STACK --change KEY=VALUE [...] [--json] [--probe-matrix] [--nodes N]
                                           apply a change under client load; exit 1 on a
-                                          failed step, request or cut stream
+                                          failed step, request or cut stream (--nodes: a lab
+                                          that is not up is brought up with N nodes first)
 scripts/lab.py down STACK                 remove everything the lab made (also after a crash)
 scripts/lab.py run STACK                  up, check, down (what `make lab` does)
 """
@@ -114,6 +115,10 @@ def _upgrade(args, console: Console, options: lifecycle.Options) -> int:
     if missing:
         console.print("[bold red]the lab cannot run here:[/] " + "; ".join(missing))
         return 2
+    if args.nodes is not None:
+        status = _up_for_upgrade(args, console, options)
+        if status:
+            return status
     load = upgrade.LoadSettings(max_requests=args.max_requests)
     try:
         result = upgrade.run(
@@ -128,3 +133,28 @@ def _upgrade(args, console: Console, options: lifecycle.Options) -> int:
         report.print_upgrade(console, result)
     clean = result.ok and not result.failed and not result.streams_cut
     return 0 if clean else 1
+
+
+def _up_for_upgrade(args, console: Console, options: lifecycle.Options) -> int:
+    """`upgrade --nodes N`: the lab with N nodes, brought up first when it is not up; a lab that
+    is up with another node count is refused (the change would be applied to a different
+    cluster than asked for)."""
+    label = args.label or args.stack
+    state = executor.load_state(lifecycle.state_file_for(label))
+    if state is not None:
+        count = len(state.config.get("qwen-cluster:nodes") or [])
+        if count != args.nodes:
+            console.print(f"[bold red]lab {label} is up with {count} nodes, not --nodes {args.nodes}[/]")
+            return 2
+        return 0
+    try:
+        lab_plan = blueprint.load(args.stack, nodes=args.nodes, label=args.label, root=args.root)
+    except (ConfigError, blueprint.PlanError, FileNotFoundError) as error:
+        console.print(f"[bold red]lab {args.stack}: nothing built[/]\n{error}")
+        return 2
+    up_report = lifecycle.up(lab_plan, options)
+    if not up_report.ok:
+        report.print_up(console, up_report)
+        return 1
+    console.print(f"lab {label} up with {args.nodes} nodes")
+    return 0

@@ -86,7 +86,17 @@ def render(
     result = offline.render(config, stack)
     if result.error:
         raise ExecutorError(f"the program failed under mocks: {result.error}")
-    return as_stored(result), made
+    stored = as_stored(result)
+    replacements = substitutions.gate_clock(stack_config, clock_scale)
+    for resource in stored.custom_resources if replacements else ():
+        if resource.type == COMMAND:
+            for key in ("create", "update", "delete"):
+                text = resource.inputs.get(key)
+                if isinstance(text, str):
+                    for old_text, new_text in replacements:
+                        text = text.replace(old_text, new_text)
+                    resource.inputs[key] = text
+    return stored, made
 
 
 def plain(value: Any) -> Any:

@@ -8,7 +8,10 @@ the "thinking" pause (Qwen3's thinking mode), then sends one token per `token_de
 Requests may override both with `X-Lab-Think` / `X-Lab-Token-Delay` headers (seconds).
 Like vLLM loading its weights, it answers 503 (`/health` and completions) for `load_delay`
 seconds after it starts; `image` (the container image it stands in for) is in every answer's
-`X-Lab-Image` header, so a rehearsal can see which replicas run the new version.
+`X-Lab-Image` header, so a rehearsal can see which replicas run the new version. An image
+whose tag ends in `-unhealthy` stands for a release that never loads: it answers 503 for ever,
+so a rollout to it stops at its first health gate (`lab.py upgrade --change
+model.image=vllm/vllm-openai:v0.33.1-unhealthy`).
 
 Held to the protocol by the real `openai` client (tests/test_lab_openai.py), where it answers
 as vLLM does: a model it does not serve is a 404 `NotFoundError`; `max_completion_tokens` (the
@@ -28,6 +31,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from qwen_cluster.render.vllm import HEALTH_PATH
+
+# The tag suffix of an image whose stand-in never passes /health (a broken release).
+UNHEALTHY_TAG_SUFFIX = "-unhealthy"
+
+
+def never_healthy(image: str) -> bool:
+    """An image reference (`repository:tag`, maybe `@digest`) whose tag ends in the suffix."""
+    reference = image.split("@", 1)[0]
+    _, _, tag = reference.rpartition(":")
+    return "/" not in tag and tag.endswith(UNHEALTHY_TAG_SUFFIX)
 
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
 MAX_BODY = 1 << 20
@@ -97,7 +110,8 @@ class ModelServer:
         self.settings = settings
         self.stats = Stats()
         self.servers: list[asyncio.base_events.Server] = []
-        self.loaded_at = time.monotonic() + settings.load_delay
+        never = never_healthy(settings.image)
+        self.loaded_at = float("inf") if never else time.monotonic() + settings.load_delay
 
     @property
     def loaded(self) -> bool:

@@ -69,6 +69,13 @@ def print_upgrade(console: Console, result) -> None:
         console.print(f"[red]  {failure}[/]")
     if result.images:
         console.print("images now: " + ", ".join(f"{n} {i}" for n, i in sorted(result.images.items())))
+    for where in result.stopped_at:
+        console.print(f"[bold red]stopped at {where}[/]")
+    if result.stopped_at:
+        console.print(
+            "replicas not reached (still on what they ran): " + (", ".join(result.not_reached) or "none")
+        )
+        console.print("replicas left out of the load balancer: " + (", ".join(result.left_out) or "none"))
 
 
 def print_results(console: Console, results: list[Result], *, verbose: bool = False) -> None:

@@ -5,7 +5,8 @@ a host, though, so a few things are substituted, each for the reason given besid
 
 1. Stack config (before the render): the lab's clock, the hosts the lab has, and how it
    reaches them (its SSH user, key and the host keys it generated, labkit/sshd.py).
-2. Script text (after the render): paths that would land on this machine's disk.
+2. Script text (after the render): paths that would land on this machine's disk, and the
+   health gates' timeout where the lab's clock goes below the config's floor (`gate_clock`).
 3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
    machine rather than on the namespace (`systemctl`, `docker`, `timedatectl`), and the
    container stand-ins (`vllm`, `ray`).
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from qwen_cluster.config import NAMESPACE
+from qwen_cluster.config.sections import MIN_HEALTH_TIMEOUT_SECONDS
+from qwen_cluster.render.rollout import HEALTH_TIMEOUT_VARIABLE
 
 # -------------------------------------------------------------- 1. stack config
 
@@ -41,6 +44,25 @@ CLOCK_KEYS = (
     # 15 s becomes 1 s, an alert's `for` four seconds.
     ("monitoring", "scrapeIntervalSeconds"),
 )
+
+
+HEALTH_TIMEOUT = ("rollout", "healthTimeoutSeconds")
+
+
+def gate_clock(raw: dict[str, Any], clock_scale: float) -> list[tuple[str, str]]:
+    """The health gates' timeout on the lab's clock where the config's floor (a real model
+    loads for minutes) refuses the scaled value: the stand-ins load in seconds, and a rehearsal
+    of a replica that never becomes healthy should not wait a minute. Text replacements for
+    the rendered gate scripts (qwen_cluster/render/rollout.py HEALTH_TIMEOUT_VARIABLE)."""
+    values = raw.get(f"{NAMESPACE}:{HEALTH_TIMEOUT[0]}")
+    written = values.get(HEALTH_TIMEOUT[1]) if isinstance(values, dict) else None
+    if not isinstance(written, int | float):
+        return []
+    scaled = max(1, round(written * clock_scale))
+    if scaled >= MIN_HEALTH_TIMEOUT_SECONDS:
+        return []
+    variable = HEALTH_TIMEOUT_VARIABLE
+    return [(f"\n{variable}={MIN_HEALTH_TIMEOUT_SECONDS}\n", f"\n{variable}={scaled}\n")]
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,12 @@ def stack_config(
         values = section(name)
         if values is not None and isinstance(values.get(key), int | float):
             scaled = max(1, round(values[key] * clock_scale))
+            if (name, key) == HEALTH_TIMEOUT and scaled < MIN_HEALTH_TIMEOUT_SECONDS:
+                # Below the config's floor: the config keeps the floor and the gates' text takes
+                # the lab's value (gate_clock).
+                made.append(f"{name}.{key} {values[key]} -> {scaled} (lab clock, in the health gates)")
+                values[key] = MIN_HEALTH_TIMEOUT_SECONDS
+                continue
             made.append(f"{name}.{key} {values[key]} -> {scaled} (lab clock)")
             values[key] = scaled
     tuning = section("tuning")

@@ -24,6 +24,7 @@ from labkit.blueprint import LabPlan, ProbeExpectation
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.vllm import HEALTH_PATH
 from tooling import changes as change_syntax
+from tooling.changes.impact import DRAIN_SUFFIXES, HEALTH_GATE_SUFFIXES
 
 
 class UpgradeError(RuntimeError):
@@ -236,6 +237,12 @@ class UpgradeReport:
     images: dict[str, str] = field(default_factory=dict)  # the image each replica runs afterwards
     probe_sweeps: int | None = None
     opened: list[str] = field(default_factory=list)  # must-stay-closed probes seen open
+    # Where a failed rollout stopped: the failed steps, and the replicas no step reached (they
+    # still run what they ran before).
+    stopped_at: list[str] = field(default_factory=list)
+    not_reached: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # drained, their gate never passed
+    lanes: list[list[str]] = field(default_factory=list)  # replica heads, lane by lane
 
     def as_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -257,7 +264,12 @@ class UpgradeReport:
                 for step in self.steps
             ],
             "ok": self.ok,
+            "lanes": self.lanes,
         }
+        if not self.ok:
+            document["stoppedAt"] = self.stopped_at
+            document["replicasNotReached"] = self.not_reached
+            document["replicasLeftOut"] = self.left_out
         if self.probe_sweeps is not None:
             document["probes"] = {"sweeps": self.probe_sweeps, "openThatMustBeClosed": self.opened}
         return document
@@ -317,6 +329,28 @@ def run(
         for head in after.heads
     }
     opened = sorted(set(watch_probes.opened)) if watch_probes else []
+    ran = [step for step in report.steps if step.op not in ("fixture", "same")]
+    stopped_at = [
+        f"{step.resource or step.step} on {step.node}: {_last_line(step.detail)}"
+        for step in ran
+        if not step.ok
+    ]
+    # A replica is reached when its rollout began: its drain ran (qwen_cluster/baremetal/rollout.py).
+    drained = {step.resource for step in ran}
+    not_reached = [
+        head.node
+        for head in after.heads
+        if not any(f"{head.node}{suffix}" in drained for suffix in DRAIN_SUFFIXES)
+    ]
+    # Out of the load balancer when the rollout stopped: drained, and their gate did not pass
+    # (it failed, or never started because the engine stopped starting steps).
+    passed = {step.resource for step in ran if step.ok}
+    left_out = [
+        head.node
+        for head in after.heads
+        if head.node not in not_reached
+        and not any(f"{head.node}{suffix}" in passed for suffix in HEALTH_GATE_SUFFIXES)
+    ]
     return UpgradeReport(
         requests=len(outcomes),
         failed=sum(1 for o in outcomes if not o.ok and not o.cut),
@@ -331,4 +365,13 @@ def run(
         images=images,
         probe_sweeps=watch_probes.sweeps if watch_probes else None,
         opened=opened,
+        stopped_at=stopped_at,
+        not_reached=not_reached if stopped_at else [],
+        left_out=left_out if stopped_at else [],
+        lanes=[[replica.head.name for replica in lane] for lane in after.cluster.rollout_lanes],
     )
+
+
+def _last_line(detail: str) -> str:
+    lines = [line for line in detail.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""

@@ -6,6 +6,7 @@ port table's cluster range so the table documents what actually listens between 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -157,6 +158,22 @@ class Topology:
     def is_head(self, node_name: str) -> bool:
         replica = self._replica_by_node.get(node_name)
         return replica is not None and replica.head.name == node_name
+
+
+def lanes(replicas: Sequence[Replica], width: int) -> tuple[tuple[Replica, ...], ...]:
+    """The replicas in `width` lanes: replica i in lane i mod width, in replica order. A change
+    rolls each lane one replica after another, the lanes independently of each other (Kubespray's
+    graceful_rolling rather than Ansible's `serial` waves: a slow replica holds only its own
+    lane), so at most `width` replicas are out of service at once and a lane is
+    ceil(len(replicas) / width) long."""
+    if width < 1:
+        raise ValueError(f"a rollout needs at least one lane, not {width}")
+    return tuple(lane for lane in (tuple(replicas[start::width]) for start in range(width)) if lane)
+
+
+def previous_in_lane(replica: Replica, width: int) -> int | None:
+    """The index of the replica before `replica` in its lane, or None for a lane's first."""
+    return replica.index - width if replica.index >= width else None
 
 
 def build(

@@ -48,7 +48,9 @@ def assert_no_gpu_instance_replaced_create_before_delete(found):
 def test_image_bump_restarts_the_servers_one_replica_at_a_time_and_replaces_no_node():
     found, summary = plan("dev", "model.image=vllm/vllm-openai:v0.33.1")
     assert touched(found) == {
-        # Every node stages the new image first (its own association, waited for).
+        # Every node stages the new image first (one association on all of them, by tag, before
+        # any lane drains; and each node's own, waited for before its server).
+        "gpu-nodes-stage": ("replace", "create-before-delete"),
         "gpu-nodes-master-stage": ("replace", "create-before-delete"),
         "gpu-nodes-worker-1-stage": ("replace", "create-before-delete"),
         "gpu-nodes-master-server": ("replace", "create-before-delete"),
@@ -188,8 +190,13 @@ def test_each_replica_waits_for_the_previous_replicas_health_gate():
         assert result.named(f"gpu-nodes-{after}").depends_on == [gate]
         assert result.named(f"gpu-nodes-{after}-server").depends_on == [gate, f"gpu-nodes-{after}-stage"]
     first = result.named("gpu-nodes-master-server")
-    # May drain, register and (prod's weights are in S3) read, once its node has staged.
-    assert first.depends_on == ["model-server-drain", "model-server-weights", "gpu-nodes-master-stage"]
+    # May drain, register and (prod's weights are in S3) read, once every node has staged.
+    assert first.depends_on == [
+        "model-server-drain",
+        "model-server-weights",
+        "gpu-nodes-stage",
+        "gpu-nodes-master-stage",
+    ]
 
 
 def test_associations_replace_on_any_change_and_wait_for_the_run():
@@ -281,9 +288,7 @@ def test_pipeline_workers_start_before_their_head_and_only_heads_wait(pipeline):
     head = result.named("gpu-nodes-master-server")
     assert "waitForSuccessTimeoutSeconds" not in worker.inputs and head.inputs["waitForSuccessTimeoutSeconds"]
     assert "gpu-nodes-worker-1-server" in head.depends_on
-    assert (
-        worker.inputs["parameters"]["HealthUrl"] == "" and worker.inputs["parameters"]["TargetGroupArn"] == ""
-    )
+    assert worker.inputs["parameters"]["HealthUrl"] == ""
     assert result.outputs["rollout"]["order"] == ["worker-1", "master", "worker-3", "worker-2"]
 
 
@@ -298,6 +303,7 @@ def test_the_drain_timeout_is_the_target_groups_deregistration_delay_and_changes
 def test_a_model_change_never_touches_the_machine():
     found, summary = plan("dev", "model.name=Qwen/Qwen3-32B-FP8")
     assert set(touched(found)) == {
+        "gpu-nodes-stage",
         "gpu-nodes-master-stage",
         "gpu-nodes-worker-1-stage",
         "gpu-nodes-master-server",

@@ -71,3 +71,22 @@ def test_bad_request_body_is_a_400_and_unknown_path_a_404(server):
 def test_closed_port_is_refused():
     result = probes.tcp_connect("127.0.0.1", free_port(), timeout=0.5)
     assert not result.open and result.detail == "refused"
+
+
+def test_an_image_tagged_unhealthy_never_answers_health():
+    settings = modelserver.Settings(node="node-b", image="vllm/vllm-openai:v0.33.1-unhealthy")
+    with serving(settings, []) as (port, _):
+        assert probes.get("127.0.0.1", port, "/health").status == 503
+
+
+@pytest.mark.parametrize(
+    ("image", "never"),
+    [
+        ("vllm/vllm-openai:v0.33.1-unhealthy", True),
+        ("registry:5000/vllm-unhealthy", False),  # the repository, not the tag
+        ("vllm/vllm-openai:v0.33.1", False),
+        ("vllm/vllm-openai:v0.33.1-unhealthy@sha256:0abc", True),
+    ],
+)
+def test_only_the_tag_makes_an_image_unhealthy(image, never):
+    assert modelserver.never_healthy(image) is never

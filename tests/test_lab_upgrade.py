@@ -106,3 +106,43 @@ def test_an_image_bump_rolls_one_replica_at_a_time_without_a_failure(running):
     replaced = [s.resource for s in result.steps if s.resource.endswith("-model-vllm") and s.op == "create"]
     assert sorted(replaced) == sorted(f"{m.node}-model-vllm" for m in lab_plan.heads)
     assert result.images == {head.node: "vllm/vllm-openai:v0.33.1" for head in lab_plan.heads}
+
+
+def test_an_image_that_never_becomes_healthy_stops_the_rollout_with_the_rest_serving(running, capsys):
+    lab_plan, _ = running
+    status = lab_cli.main(
+        [
+            "upgrade",
+            "onprem",
+            "--label",
+            LABEL,
+            "--json",
+            "--max-requests",
+            "120",
+            "--change",
+            "model.image=vllm/vllm-openai:v0.33.2-unhealthy",
+            "--change",
+            "rollout.healthTimeoutSeconds=60",  # 2 s on the lab clock
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 1, captured.err[-2000:]
+    result = json.loads(captured.out)
+    assert not result["ok"]
+    assert result["failed"] == 0 and result["streamsCut"] == 0, result
+    assert [where.split(":")[0] for where in result["stoppedAt"]] == ["master-ready on master"]
+    assert "rollout.healthTimeoutSeconds=2" in result["stoppedAt"][0]
+    assert result["replicasNotReached"] == ["worker-1", "worker-2", "worker-3"]
+    assert result["replicasLeftOut"] == ["master"]
+    assert result["maxReplicasDown"] == 1
+
+
+def test_the_next_good_change_after_a_stopped_rollout_converges(running):
+    lab_plan, options = running
+    result = upgrade.run(
+        LABEL, ["model.image=vllm/vllm-openai:v0.33.2", "rollout.healthTimeoutSeconds=300"], options
+    )
+    assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
+    assert result.failed == 0 and result.streams_cut == 0, result.failures
+    assert result.images == {head.node: "vllm/vllm-openai:v0.33.2" for head in lab_plan.heads}
+    assert result.max_replicas_down == 1, result.down_at_max

@@ -7,6 +7,8 @@ import subprocess
 
 from tooling import preview, stackfile
 
+IMAGE_BUMP = "model.image=vllm/vllm-openai:v0.33.1"
+
 
 def run(capsys, *argv: str) -> tuple[int, str]:
     code = preview.main(list(argv))
@@ -107,3 +109,23 @@ def test_against_a_git_ref_compares_the_program_and_stack_file_there(capsys):
     assert report["rollout"]["replicas"] == 2 and code in (0, 3)
     code, out = run(capsys, "dev", "--against", "no-such-ref-xyz")
     assert code == 2 and "--against no-such-ref-xyz" in out
+
+
+def test_the_json_plan_lists_the_lanes_the_most_out_at_once_and_a_bound_on_the_duration(capsys):
+    code, out = run(
+        capsys, "onprem", "--change", "rollout.maxUnavailable=2", "--change", IMAGE_BUMP, "--json"
+    )
+    lanes = json.loads(out)["lanes"]
+    assert code == 0
+    assert lanes["lanes"] == [["master", "worker-2"], ["worker-1", "worker-3"]]
+    assert lanes["mostOutOfServiceAtOnce"] == 2
+    # A new image is on every node before either lane drains.
+    nodes = ("master", "worker-1", "worker-2", "worker-3")
+    assert lanes["stagedFirst"] == [f"{node}-model-stage" for node in nodes]
+    assert lanes["atMostSeconds"] == 2 * (300 + 1800) == 2 * lanes["replicaBoundSeconds"]
+
+
+def test_the_printed_plan_shows_the_lanes_and_the_estimate(capsys):
+    code, out = run(capsys, "prod", "--change", IMAGE_BUMP)
+    assert "lanes (1, at most 1 replica(s) out at once): master -> worker-1 -> worker-2 -> worker-3" in out
+    assert "at most 3 h 20 min after staging" in out

@@ -285,6 +285,25 @@ def test_drain_takes_the_replica_out_and_waits_for_its_stream_to_finish(cluster)
     assert settles_on(lb, {other.name}) == {other.name}
 
 
+def test_drains_of_two_lanes_at_once_both_take_their_replica_out(cluster):
+    """Lanes drain at the same moment on the load balancer's host: neither mark is lost."""
+    lb, a, b = cluster
+    assert lb.install([a.address, b.address]).returncode == 0
+    lb.start()
+    running = []
+    for replica in (a, b):
+        path = lb.root / f"drain-{replica.name}.sh"
+        path.write_text(
+            rollout.drain_script(
+                replica.address, replica=replica.name, drain_timeout_seconds=5, fingerprint="f",
+                conf_dir=str(lb.conf_dir),
+            )
+        )
+        running.append(subprocess.Popen(["bash", str(path)], env=lb.env, stdout=subprocess.DEVNULL))
+    assert [process.wait(timeout=60) for process in running] == [0, 0]
+    assert down_line(a) in lb.upstream() and down_line(b) in lb.upstream()
+
+
 def test_docker_unreachable_during_a_drain_fails_the_step_and_the_server_stays_in(cluster):
     """A drain that cannot reach nginx's container does not mark the server down: the file a
     later reload would read stays as it was, and nginx keeps sending the replica traffic."""

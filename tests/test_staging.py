@@ -109,7 +109,11 @@ def test_the_aws_staging_changes_with_the_image_and_replaces_without_gating_a_re
     before = render_stack("dev")
     after = render(variant("dev", model={"image": "vllm/vllm-openai:v0.33.1"}))
     moved = {c.name: c.action for c in changes.diff(before, after) if c.name.endswith("-stage")}
-    assert moved == {"gpu-nodes-master-stage": "replace", "gpu-nodes-worker-1-stage": "replace"}
+    assert moved == {
+        "gpu-nodes-stage": "replace",
+        "gpu-nodes-master-stage": "replace",
+        "gpu-nodes-worker-1-stage": "replace",
+    }
     assert changes.rollout(before, after).steps == [["master"], ["worker-1"]]
 
 

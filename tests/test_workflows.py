@@ -131,3 +131,10 @@ def test_up_deploys_prod_from_main_behind_a_protected_environment():
     assert pulumi["with"]["command"] == "up"
     assert "'prod'" in pulumi["with"]["stack-name"]
     assert pulumi["with"]["policyPacks"] == "policies"
+
+
+def test_the_up_jobs_timeout_and_credential_duration_can_be_sized_for_a_large_cluster():
+    up = load("up.yml")["jobs"]["up"]
+    assert up["timeout-minutes"] == "${{ fromJSON(vars.UP_TIMEOUT_MINUTES || '90') }}"
+    (deploy_role,) = steps_using(up, "aws-actions/configure-aws-credentials")
+    assert deploy_role["with"]["role-duration-seconds"] == "${{ vars.AWS_ROLE_DURATION_SECONDS || 3600 }}"

@@ -187,6 +187,69 @@ def lab_up_times(stack: str, counts: list[int]) -> dict[str, Any]:
     return {"seconds": times, "ratio": times[counts[-1]] / times[counts[0]]}
 
 
+# The lane rehearsal: an image bump, a release that never becomes healthy (the stand-in for an
+# image tagged -unhealthy, labkit/modelserver.py), then a good release, in that order.
+LANE_CHANGES = (
+    ("image bump", ["model.image=vllm/vllm-openai:v0.33.1"]),
+    ("never healthy", ["model.image=vllm/vllm-openai:v0.33.2-unhealthy", "rollout.healthTimeoutSeconds=60"]),
+    ("next good change", ["model.image=vllm/vllm-openai:v0.33.2", "rollout.healthTimeoutSeconds=300"]),
+)
+
+
+def lab_lanes(stack: str, count: int, max_requests: int = 1200) -> list[dict[str, Any]]:
+    """`lab.py upgrade --nodes count` of LANE_CHANGES under client load: requests, failed, the
+    most replicas down at once, where a rollout stopped."""
+    from labkit import blueprint, lifecycle, upgrade
+
+    label = f"lanes{count}"
+    lifecycle.down(label)
+    runs = []
+    try:
+        report = lifecycle.up(blueprint.load(stack, nodes=count, label=label))
+        if not report.ok:
+            raise RuntimeError(f"lab up {count} nodes: {next(s for s in report.steps if not s.ok)}")
+        for name, change in LANE_CHANGES:
+            result = upgrade.run(
+                label, change, lifecycle.Options(), load=upgrade.LoadSettings(max_requests=max_requests)
+            )
+            runs.append(
+                {
+                    "rehearsal": name,
+                    "ok": result.ok,
+                    "requests": result.requests,
+                    "failed": result.failed,
+                    "streamsCut": result.streams_cut,
+                    "maxReplicasDown": result.max_replicas_down,
+                    "seconds": round(result.seconds, 1),
+                    "lanes": len(result.lanes),
+                    "stoppedAt": result.stopped_at,
+                    "replicasNotReached": len(result.not_reached),
+                }
+            )
+    finally:
+        lifecycle.down(label)
+    return runs
+
+
+def print_lanes(console, count: int, runs: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(
+        "rehearsal", "ok", "requests", "failed", "cut", "most down", "s", "stopped at", "not reached",
+        title=f"lab.py upgrade at {count} nodes ({runs[0]['lanes'] if runs else '?'} lanes)",
+    )
+    for run in runs:
+        table.add_row(
+            run["rehearsal"],
+            str(run["ok"]),
+            *(str(run[key]) for key in ("requests", "failed", "streamsCut", "maxReplicasDown")),
+            f"{run['seconds']:.1f}",
+            str(len(run["stoppedAt"])),
+            str(run["replicasNotReached"]),
+        )
+    console.print(table)
+
+
 WRK_SCRIPT = """wrk.method = "POST"
 wrk.body = '{"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": "hello"}]}'
 wrk.headers["Content-Type"] = "application/json"
@@ -417,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lab-stack", default="onprem", help="the bare-metal stack the lab rehearses")
     parser.add_argument("--lab-nodes", default="4,16", help="node counts for `lab up`, comma-separated")
     parser.add_argument("--no-lab", action="store_true", help="the render figures only")
+    parser.add_argument("--lanes-nodes", type=int, default=16, help="nodes of the lane rehearsal (0: none)")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.nodes.split(",")]
     console = Console(width=None if sys.stdout.isatty() else 200, stderr=args.json)
@@ -439,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         figures["lab"] = {"up": up, "load_balancer": lbs}
         if not args.json:
             print_lab(console, up, lbs)
+        if args.lanes_nodes:
+            figures["lab"]["lanes"] = lab_lanes(args.lab_stack, args.lanes_nodes)
+            if not args.json:
+                print_lanes(console, args.lanes_nodes, figures["lab"]["lanes"])
     if args.json:
         print(json.dumps(figures, indent=2))
     return 0

@@ -242,6 +242,7 @@ def change_plan(
         "changes": [change.as_dict() for change in found],
         "counts": dict(Counter(change.action for change in found)),
         "rollout": summary.as_dict(),
+        "lanes": summary.lanes_dict(),
         "ami": new.outputs.get("ami"),
         "notes": notes,
         "violations": [
@@ -286,6 +287,18 @@ def print_change_plan(console, report: dict[str, Any]) -> None:
         f"{', '.join(rollout['replicasDrained']) or 'none'}; at most "
         f"{rollout['maxReplicasOutOfService']} replica(s) out of service at once; steps: {steps}"
     )
+    lanes = report["lanes"]
+    if lanes["lanes"]:
+        console.print(
+            f"lanes ({len(lanes['lanes'])}, at most {lanes['mostOutOfServiceAtOnce']} replica(s) out at "
+            "once): " + "; ".join(" -> ".join(lane) for lane in lanes["lanes"])
+        )
+        console.print(
+            "staged first: " + (", ".join(lanes["stagedFirst"]) or "nothing")
+            + f"; at most {_duration(lanes['atMostSeconds'])} after staging (the longest lane x "
+            f"{lanes['replicaBoundSeconds']} s per replica: its drain and health timeouts; docs/ci.md "
+            "says how to size the `up` workflow from it)"
+        )
     if rollout["endpointChanges"]:
         console.print(f"[red]endpoint replaced or deleted: {', '.join(rollout['endpointChanges'])}[/]")
     for collision in rollout["collisions"]:
@@ -435,3 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             if report.get("diagram"):
                 console.print(f"diagram: {report['diagram']}")
     return exit_code(reports)
+
+
+def _duration(seconds: int) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours} h {rest // 60:02d} min" if hours else f"{rest // 60} min {rest % 60:02d} s"

@@ -9,7 +9,7 @@ import pulumi_aws as aws
 
 from qwen_cluster import summary
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import sg_rules, vpc_plan
+from qwen_cluster.render import sg_rules, ssm, vpc_plan
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 from qwen_cluster.render.sg_rules import Group
 
@@ -135,6 +135,11 @@ def build(cluster: ClusterConfig, *, ray_auth_token: Any = None) -> dict[str, An
         },
         "rollout": {
             "order": nodes.rollout_order,
+            "maxUnavailable": cluster.max_unavailable,
+            "lanes": nodes.lanes,
+            "staged": [nodes.staged.urn],
+            # The longest one replica holds its lane: its association's wait (ssm.wait_seconds).
+            "replicaBoundSeconds": ssm.wait_seconds(cluster),
             "drainTimeoutSeconds": cluster.rollout.drain_timeout_seconds,
             "healthTimeoutSeconds": cluster.rollout.health_timeout_seconds,
         },

@@ -1,5 +1,5 @@
 """GpuNodeGroup: a cluster placement group, one EFA instance per configured node, and each
-node's model server as an SSM association, rolled one replica at a time.
+node's model server as an SSM association, rolled in rollout.maxUnavailable lanes.
 
 Day 2 (issue 10), what decides the design, from the providers' sources:
 - A launch template change is a new version, and the instance replaces when the version it
@@ -14,18 +14,34 @@ Day 2 (issue 10), what decides the design, from the providers' sources:
   UpdateAssociation). So any change to an association replaces it (replaceOnChanges on its
   parameters and targets), and the replacement's create waits for the run, which waits for
   the node to serve again.
-- The chain: each replica's instances and associations depend on the previous replica's
-  head association, the health gate. A model-server change rolls one replica at a time, and so
-  does a machine change (the association targets the instance by id: a new instance means new
-  targets, so a new association that waits before the next instance is touched). The cost is
-  day 0: replicas come up one after another (boot, image pull, weights, load per replica).
+- The lanes: replica i rolls in lane i mod k (k = rollout.maxUnavailable as a count,
+  ClusterConfig.rollout_lanes). Each replica's instances and associations depend on the head
+  association of the replica before it in its lane, its health gate; the lanes do not wait for
+  each other. A model-server change rolls k replicas at a time, and so does a machine change
+  (the association targets the instance by id: a new instance means new targets, so a new
+  association that waits before the lane's next instance is touched). A lane's first
+  associations also wait for the staging of every node (`<group>-stage`, below), so no replica
+  is drained before what the change stages is on every node.
+- Day 0 does not wait for a model load: what an association's create waits for is its run
+  (association.go resourceAssociationCreate: waitAssociationSuccess after CreateAssociation),
+  and the run (qwen_cluster/render/ssm.py) waits for /health only when the replica served
+  before it (a container of ours ran on the node) or the target group already has a healthy
+  target (a machine replaced in a serving cluster, a node that joins one). On a new stack
+  neither holds: each run starts its server and returns, and the NLB's health check admits
+  every replica when it has loaded. A lane on day 0 is ceil(replicas / k) turns of launch,
+  boot and server start (4 at the default 25 %, whatever the node count), not of model loads.
+- A pipeline-parallel replica drains as a whole: its workers' runs take the replica's head out
+  of the target group before they restart their Ray worker (ssm.py), and the head's run after
+  them.
 - Staging: each node has a staging association (`<node>-stage`, the staging document,
   qwen_cluster/render/ssm.py stage_document) that pulls the image and fetches the weights while
   the node serves. Its parameters are the staging script alone, which changes exactly when the
   image or the weights do; like the server's it is replaced on any change and its create waits
   for the run (wait_for_success_timeout_seconds, association.go). It depends on its instance and
   the permissions only, so on a change every node stages at once; the node's server association
-  waits for its own staging. `stage_resources` lists them all for the rollout.
+  waits for its own staging. `stage_resources` lists them all. One more association
+  (`<group>-stage`, `staged`) runs the same document on every node of the stack by tag, and each
+  lane's first server association waits for it: no replica drains before every node staged.
 """
 
 from __future__ import annotations
@@ -42,6 +58,7 @@ from qwen_cluster import catalog
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import cloudinit, ec2, ssm
 from qwen_cluster.tags import GPU_NODE, NODE_TAG, ROLE_TAG
+from qwen_cluster.topology import previous_in_lane
 
 
 @dataclass
@@ -104,6 +121,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
     placement_group_name: pulumi.Output[str]
     rollout_order: list[str]
     stage_resources: dict[str, aws.ssm.Association]
+    lanes: list[list[str]]  # replica heads, lane by lane
 
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
         args.validate()
@@ -128,17 +146,33 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._nodes = {node.name: node for node in cluster.nodes}
         self._interfaces = self._interface_layout()
         topology = cluster.topology
-        gate: list[pulumi.Resource] = list(args.ready)  # the previous replica's health gate
+        width = cluster.max_unavailable
+        # The lanes' first replicas' machines wait for nothing but the permissions; every other
+        # machine waits for the health gate before it in its lane (a machine change rolls too).
+        first_turn = [replica for replica in topology.replicas if previous_in_lane(replica, width) is None]
+        instances: dict[str, aws.ec2.Instance] = {
+            member.name: self._instance(self._node(member.name), list(args.ready))
+            for replica in first_turn
+            for member in replica.members
+        }
+        self.staged = self._stage_everywhere([instances[m.name] for r in first_turn for m in r.members])
+        gates: list[aws.ssm.Association] = []  # each replica's head association, by replica index
         for replica in topology.replicas:
-            instances = {
-                member.name: self._instance(self._node(member.name), gate) for member in replica.members
-            }
+            before = previous_in_lane(replica, width)
+            # The lane's previous health gate; a lane's first replica: the drain permission and
+            # the staging of every node (no replica drains before every node holds the new image
+            # and weights).
+            server_after = [gates[before]] if before is not None else [*args.ready, self.staged]
+            for member in replica.members:
+                if member.name not in instances:
+                    instances[member.name] = self._instance(self._node(member.name), [gates[before]])
             head_id = instances[replica.head.name].id
             args.attach(replica.head.name, head_id)
             for member in replica.members:
                 self.stage_resources[member.name] = self._stage(member.name, instances[member.name])
-            # Pipeline workers first (their Ray worker joins the head), the head last: its run
-            # waits for the replica's /health and gates the next replica.
+            # Pipeline workers first (their run drains the replica's head, then their Ray worker
+            # joins it), the head last: its run waits for the replica's /health and gates the
+            # lane's next replica.
             started: list[pulumi.Resource] = []
             for member in [*replica.workers, replica.head]:
                 is_head = member.name == replica.head.name
@@ -162,12 +196,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
                             parent=self,
                             # Waited for on create only (association.go): every change replaces.
                             replace_on_changes=["parameters", "targets"],
-                            depends_on=[*gate, *started, self.stage_resources[member.name]],
+                            depends_on=[*server_after, *started, self.stage_resources[member.name]],
                         ),
                     )
                 )
                 self.rollout_order.append(member.name)
-            gate = [started[-1]]
+            gates.append(started[-1])
+        self.lanes = [[replica.head.name for replica in lane] for lane in cluster.rollout_lanes]
 
         self.placement_group_name = self._placement_group.name
         self.register_outputs(
@@ -176,6 +211,34 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 "imageIds": self.image_ids,
                 "placementGroup": self.placement_group_name,
             }
+        )
+
+    def _stage_everywhere(self, first_turn: list[aws.ec2.Instance]) -> aws.ssm.Association:
+        """The staging document on every GPU node of the stack at once, targeted by tag, so that
+        it names no instance: each lane's first server association waits for it, and a later
+        replica's instance waits for that lane's gates, so a dependency on every instance
+        would be a cycle. It waits for the lanes' first machines only, so that on a new stack
+        it has targets when it is created (the provider waits from Pending to Success,
+        internal/service/ssm/wait.go waitAssociationSuccess: with no target it would time out); machines
+        launched later match the tags and stage through their own `<node>-stage` first. On a
+        change of image or weights its parameters change, so it is replaced, and its create
+        runs on every node in parallel (max_concurrency 100 %) before any lane drains."""
+        args = self._args
+        tags = {**args.tags, ROLE_TAG: GPU_NODE}
+        return aws.ssm.Association(
+            f"{self._name}-stage",
+            name=args.stage_document_name,
+            targets=[{"key": f"tag:{key}", "values": [value]} for key, value in sorted(tags.items())],
+            parameters=ssm.stage_parameters(args.cluster),
+            max_concurrency="100%",
+            max_errors="0",
+            wait_for_success_timeout_seconds=ssm.STAGE_TIMEOUT_SECONDS,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # Waited for on create only (association.go): every change replaces.
+                replace_on_changes=["parameters", "targets"],
+                depends_on=[*args.ready, *first_turn],
+            ),
         )
 
     def _stage(self, node_name: str, instance: aws.ec2.Instance) -> aws.ssm.Association:

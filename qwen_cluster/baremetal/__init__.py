@@ -5,7 +5,7 @@
 
 Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
 ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; the Rollout chain that
-starts (and on Day 2 replaces) the model containers one replica at a time; and the verify
+starts (and on Day 2 replaces) the model containers in rollout.maxUnavailable lanes; and the verify
 commands, the master's last of all. What waits for every host, or for everything, waits for one
 barrier command (`connection.barrier`), so the dependency edges grow linearly with the nodes.
 Returns the stack outputs.
@@ -60,12 +60,18 @@ class Cluster(pulumi.ComponentResource):
                 ),
                 opts=child,
             )
-        # Every node's staging (image and weights), for the rollout: a change's first drain may
-        # wait for all of them, so no replica leaves the load balancer before every node holds
-        # what it will restart into.
+        # Every node's staging (image and weights). Each lane's first drain waits for all of them,
+        # so no replica leaves the load balancer before every node holds what it will restart
+        # into: through one barrier, k + N dependency edges rather than k x N.
         self.stage_resources: dict[str, pulumi.Resource] = {
             node_name: server.stage for node_name, server in self.servers.items()
         }
+        self.staged = connection.barrier(
+            "cluster-staged",
+            connection=connections[lb_node.name],
+            after=list(self.stage_resources.values()),
+            opts=child,
+        )
         self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child)
         self.load_balancer = LoadBalancer(
             "load-balancer",
@@ -74,11 +80,18 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        # The model containers start through the rollout chain: one replica after another,
-        # each drained before its container is replaced and healthy before the next starts.
+        # The model containers start through the rollout lanes: in each lane one replica after
+        # another, drained before its containers are replaced and healthy before the next starts.
         self.rollout = Rollout(
             "rollout",
-            RolloutArgs(cluster, self.servers, self.load_balancer, connections[lb_node.name], setup_done),
+            RolloutArgs(
+                cluster,
+                self.servers,
+                self.load_balancer,
+                connections[lb_node.name],
+                setup_done,
+                staged=[self.staged],
+            ),
             opts=child,
         )
         # Every check runs once everything is started: one barrier again, not N x N edges.
@@ -143,6 +156,7 @@ def build(cluster: ClusterConfig, ssh_private_key: Any, *, ray_auth_token: Any =
     connection.check_host_keys(cluster, dry_run=pulumi.runtime.is_dry_run())
     built = Cluster("bare-metal", cluster, ssh_private_key, ray_auth_token)
     lb_node = cluster.load_balancer_node
+    settings = cluster.rollout
     return {
         "endpoint": f"http://{lb_node.ip}:{cluster.load_balancer.port}",
         "loadBalancerNode": lb_node.name,
@@ -150,5 +164,14 @@ def build(cluster: ClusterConfig, ssh_private_key: Any, *, ray_auth_token: Any =
         "firewall": cluster.bare_metal.firewall,
         "hosts": {name: str(node.ip) for name, node in ((n.name, n) for n in cluster.nodes)},
         "verify": built.verify.stdout,
+        "rollout": {
+            "maxUnavailable": cluster.max_unavailable,
+            "lanes": built.rollout.lanes,
+            "staged": [stage.urn for stage in built.stage_resources.values()],
+            # The longest one replica holds its lane: its drain's and its gate's deadlines.
+            "replicaBoundSeconds": settings.drain_timeout_seconds + settings.health_timeout_seconds,
+            "drainTimeoutSeconds": settings.drain_timeout_seconds,
+            "healthTimeoutSeconds": settings.health_timeout_seconds,
+        },
         **monitoring_containers.stack_outputs(cluster),
     }

@@ -1,8 +1,16 @@
-"""The rolling model upgrade: one replica at a time, drained, replaced, healthy, back.
+"""The rolling model upgrade, in lanes: each replica drained, replaced, healthy, back.
 
-Per replica, in topology order (the master's first), on the load balancer's host:
+Replica i rolls in lane i mod k, k = rollout.maxUnavailable as a count
+(ClusterConfig.rollout_lanes). Per lane, in topology order (the master's lane first), on the
+load balancer's host:
 
-    <head>-drain  ->  the replica's containers  ->  <head>-ready  ->  next replica's drain ...
+    staged  ->  <head>-drain  ->  the replica's containers  ->  <head>-ready  ->  the lane's
+    next drain ...
+
+The lanes do not wait for each other (Kubespray's graceful_rolling, not synchronised waves):
+a slow replica holds only its own lane, and at most k replicas are out of service at once.
+A lane's first drain waits for `staged` (RolloutArgs), so that no replica leaves the load
+balancer before whatever the change stages on every node is there.
 
 Pulumi does the ordering: each step `depends_on` the one before, and the engine starts a
 resource only when what it depends on has finished (the SDK registers it once their
@@ -18,17 +26,22 @@ replace, common/inputs.go):
   containers (their ForceNew inputs), so it runs exactly when one of them will be replaced.
 - `ready`: `create` waits for /health only if the server is marked down (a node that joined
   a running cluster: the load balancer's install script lists it down); on day 0 every server
-  starts in rotation, so the replicas start and load together. `update` (same fingerprint)
-  always waits for /health, then puts the server back. `delete`, when a replica leaves: its
+  starts in rotation, so the replicas start and load together, whatever their lane. `update`
+  (same fingerprint) always waits for /health, then puts the server back. `delete`, when a replica leaves: its
   streams finish before its containers go (deletes run dependents first).
 
-Day 0 cost of the chain: the replicas' containers are created one replica after another
-(`docker create` + start over SSH, seconds each; the model loads in the background), plus one
-SSH command per replica (`ready`, which finds nothing down). Nothing waits for a model load.
+Day 0 cost of a lane: its replicas' containers are created one after another (`docker create`
++ start over SSH, seconds each; the model loads in the background), plus one SSH command per
+replica (`ready`, which finds nothing down). Nothing waits for a model load; at the default 25 %
+a lane is 4 replicas long at any size.
+
+A pipeline-parallel replica drains as a whole: every member's container waits for the head's
+drain, and the gate for all of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -38,6 +51,7 @@ from qwen_cluster.baremetal import connection
 from qwen_cluster.baremetal.serving import LoadBalancer, ModelServer, replacing_fields
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import rollout
+from qwen_cluster.topology import previous_in_lane
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,9 @@ class RolloutArgs:
     load_balancer: LoadBalancer
     connection: remote.ConnectionArgs  # to the load balancer's host
     setup_done: list[pulumi.Resource]
+    # What must be on every node before any replica drains (images and weights staged while
+    # the old servers still serve): each lane's first drain depends on all of it.
+    staged: Sequence[pulumi.Resource] = ()
 
 
 def _with(fingerprint: str | pulumi.Output[str], render) -> str | pulumi.Output[str]:
@@ -61,8 +78,12 @@ class Rollout(pulumi.ComponentResource):
         settings = cluster.rollout
         self.drains: dict[str, remote.Command] = {}
         self.gates: dict[str, remote.Command] = {}
-        previous: pulumi.Resource | None = None
+        width = cluster.max_unavailable
+        ready_of: list[remote.Command] = []  # by replica index
         for replica in cluster.topology.replicas:
+            before = previous_in_lane(replica, width)
+            # The lane's previous gate, or (a lane's first) everything staged.
+            waits_for = [ready_of[before]] if before is not None else list(args.staged)
             head = replica.head
             server = (head.ip, cluster.model_port)
             label = f"replica {replica.index} ({head.name})"
@@ -91,9 +112,7 @@ class Rollout(pulumi.ComponentResource):
                     ),
                 ),
                 triggers=[head.ip],
-                opts=pulumi.ResourceOptions(
-                    parent=self, depends_on=[*after, previous] if previous is not None else after
-                ),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, *waits_for]),
             )
             containers = [args.servers[member.name].start([drain]) for member in replica.members]
             gate = dict(replica=label, health_timeout_seconds=settings.health_timeout_seconds)
@@ -119,6 +138,6 @@ class Rollout(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=containers),
             )
             self.drains[head.name], self.gates[head.name] = drain, ready
-            previous = ready
-        self.last = previous
-        self.register_outputs({"replicas": list(self.gates)})
+            ready_of.append(ready)
+        self.lanes = [[replica.head.name for replica in lane] for lane in cluster.rollout_lanes]
+        self.register_outputs({"replicas": list(self.gates), "lanes": self.lanes})

@@ -71,8 +71,9 @@ class ClusterConfig(Section):
     )
     rollout: Rollout = Field(
         default=Rollout(),
-        description="How a Day-2 change rolls over the replicas (both targets): each is drained, "
-        "restarted and must answer `/health` before the next one starts.",
+        description="How a Day-2 change rolls over the replicas (both targets): in `maxUnavailable` "
+        "independent lanes, each replica drained, restarted and answering `/health` before the next "
+        "one of its lane starts.",
     )
     aws: AwsTarget | None = Field(
         default=None, description="Required when `target` is `aws`, refused otherwise."
@@ -99,6 +100,16 @@ class ClusterConfig(Section):
     def topology(self) -> topology_module.Topology:
         """Computed once: the config is frozen, and renderers ask for it per node."""
         return topology_module.for_config(self)
+
+    @functools.cached_property
+    def max_unavailable(self) -> int:
+        """rollout.maxUnavailable as a count of this cluster's replicas."""
+        return self.rollout.unavailable(len(self.topology.replicas))
+
+    @functools.cached_property
+    def rollout_lanes(self) -> tuple[tuple[topology_module.Replica, ...], ...]:
+        """The replicas in the lanes a change rolls in (topology_module.lanes)."""
+        return topology_module.lanes(self.topology.replicas, self.max_unavailable)
 
     @property
     def model_port(self) -> int:

@@ -319,10 +319,47 @@ class Model(Section):
     )
 
 
+# rollout.maxUnavailable: a count, or a percentage of the replicas as Kubernetes writes it
+# ("25%"; its Deployment default, rounded down as Kubernetes rounds maxUnavailable).
+DEFAULT_MAX_UNAVAILABLE = "25%"
+# A real replica loads its weights for minutes: a shorter gate would fail every rollout.
+MIN_HEALTH_TIMEOUT_SECONDS = 60
+_PERCENT = re.compile(r"^([0-9]{1,3})%$")
+
+
+def _max_unavailable(value: object) -> object:
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r}: write a count of replicas (e.g. 2) or a percentage (e.g. \"25%\")")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # over gRPC every number is a float
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"{value!r}: at least 1 replica must be allowed out, or nothing could change")
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            return _max_unavailable(int(text))
+        match = _PERCENT.match(text)
+        if match and 1 <= int(match.group(1)) <= 100:
+            return text
+        raise ValueError(f"{value!r} is not a count or a percentage from 1% to 100% (e.g. \"25%\")")
+    raise ValueError(f"{value!r}: write a count of replicas (e.g. 2) or a percentage (e.g. \"25%\")")
+
+
 class Rollout(Section):
-    """How a Day-2 change rolls over the replicas (both targets): each replica is drained for
-    at most drainTimeoutSeconds, then must answer vLLM's /health within healthTimeoutSeconds
-    before the next one starts."""
+    """How a Day-2 change rolls over the replicas (both targets): in maxUnavailable independent
+    lanes, each replica drained for at most drainTimeoutSeconds, then it must answer vLLM's
+    /health within healthTimeoutSeconds before the next one of its lane starts."""
+
+    max_unavailable: Annotated[int | str, BeforeValidator(_max_unavailable)] = Field(
+        default=DEFAULT_MAX_UNAVAILABLE,
+        description="How many replicas a change may take out of service at once: a count (`2`) or a "
+        "percentage of the replicas (`\"25%\"`, rounded down), at least 1 and at most every replica. "
+        "Replica i rolls in lane i mod that number; each lane drains, restarts and waits for `/health` "
+        "one replica after another, independently of the other lanes (a slow replica holds only its "
+        "own lane).",
+    )
 
     drain_timeout_seconds: int = Field(
         default=300,
@@ -333,12 +370,21 @@ class Rollout(Section):
     )
     health_timeout_seconds: int = Field(
         default=1800,
-        ge=60,
+        ge=MIN_HEALTH_TIMEOUT_SECONDS,
         le=7200,
         description="How long a restarted replica has to answer vLLM's `/health` before the rollout "
         "stops with the other replicas still serving: its start and its load from local disk (the "
         "node staged image and weights before its drain).",
     )
+
+    def unavailable(self, replicas: int) -> int:
+        """maxUnavailable as a count for `replicas` replicas: rounded down, at least 1, at most
+        all of them."""
+        if isinstance(self.max_unavailable, int):
+            count = self.max_unavailable
+        else:
+            count = replicas * int(self.max_unavailable.rstrip("%")) // 100
+        return max(1, min(replicas, count))
 
 
 _SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$")

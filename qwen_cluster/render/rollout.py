@@ -30,6 +30,11 @@ from qwen_cluster.render.shell import quote, script, sha256
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 HEALTH_CONNECT_SECONDS = 5
+# How long a lane waits for another lane's mark (a file rewrite, `nginx -t` and a reload).
+LOCK_WAIT_SECONDS = 120
+# The shell variable holding rollout.healthTimeoutSeconds in the gate (the lab puts it on its
+# clock: labkit/substitutions.py).
+HEALTH_TIMEOUT_VARIABLE = "health_timeout"
 
 
 def fingerprint(specs: Iterable[Mapping]) -> str:
@@ -60,8 +65,17 @@ set_flag() {{
 
 # Mark the server down or up and have nginx take it, or leave the upstream file as it was: a
 # server is never marked down while nginx still sends it traffic (docker unreachable, a failed
-# test or reload), so the container that follows is not replaced under live requests.
+# test or reload), so the container that follows is not replaced under live requests. The
+# lanes of a rollout run at once on this host: one at a time in the file (flock), or two
+# read-modify-writes would lose one server's mark.
 mark() {{
+  (
+    flock -w {LOCK_WAIT_SECONDS} 9 || {{ echo "another rollout step holds $upstream.lock" >&2; exit 1; }}
+    mark_locked "$1"
+  ) 9>>"$upstream.lock"
+}}
+
+mark_locked() {{
   local status=0
   cp -p "$upstream" "$upstream.before.$$"
   set_flag "$1"
@@ -159,7 +173,6 @@ fi
         if only_if_down
         else ""
     )
-    timeout = int(health_timeout_seconds)
     body = f"""
 # {replica}: the containers it runs: {fingerprint}
 {_helpers(server, conf_dir).strip()}
@@ -174,12 +187,13 @@ http_status() {{
   ' "$server_ip" "$server_port" "$1" 2>/dev/null </dev/null || true
 }}
 {skip}
-deadline=$((SECONDS + {timeout}))
+{HEALTH_TIMEOUT_VARIABLE}={int(health_timeout_seconds)}
+deadline=$((SECONDS + {HEALTH_TIMEOUT_VARIABLE}))
 until [ "$(http_status {HEALTH_PATH})" = 200 ]; do
   if [ "$SECONDS" -ge "$deadline" ]; then
     echo "ready: {replica} ($address) did not answer {HEALTH_PATH} with 200 within" \\
-      "rollout.healthTimeoutSeconds={timeout}; it stays out of rotation and the rollout" \\
-      "stops here (the replicas after it still serve the previous version)" >&2
+      "rollout.healthTimeoutSeconds=${HEALTH_TIMEOUT_VARIABLE}; it stays out of rotation and its" \\
+      "lane stops here (the replicas not yet reached still serve the previous version)" >&2
     exit 1
   fi
   sleep {int(poll_seconds)}

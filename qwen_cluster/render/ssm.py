@@ -11,15 +11,20 @@ What one run does on a node (idempotent, so re-running it on an unchanged node i
 1. writes the sysctl drop-in and applies it (no restart needed);
 2. if the running container already carries this configuration's hash, keeps it;
    otherwise pulls the image first (while the old server still serves; a no-op after the
-   node's staging association, below), drains the node from the NLB target group
-   (deregister, wait at most drainTimeoutSeconds), stops the container within vLLM's own
-   graceful shutdown and its margin (`docker stop --time`, vllm.stop_grace_seconds), replaces
-   it and
-3. waits for vLLM's /health (at most healthTimeoutSeconds), registers the target again and
-   waits until the NLB calls it healthy. Any failure fails the run, which fails the
-   association, which stops `pulumi up` there with the other nodes untouched.
-Pipeline workers (not LB targets) only start their Ray worker; their replica head's run
-waits for the replica's health.
+   node's staging association, below), drains the replica from the NLB target group if a
+   server ran on the node before (deregister its head, wait at most drainTimeoutSeconds), stops
+   the container within vLLM's own graceful shutdown and its margin (`docker stop --time`,
+   vllm.stop_grace_seconds), replaces it and
+3. on a replica head, waits for vLLM's /health (at most healthTimeoutSeconds) and for the NLB
+   to call it healthy, when the replica served before this run or the cluster already serves
+   (another target is healthy): that is the gate that holds the lane's next replica. On a new
+   stack (day 0) nothing serves yet, so the run registers its target and returns at once: every
+   replica loads at the same time and the NLB's health check admits each when it answers.
+   Any failure fails the run, which fails the association, which stops `pulumi up` there with
+   the replicas not yet reached untouched.
+Pipeline workers (not LB targets) drain their replica's head before restarting their Ray
+worker (so the replica is out of the load balancer before any of its members restarts); their
+replica head's run waits for the replica's health.
 
 Staging is a second document (`stage_document`), applied to each node by its own association
 before the node's model-server association: it pulls the image and fetches the weights into the
@@ -62,8 +67,8 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "Sysctl": (_B64, "base64: the sysctl drop-in (tuning.sysctl)"),
     "NodeIp": ("^[0-9.]+$", "the node's static IP (finds the cluster interface)"),
     "ConfigHash": ("^[0-9a-f]{64}$", "sha256 of what the container runs; equal means no restart"),
-    "TargetGroupArn": ("^[A-Za-z0-9:/._-]*$", "the NLB target group (empty for pipeline workers)"),
-    "TargetId": ("^[A-Za-z0-9-]*$", "this node's instance id in the target group (heads)"),
+    "TargetGroupArn": ("^[A-Za-z0-9:/._-]*$", "the NLB target group"),
+    "TargetId": ("^[A-Za-z0-9-]*$", "the replica head's instance id in the target group"),
     "Port": ("^[0-9]+$", "the model port"),
     "Region": ("^[a-z0-9-]+$", "the AWS region (for the aws CLI)"),
     "DrainSeconds": ("^[0-9]+$", "rollout.drainTimeoutSeconds"),
@@ -100,7 +105,11 @@ install -d -m 0755 /etc/sysctl.d /etc/qwen-cluster __HF_CACHE__
 b64 '{{ Sysctl }}' > __DROPIN__.new && mv __DROPIN__.new __DROPIN__
 sysctl --system >/dev/null
 
-# 2. The container, replaced only when what it runs changed.
+# 2. The container, replaced only when what it runs changed. SERVED: a server of ours was on
+# this node before this run (it served, or was loading): its replica is drained first and
+# must be healthy again before the run ends.
+SERVED=''
+if [ -n "$(docker ps --all --quiet --filter 'name=^__NAME__$')" ]; then SERVED=yes; fi
 if [ -n "$(docker ps --quiet --filter 'name=^__NAME__$' --filter "label=__LABEL__=$HASH")" ]; then
   echo "model server already runs configuration $HASH"
 else
@@ -120,7 +129,9 @@ else
   } > __ENV__
   b64 '{{ ServerScript }}' > __SCRIPT__
   mapfile -t OPTIONS < <(b64 '{{ DockerOptions }}')
-  if [ -n "$TG" ] && [ -n "$(docker ps --quiet --filter 'name=^__NAME__$')" ]; then
+  # The replica leaves the load balancer before any of its members restarts (a pipeline
+  # worker's run drains its head too; a second drain finds the target gone and returns).
+  if [ -n "$TG" ] && [ -n "$SERVED" ]; then
     aws elbv2 deregister-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
     timeout '{{ DrainSeconds }}' aws elbv2 wait target-deregistered \
       --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT" || echo "drain timed out; replacing"
@@ -132,16 +143,26 @@ else
     --volume=__SCRIPT__:__SCRIPT__:ro "${OPTIONS[@]}" --entrypoint=/bin/bash "$IMAGE" __SCRIPT__
 fi
 
-# 3. Serving again before this run succeeds (and the next node's starts).
+# 3. A replica head: serving again before this run succeeds (and the lane's next replica
+# starts), when it served before or the cluster serves; on a new stack, nothing to wait for.
 URL='{{ HealthUrl }}'
 if [ -n "$URL" ]; then
+  HEALTHY=$(aws elbv2 describe-target-health --target-group-arn "$TG" \
+    --query "length(TargetHealthDescriptions[?TargetHealth.State=='healthy'])" --output text)
+  if [ -z "$SERVED" ] && [ "$HEALTHY" = 0 ]; then
+    echo "nothing serves yet (a new stack): starting without waiting for $URL"
+    aws elbv2 register-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
+    exit 0
+  fi
   deadline=$((SECONDS + {{ HealthSeconds }}))
   until curl --silent --fail --max-time 5 "$URL" >/dev/null; do
-    if [ "$SECONDS" -ge "$deadline" ]; then echo "$URL not healthy in {{ HealthSeconds }} s" >&2; exit 1; fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$URL not healthy in {{ HealthSeconds }} s (rollout.healthTimeoutSeconds): it stays out of" \
+        "the target group and its lane stops here" >&2
+      exit 1
+    fi
     sleep 10
   done
-fi
-if [ -n "$TG" ]; then
   aws elbv2 register-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
   aws elbv2 wait target-in-service --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
 fi
@@ -224,15 +245,19 @@ def environment(cluster: ClusterConfig, node_name: str) -> dict[str, str]:
 
 
 def config_hash(cluster: ClusterConfig, node_name: str) -> str:
-    """What the container runs, hashed: image, command, environment, docker options and the
-    document itself. Equal hash, no restart (sysctl and drain settings are not in it)."""
-    parts = [
-        cluster.model.image,
-        vllm.server_script(cluster, node_name),
-        json.dumps(environment(cluster, node_name), sort_keys=True),
-        "\n".join(docker_options(cluster)),
-        run_script(),
-    ]
+    """What the node's replica runs, hashed: for each member its image, command, environment,
+    docker options and the document itself. Equal hash, no restart (sysctl and drain settings
+    are not in it). The replica's, not the node's: a pipeline worker that restarts takes its
+    Ray worker out of the head's pipeline, so the head restarts (and is gated) with it."""
+    parts = []
+    for member in cluster.topology.replica_of(node_name).members:
+        parts += [
+            cluster.model.image,
+            vllm.server_script(cluster, member.name),
+            json.dumps(environment(cluster, member.name), sort_keys=True),
+            "\n".join(docker_options(cluster)),
+            run_script(),
+        ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -262,8 +287,9 @@ def parameters(
         "Sysctl": _encode(dropin(cluster.tuning.sysctl)),
         "NodeIp": str(node.ip),
         "ConfigHash": config_hash(cluster, node_name),
-        "TargetGroupArn": target_group_arn if head else "",
-        "TargetId": target_id if head else "",
+        # Every member: a pipeline worker drains its replica's head before it restarts.
+        "TargetGroupArn": target_group_arn,
+        "TargetId": target_id,
         "Port": str(topology.model_port),
         "Region": cluster.aws.region if cluster.aws else "",
         "DrainSeconds": str(cluster.rollout.drain_timeout_seconds),

@@ -94,6 +94,10 @@ def stage_script(cluster: ClusterConfig, host_cache: str) -> str:
     source = cluster.model.weights.source
     where = cluster.model.weights.uri or "the Hugging Face Hub"
     body = [
+        "# One staging at a time on a node: on AWS the stack-wide staging and the node's own may",
+        "# run together on a new machine; the second finds everything in place.",
+        "exec 9>/run/lock/qwen-cluster-stage.lock",
+        "flock 9",
         f"install -d -m 0755 {shell.quote(host_cache)}",
         "# The new image next to the one serving: the container is replaced later, by the rollout.",
         f"docker pull --quiet {shell.quote(cluster.model.image)}",

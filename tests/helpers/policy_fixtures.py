@@ -251,7 +251,7 @@ def firewall_command(host: str, address: str, *, load_balancer: bool = False, as
 def bare_metal_stack() -> list[RecordedResource]:
     """What the bare-metal target builds for onprem: one firewall command and one model-server
     container (host network) per host."""
-    containers = [container(f"onprem-{host}-vllm", image="vllm/vllm-openai:v0.11.0") for host in ONPREM_HOSTS]
+    containers = [container(f"onprem-{host}-vllm", image="vllm/vllm-openai:v0.33.0") for host in ONPREM_HOSTS]
     commands = [
         firewall_command(host, address, load_balancer=(host == "master"), as_text=(host != "worker-3"))
         for host, address in ONPREM_HOSTS.items()

@@ -22,7 +22,7 @@ Decided per resource:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from qwen_cluster import tags
@@ -65,6 +65,26 @@ class Rollout:
     endpoint_changes: list[str]
     collisions: list[str]
     steps: list[list[str]]  # replicas out of service together, in the order the engine reaches them
+    # The lanes the change rolls in (replicas it takes out, lane by lane; rollout.maxUnavailable),
+    # what every lane waits for first (the program's staged resources that change), and the
+    # longest the rollout can take: the longest lane times one replica's bound (its drain and
+    # health timeouts, plus the image pull on AWS), after staging.
+    lanes: list[list[str]] = field(default_factory=list)
+    staged_first: list[str] = field(default_factory=list)
+    replica_bound_seconds: int = 0
+
+    @property
+    def at_most_seconds(self) -> int:
+        return max((len(lane) for lane in self.lanes), default=0) * self.replica_bound_seconds
+
+    def lanes_dict(self) -> dict[str, Any]:
+        return {
+            "lanes": self.lanes,
+            "mostOutOfServiceAtOnce": self.max_replicas_out_of_service,
+            "stagedFirst": self.staged_first,
+            "replicaBoundSeconds": self.replica_bound_seconds,
+            "atMostSeconds": self.at_most_seconds,
+        }
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +97,7 @@ class Rollout:
             "endpointChanges": self.endpoint_changes,
             "collisions": self.collisions,
             "steps": self.steps,
+            "lanes": self.lanes_dict(),
         }
 
 
@@ -304,7 +325,18 @@ def rollout(old: Render, new: Render, changes: Sequence[Change] | None = None) -
     def replica_name(index: int) -> str:
         return "+".join(sorted(names_by_replica.get(index, [str(index)])))
 
+    settings = new.outputs.get("rollout") or {}
+    affected = {replica for replica, _ in events.values()} | drained
+    lanes = [
+        [replica_name(replica_of[head]) for head in lane if replica_of.get(head) in affected]
+        for lane in settings.get("lanes") or []
+    ]
+    changed = {c.name for c in changes if c.action != "same"}
+    staged = [str(urn).rsplit("::", 1)[-1] for urn in settings.get("staged") or []]
     return Rollout(
+        lanes=[lane for lane in lanes if lane],
+        staged_first=[name for name in staged if name in changed],
+        replica_bound_seconds=int(settings.get("replicaBoundSeconds") or 0),
         replicas=replicas,
         max_replicas_out_of_service=most,
         nodes_replaced=sorted(nodes_replaced),
