@@ -7,7 +7,7 @@ from qwen_cluster import config, sdk_fixes, summary
 sdk_fixes.apply()
 
 try:
-    cluster, ssh_private_key = config.from_pulumi()
+    cluster, ssh_private_key, endpoint_secrets = config.from_pulumi()
 except config.ConfigError as error:
     # Nothing has been registered yet: a bad config stops here, naming every mistake.
     raise pulumi.RunError(str(error)) from None
@@ -17,11 +17,11 @@ pulumi.export("summary", summary.summary(cluster))
 if cluster.target is config.Target.AWS:
     from qwen_cluster import aws
 
-    outputs = aws.build(cluster)
+    outputs = aws.build(cluster, endpoint_secrets)
 else:
     from qwen_cluster import baremetal
 
-    outputs = baremetal.build(cluster, ssh_private_key)
+    outputs = baremetal.build(cluster, ssh_private_key, endpoint_secrets)
 
 for output_name, value in outputs.items():
     pulumi.export(output_name, value)

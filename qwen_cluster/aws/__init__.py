@@ -8,7 +8,7 @@ import pulumi
 import pulumi_aws as aws
 
 from qwen_cluster import summary
-from qwen_cluster.config import ClusterConfig
+from qwen_cluster.config import ClusterConfig, EndpointSecrets
 from qwen_cluster.render import sg_rules, vpc_plan
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 from qwen_cluster.render.sg_rules import Group
@@ -38,8 +38,9 @@ def check_existing_vpc(vpc_id: str, plan: vpc_plan.VpcPlan) -> None:
         )
 
 
-def build(cluster: ClusterConfig) -> dict[str, Any]:
-    """Register the AWS resources for a validated cluster; return the stack outputs."""
+def build(cluster: ClusterConfig, secrets: EndpointSecrets | None = None) -> dict[str, Any]:
+    """Register the AWS resources for a validated cluster; return the stack outputs. `secrets`:
+    the endpoint's API keys and TLS files, Output secrets (config.EndpointSecrets)."""
     aws_target = cluster.aws
     if aws_target is None:
         raise ValueError("qwen_cluster.aws.build needs target aws")

@@ -21,6 +21,7 @@ from qwen_cluster.config.limits import (
 )
 from qwen_cluster.config.loading import decode_value, from_pulumi, validate
 from qwen_cluster.config.rules import complete_ports, cross_errors, monitoring_rows
+from qwen_cluster.config.secrets import REDACTED, EndpointSecrets
 from qwen_cluster.config.sections import (
     DEFAULT_IMAGE,
     DEFAULT_MODEL,
@@ -39,6 +40,7 @@ from qwen_cluster.config.sections import (
     Node,
     Rollout,
     Target,
+    Tls,
     Tuning,
     VllmFlagValue,
 )
@@ -61,6 +63,7 @@ __all__ = [
     "NLB_IDLE_TIMEOUT_SECONDS",
     "OWNED_VLLM_FLAGS",
     "RECOMMENDED_NODES",
+    "REDACTED",
     "SECRET_KEYS",
     "SECTIONS",
     "Access",
@@ -70,6 +73,7 @@ __all__ = [
     "Cidr",
     "ClusterConfig",
     "ConfigError",
+    "EndpointSecrets",
     "IPv4",
     "IPv4Net",
     "LoadBalancer",
@@ -79,6 +83,7 @@ __all__ = [
     "Node",
     "Rollout",
     "Target",
+    "Tls",
     "Tuning",
     "VllmFlagValue",
     "complete_ports",
