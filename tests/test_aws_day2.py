@@ -117,6 +117,7 @@ def test_setting_aws_ami_id_replaces_every_node_one_at_a_time_delete_before_repl
         expected[f"gpu-nodes-{node}"] = ("replace", "delete-before-replace")
         expected[f"model-lb-{node}"] = ("replace", "create-before-delete")
         expected[f"gpu-nodes-{node}-server"] = ("replace", "create-before-delete")
+        expected[f"node-proxy-{node}"] = ("replace", "create-before-delete")  # the new instance's proxy
         expected[f"monitoring-{node}"] = ("update", None)  # its targets: the new instance id
     assert touched(found) == expected
     assert_no_gpu_instance_replaced_create_before_delete(found)
@@ -140,6 +141,7 @@ def test_adding_a_node_touches_only_that_node():
         "gpu-nodes-worker-2": ("create", None),
         "model-lb-worker-2": ("create", None),
         "gpu-nodes-worker-2-server": ("create", None),
+        "node-proxy-worker-2": ("create", None),
         # Monitoring: the new node's, and the others' probes and scrape targets (issue 12).
         "monitoring-worker-2": ("create", None),
         "monitoring-master": ("update", None),
@@ -156,6 +158,7 @@ def test_removing_a_node_touches_only_that_node():
         "gpu-nodes-worker-2": ("delete", None),
         "model-lb-worker-2": ("delete", None),
         "gpu-nodes-worker-2-server": ("delete", None),
+        "node-proxy-worker-2": ("delete", None),
         "monitoring-worker-2": ("delete", None),
         "monitoring-master": ("update", None),
         "monitoring-worker-1": ("update", None),
@@ -180,9 +183,11 @@ def test_each_replica_waits_for_the_previous_replicas_health_gate():
     for before, after in zip(order, order[1:], strict=False):
         gate = f"gpu-nodes-{before}-server"
         assert result.named(f"gpu-nodes-{after}").depends_on == [gate]
-        assert result.named(f"gpu-nodes-{after}-server").depends_on == [gate]
+        # ... and for its own node's proxy, through which the NLB checks it.
+        assert result.named(f"gpu-nodes-{after}-server").depends_on == [gate, f"node-proxy-{after}"]
     first = result.named("gpu-nodes-master-server")
-    assert first.depends_on == ["model-server-drain"]  # may drain and register from the first run
+    # May drain and register from the first run, once its proxy answers.
+    assert first.depends_on == ["model-server-drain", "node-proxy-master"]
 
 
 def test_associations_replace_on_any_change_and_wait_for_the_run():
@@ -196,7 +201,8 @@ def test_associations_replace_on_any_change_and_wait_for_the_run():
     assert association["name"] == render_stack("dev").named("model-server-document").outputs["name"]
     parameters = association["parameters"]
     assert ssm.decoded(parameters["ServerScript"]) == vllm.server_script(cluster, "master")
-    assert parameters["HealthUrl"] == "http://10.42.1.100:5000/health"
+    # vLLM's own /health on loopback, behind the node's proxy.
+    assert parameters["HealthUrl"] == "http://127.0.0.1:5000/health"
     assert parameters["TargetGroupArn"] == "arn:aws:mock:::targetgroup/model-lb-heads"
 
 

@@ -52,6 +52,7 @@ def test_components_have_aws_type_tokens_and_children_are_parented(prod):
         "qwen-cluster:aws:NodeRole",
         "qwen-cluster:aws:ModelServerDocument",
         "qwen-cluster:aws:Monitoring",
+        "qwen-cluster:aws:NodeProxy",
     }
     for resource in prod.custom_resources:
         assert resource.parent_type and resource.parent_type.startswith("qwen-cluster:aws:"), resource.name

@@ -18,6 +18,7 @@ from .loadbalancer import ModelLoadBalancer, ModelLoadBalancerArgs
 from .monitoring import Monitoring, MonitoringArgs
 from .network import Network, NetworkArgs
 from .nodes import GpuNodeGroup, GpuNodeGroupArgs
+from .proxy import NodeProxy, NodeProxyArgs
 from .security import SecurityGroups, SecurityGroupsArgs
 from .serving import ModelServerDocument, ModelServerDocumentArgs, NodeRole, NodeRoleArgs
 
@@ -79,6 +80,8 @@ def build(cluster: ClusterConfig, secrets: EndpointSecrets | None = None) -> dic
             model_port=cluster.model_port,
             idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
             deregistration_delay_seconds=cluster.rollout.drain_timeout_seconds,
+            # The node proxy terminates TLS: the NLB's health check speaks it too.
+            health_check_protocol="HTTPS" if cluster.load_balancer.tls else "HTTP",
             tags=tags,
         ),
     )
@@ -87,6 +90,12 @@ def build(cluster: ClusterConfig, secrets: EndpointSecrets | None = None) -> dic
         "model-server",
         ModelServerDocumentArgs(
             role_name=role.role_name, target_group_arn=load_balancer.target_group_arn, tags=tags
+        ),
+    )
+    node_proxy = NodeProxy(
+        "node-proxy",
+        NodeProxyArgs(
+            cluster=cluster, secrets=secrets or EndpointSecrets(), role_name=role.role_name, tags=tags
         ),
     )
     nodes = GpuNodeGroup(
@@ -101,6 +110,7 @@ def build(cluster: ClusterConfig, secrets: EndpointSecrets | None = None) -> dic
             target_group_arn=load_balancer.target_group_arn,
             attach=load_balancer.attach,
             ready=[serving.drain_policy],
+            front=node_proxy.front,
         ),
     )
     if cluster.monitoring.exporters or cluster.monitoring.prometheus:

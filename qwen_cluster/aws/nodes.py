@@ -50,6 +50,9 @@ class GpuNodeGroupArgs:
     attach: Callable[[str, pulumi.Input[str]], Any]
     # What the first association needs in place (the drain permission).
     ready: list[pulumi.Resource] = field(default_factory=list)
+    # Starts what stands in front of a replica head's vLLM (the node proxy): (node name,
+    # instance id) -> what the head's model-server run waits for.
+    front: Callable[[str, pulumi.Input[str]], list[pulumi.Resource]] | None = None
 
     def validate(self) -> None:
         aws_target, kind = self.cluster.aws, self.cluster.instance
@@ -122,6 +125,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             }
             head_id = instances[replica.head.name].id
             args.attach(replica.head.name, head_id)
+            fronts = args.front(replica.head.name, head_id) if args.front else []
             # Pipeline workers first (their Ray worker joins the head), the head last: its run
             # waits for the replica's /health and gates the next replica.
             started: list[pulumi.Resource] = []
@@ -142,7 +146,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                             parent=self,
                             # Waited for on create only (association.go): every change replaces.
                             replace_on_changes=["parameters", "targets"],
-                            depends_on=[*gate, *started],
+                            depends_on=[*gate, *started, *(fronts if is_head else [])],
                         ),
                     )
                 )

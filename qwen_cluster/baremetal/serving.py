@@ -14,10 +14,7 @@ from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, EndpointSecrets, Node
 from qwen_cluster.render import nginx, vllm
 
-# Pinned: a moving tag would change the load balancer on the next `pulumi up`. 1.30 is nginx's
-# stable line (1.31 mainline); 1.27 and 1.28 get no more fixes. gixy-ng checks the rendered config
-# against its CVE table for this version (tests/test_render_nginx.py).
-NGINX_IMAGE = "nginx:1.30.6"
+NGINX_IMAGE = nginx.IMAGE  # pinned (qwen_cluster/render/nginx.py)
 HF_CACHE = "/root/.cache/huggingface"
 UNLIMITED = -1
 

@@ -53,7 +53,7 @@ DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
 # table, the topology or the memory plan (value: where the program takes it from).
 OWNED_VLLM_FLAGS: dict[str, str] = {
     "--model": "model.name",
-    "--host": "the program (all interfaces; the firewall and security groups decide who reaches it)",
+    "--host": "the program (bare metal: the node's address; AWS: loopback, behind the node's proxy)",
     "--port": "ports (the clients entry)",
     "--tensor-parallel-size": "model.tensorParallel",
     "--pipeline-parallel-size": "model.pipelineParallel",

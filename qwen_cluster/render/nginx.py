@@ -43,6 +43,11 @@ from dataclasses import dataclass
 from qwen_cluster.render.shell import container_state_function, quote, script
 from qwen_cluster.render.vllm import HEALTH_PATH
 
+# Pinned: a moving tag would change the load balancer (and every AWS node's proxy) on the next
+# `pulumi up`. 1.30 is nginx's stable line (1.31 mainline); 1.27 and 1.28 get no more fixes.
+# gixy-ng checks the rendered config against its CVE table for this version
+# (tests/test_render_nginx.py).
+IMAGE = "nginx:1.30.6"
 MAX_FAILS = 3
 FAIL_TIMEOUT_SECONDS = 30
 CONNECT_TIMEOUT_SECONDS = 5
@@ -290,9 +295,11 @@ def render(
     api_keys: bool = False,
     tls: bool = False,
     secrets_dir: str = CONTAINER_CONF_DIR,
+    listen_address: str | None = None,
 ) -> str:
     """`api_keys`: check the client keys of KEYS_FILE (beside nginx.conf); `tls`: serve HTTPS with
-    the certificate and key in `secrets_dir` (where the container sees CONF_DIR)."""
+    the certificate and key in `secrets_dir` (where the container sees CONF_DIR);
+    `listen_address`: one address instead of every one (an AWS node's proxy)."""
     if not servers:
         raise ValueError("nginx needs at least one upstream server")
     if upstream_file is None:
@@ -303,7 +310,7 @@ def render(
         upstream = f"        include {upstream_file};"
     user_line = f"user {user};\n" if user else ""
     server = server_block(
-        listen=str(listen_port),
+        listen=f"{listen_address}:{listen_port}" if listen_address else str(listen_port),
         upstream="qwen_model",
         idle_timeout_seconds=idle_timeout_seconds,
         tries=min(len(servers), 3),

@@ -237,7 +237,12 @@ def parameters(
         "Region": cluster.aws.region if cluster.aws else "",
         "DrainSeconds": str(cluster.rollout.drain_timeout_seconds),
         "HealthSeconds": str(cluster.rollout.health_timeout_seconds),
-        "HealthUrl": f"http://{replica.head.ip}:{topology.model_port}{vllm.HEALTH_PATH}" if head else "",
+        # vLLM's own /health where it listens (loopback, behind the node's proxy).
+        "HealthUrl": (
+            f"http://{vllm.listen_address(cluster, node_name)}:{topology.model_port}{vllm.HEALTH_PATH}"
+            if head
+            else ""
+        ),
     }
 
 

@@ -178,8 +178,11 @@ def _gates(resource: RecordedResource, change: Change) -> bool:
     if change.action == "same" or change.action == "delete":
         return False
     if resource.type == "aws:ssm/association:Association":
-        # Only a create (a new association or a replacement) waits: association.go.
-        return bool(resource.inputs.get("waitForSuccessTimeoutSeconds")) and change.action in (
+        # Only a create (a new association or a replacement) waits: association.go. Only the
+        # model server's runs wait for a replica's health; the node proxy's (no ConfigHash)
+        # waits for nginx alone and gates nothing.
+        serves = _SERVER_CONFIG_PARAMETER in (resource.inputs.get("parameters") or {})
+        return serves and bool(resource.inputs.get("waitForSuccessTimeoutSeconds")) and change.action in (
             "create",
             "replace",
         )

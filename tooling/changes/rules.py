@@ -206,6 +206,14 @@ _RULES: tuple[Rule, ...] = (
         "document version); associations do not re-run on it by themselves",
     ),
     Rule(
+        "aws:ssm/parameter:Parameter",
+        frozenset({"name"}),
+        f"{_TF_AWS} internal/service/ssm/parameter.go: name ForceNew; value, type, description "
+        "update (PutParameter with Overwrite; a value change makes `version` computed: a new "
+        "version); tier forces a new parameter only from Advanced to Standard (CustomizeDiff)",
+        new_version_on_update=True,
+    ),
+    Rule(
         "aws:ssm/association:Association",
         frozenset({"name", "instanceId"}),
         f"{_TF_AWS} internal/service/ssm/association.go: name, instance_id ForceNew; parameters "
