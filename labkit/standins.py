@@ -455,10 +455,14 @@ def _spawn(host: Host, launch: Launch, log: Path) -> subprocess.Popen:
         )
 
 
-def _accepts(namespace: str, port: int) -> bool:
+def _accepts(host: Host, port: int) -> bool:
+    """Listening on loopback or on the node's address (vLLM binds the node's address only)."""
     from labkit import netns, probes
 
-    return netns.call_in(namespace, probes.tcp_connect, "127.0.0.1", port, 0.3).open
+    return any(
+        netns.call_in(host.namespace, probes.tcp_connect, address, port, 0.3).open
+        for address in ("127.0.0.1", host.ip)
+    )
 
 
 def start(container: Container, host: Host) -> tuple[str, Record]:
@@ -494,7 +498,7 @@ def start(container: Container, host: Host) -> tuple[str, Record]:
         if process.poll() is not None:
             log = (host.containers / f"{container.name}.log").read_text()[-600:]
             raise StandInError(f"{container.resource}: exited {process.returncode} at start: {log}")
-        if all(_accepts(host.namespace, port) for port in launch.ports):
+        if all(_accepts(host, port) for port in launch.ports):
             break
         time.sleep(0.05)
     else:

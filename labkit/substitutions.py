@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen_cluster.config import NAMESPACE
+from qwen_cluster.config import NAMESPACE, REDACTED
 from tooling import stackfile
 
 # -------------------------------------------------------------- 1. stack config
@@ -58,7 +58,8 @@ def _is_lab_secret(value: Any) -> bool:
     """A key the lab itself wrote (plain text, or `{secure: <plain>}`), not a stack's ciphertext
     or the offline tools' throwaway key."""
     text = value.get("secure") if isinstance(value, dict) and set(value) == {"secure"} else value
-    return isinstance(text, str) and not text.startswith("v1:") and text != stackfile.OFFLINE_API_KEY
+    offline = (stackfile.OFFLINE_API_KEY, REDACTED)  # the offline key; a validated config's mark
+    return isinstance(text, str) and not text.startswith("v1:") and text not in offline
 
 
 def endpoint_secrets(config: dict[str, Any], endpoint: Any) -> list[str]:

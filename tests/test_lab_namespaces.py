@@ -164,7 +164,8 @@ def test_check_is_green_from_every_vantage_and_speaks_json(running, capsys):
     assert status == 0 and document["ok"] and not failures, failures
     groups = {r["group"] for r in document["results"]}
     assert groups == {
-        "containment", "sysctl", "verify", "ports", "latency", "bandwidth", "load balancer", "monitoring"
+        "containment", "sysctl", "verify", "ports", "latency", "bandwidth", "load balancer", "endpoint",
+        "monitoring",
     }
     sources = {r["source"] for r in document["results"] if r["group"] == "ports"}
     assert {"client", "monitoring", "admin", "outsider", "intruder", "master", "worker-3"} <= sources
