@@ -14,6 +14,7 @@ from pathlib import Path
 from qwen_cluster.config import NAMESPACE
 from qwen_cluster.render import nginx, proxy, ssm
 from tests.helpers.aws_stacks import render
+from tests.helpers.baremetal import shellcheck
 from tests.helpers.secrets import in_plain_text
 from tooling import changes, stackfile
 
@@ -115,12 +116,11 @@ def test_a_key_rotation_reloads_the_proxies_and_restarts_no_model_server():
     assert summary.servers_restarted == [] and summary.max_replicas_out_of_service == 0
 
 
-def test_the_proxy_document_passes_bash_n():
+def test_the_proxy_run_passes_shellcheck(tmp_path):
     text = proxy.run_script()
     for name in proxy.PARAMETERS:
         text = text.replace("{{ " + name + " }}", "0")
-    done = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    shellcheck(text, tmp_path)
 
 
 def test_the_proxy_config_passes_gixy_ng():
