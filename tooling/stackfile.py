@@ -78,11 +78,12 @@ def load(stack: str, root: Path = PROJECT_ROOT) -> config.ClusterConfig:
 
 
 def as_pulumi_config(stack_config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """The stack config as the Pulumi engine hands it to a program: every value a string
-    (objects as JSON), secure values decrypted, and the list of secret keys: a key whose value,
-    or any value inside it, is `secure:` (pulumi/pulumi sdk/go/common/resource/config/value.go: an
-    object holding a secure value is a secure object value, and map.go SecureKeys lists its key). Offline nothing can decrypt a real stack's ciphertext, so
-    a nested one becomes its OFFLINE_SECRETS placeholder."""
+    """The stack config as the Pulumi engine hands it to a program: every value a string (objects as
+    JSON), secure values decrypted, and the list of secret keys: a key whose value, or any value
+    inside it, is `secure:` (pulumi/pulumi sdk/go/common/resource/config/value.go: an object
+    holding a secure value is a secure object value, and map.go SecureKeys lists its key).
+    Offline nothing can decrypt a real stack's ciphertext, so a nested one becomes its
+    OFFLINE_SECRETS placeholder."""
     values: dict[str, str] = {}
     secret_keys: list[str] = []
     for key, value in stack_config.items():

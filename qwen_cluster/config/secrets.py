@@ -8,10 +8,11 @@ that a key exists, never what it is. The values themselves are read apart (`read
 `EndpointSecrets`, Pulumi Output secrets end to end.
 
 How the engine hands them over: a config object with a `secure:` value anywhere inside it is a
-secure object value (pulumi/pulumi sdk/go/common/resource/config/value.go, NewSecureObjectValue),
-so its top-level key (`qwen-cluster:access`) is among the map's SecureKeys (config/map.go), which
-reach the program as PULUMI_CONFIG_SECRET_KEYS (sdk/python/lib/pulumi/runtime/config.py,
-`is_config_secret`); the object itself arrives decrypted, as JSON text. So the whole `access` object is marked secret; only `apiKeys` in it is
+secure object value (pulumi/pulumi sdk/go/common/resource/config/value.go,
+NewSecureObjectValue), so its top-level key (`qwen-cluster:access`) is among the map's
+SecureKeys (config/map.go), which reach the program as PULUMI_CONFIG_SECRET_KEYS
+(sdk/python/lib/pulumi/runtime/config.py, `is_config_secret`); the object itself arrives
+decrypted, as JSON text. So the whole `access` object is marked secret; only `apiKeys` in it is
 one, and `read_secrets` wraps exactly that part in `Output.secret`. A key written in plain text
 in the stack file leaves the object unmarked, and is refused (it would be committed).
 """
