@@ -8,6 +8,7 @@ sdk_fixes.apply()
 
 try:
     cluster, ssh_private_key, endpoint_secrets = config.from_pulumi()
+    ray_auth_token = config.ray_auth_token(cluster)  # an Output secret, or None without Ray
 except config.ConfigError as error:
     # Nothing has been registered yet: a bad config stops here, naming every mistake.
     raise pulumi.RunError(str(error)) from None
@@ -17,11 +18,11 @@ pulumi.export("summary", summary.summary(cluster))
 if cluster.target is config.Target.AWS:
     from qwen_cluster import aws
 
-    outputs = aws.build(cluster, endpoint_secrets)
+    outputs = aws.build(cluster, endpoint_secrets, ray_auth_token=ray_auth_token)
 else:
     from qwen_cluster import baremetal
 
-    outputs = baremetal.build(cluster, ssh_private_key, endpoint_secrets)
+    outputs = baremetal.build(cluster, ssh_private_key, endpoint_secrets, ray_auth_token=ray_auth_token)
 
 for output_name, value in outputs.items():
     pulumi.export(output_name, value)

@@ -6,13 +6,14 @@ global, which a namespace cannot set) or `fail`. The lab fails on any `fail`.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from labkit import lifecycle, modelserver, netns, probes, renderers
-from labkit.blueprint import LabPlan
-from qwen_cluster.ports import Vantage
+from labkit.blueprint import LabPlan, Member
+from qwen_cluster.ports import SSH_PORT, Vantage
 from qwen_cluster.render import nginx
 from qwen_cluster.render.vllm import HEALTH_PATH
 
@@ -480,6 +481,164 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
     return results
 
 
+# ---------------------------------------------------------------- listeners
+
+# The lab's own processes on a node, not the program's: the holder (a listener on every probed
+# port no container serves) and the iperf3 server. Their sockets are named, not judged.
+LAB_FIXTURES = ("holder", "iperf3")
+EVERY_INTERFACE = ("0.0.0.0", "::", "*")
+
+
+@dataclass(frozen=True)
+class Listener:
+    node: str
+    address: str  # as bound: an address, or one of EVERY_INTERFACE
+    port: int
+    process: str
+    pid: int | None
+
+    @property
+    def loopback(self) -> bool:
+        if self.address in EVERY_INTERFACE:
+            return False
+        return ipaddress.ip_address(self.address).is_loopback
+
+    def __str__(self) -> str:
+        where = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{where}:{self.port} ({self.process})"
+
+
+_SS_USER = re.compile(r'\("([^"]+)",pid=(\d+)')
+
+
+def parse_ss(node: str, text: str) -> list[Listener]:
+    """`ss -ltnpH` lines as listeners: local address in column 4 ([v6]:port, v4:port, *:port,
+    an address with a %interface suffix), the first owning process from users:((...))."""
+    found = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        address, _, port = fields[3].rpartition(":")
+        address = address.strip("[]").split("%", 1)[0]
+        user = _SS_USER.search(line)
+        found.append(
+            Listener(
+                node, address, int(port), user.group(1) if user else "?", int(user.group(2)) if user else None
+            )
+        )
+    return found
+
+
+def listening(plan: LabPlan, member: Member) -> list[Listener]:
+    """What listens in a node's namespace (TCP), measured with ss."""
+    done = netns.exec_in(member.namespace, ["ss", "-ltnpH"], check=False)
+    return parse_ss(member.node, done.stdout)
+
+
+def _fixture_pids(plan: LabPlan, member: Member) -> set[int]:
+    pids = set()
+    for name in LAB_FIXTURES:
+        pidfile = lifecycle.state_dir(plan) / f"{member.node}.{name}.pid"
+        if pidfile.exists() and pidfile.read_text().strip().isdigit():
+            pids.add(int(pidfile.read_text()))
+    return pids
+
+
+def allowed_ports(plan: LabPlan, member: Member) -> set[int]:
+    """Ports the program may listen on at a node's non-loopback addresses: the port table's,
+    SSH, and the load-balancer listener on the load-balancer node."""
+    cluster = plan.cluster
+    ports = {port for entry in cluster.ports for port in range(entry.port.low, entry.port.high + 1)}
+    ports.add(SSH_PORT)
+    if member.node == plan.load_balancer.node:
+        ports.add(cluster.load_balancer.port)
+    return ports
+
+
+def listeners(plan: LabPlan, workers: int = 32) -> list[Result]:
+    """Every node's listening sockets (ss in its namespace): none on a non-loopback address
+    outside the port table. Then each of those sockets probed from a cluster member and from
+    every vantage (client, monitoring, admin, outsider, and the intruder: an unused address on
+    the node segment): each reaches only what the table promises it, a member what listens.
+    The results are the measured list of who reaches what."""
+    results = []
+    exposed: list[Listener] = []
+    for member in plan.nodes:
+        fixtures = _fixture_pids(plan, member)
+        allowed = allowed_ports(plan, member)
+        found = [lst for lst in listening(plan, member) if not lst.loopback and lst.pid not in fixtures]
+        unexpected = [lst for lst in found if lst.port not in allowed]
+        exposed += found
+        results.append(
+            Result(
+                "listeners",
+                member.node,
+                member.node,
+                "TCP listeners on non-loopback addresses (ss)",
+                "port-table ports only",
+                "unexpected: " + ", ".join(map(str, unexpected))
+                if unexpected
+                else ", ".join(sorted({str(lst) for lst in found})) or "none",
+                _status(not unexpected),
+            )
+        )
+    by_node = {member.node: member for member in plan.nodes}
+
+    def reach(source: Member, targets: list[Listener]) -> list[Listener]:
+        def one(lst: Listener) -> bool:
+            ip = by_node[lst.node].ip
+            return netns.call_in(
+                source.namespace, probes.tcp_connect, ip, lst.port, CLOSED_PROBE_TIMEOUT
+            ).open
+
+        unique = list({(lst.node, lst.port): lst for lst in targets}.values())
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return [lst for lst, ok in zip(unique, pool.map(one, unique), strict=True) if ok]
+
+    def named(reached: list[Listener]) -> str:
+        return ", ".join(f"{lst.node}:{lst.port}" for lst in reached) or "nothing"
+
+    nodes = plan.nodes
+    if len(nodes) > 1:
+        member = nodes[-1]
+        reached = reach(member, [lst for lst in exposed if lst.node != member.node])
+        results.append(
+            Result(
+                "listeners",
+                member.node,
+                "every other node",
+                "connect to every listener found",
+                "reaches port-table ports only",
+                named(reached),
+                _status(all(lst.port in allowed_ports(plan, by_node[lst.node]) for lst in reached)),
+            )
+        )
+    expectations = plan.expectations()
+    for vantage in plan.vantages:
+        # What the table promises this vantage (its own rows and those of every access CIDR
+        # its address is in); anything else it reaches is a finding.
+        promised = {
+            (exp.target_node, exp.port)
+            for exp in expectations
+            if exp.source == vantage.namespace and exp.open
+        }
+        reached = reach(vantage, exposed)
+        unpromised = [lst for lst in reached if (lst.node, lst.port) not in promised]
+        results.append(
+            Result(
+                "listeners",
+                vantage.vantage.value,
+                "every node",
+                "connect to every listener found",
+                "only what the port table promises it",
+                named(reached) + (f" (not promised: {named(unpromised)})" if unpromised else ""),
+                _status(not unpromised),
+            )
+        )
+    return results
+
+
 def run(
     plan: LabPlan, options: lifecycle.Options | None = None, *, strict_bandwidth: bool = False
 ) -> list[Result]:
@@ -489,6 +648,7 @@ def run(
     results += sysctl(plan)
     results += verify(plan)
     results += reachability(plan)
+    results += listeners(plan)
     results += latency(plan)
     results += bandwidth(plan, strict=strict_bandwidth)
     results += load_balancer(plan, options)

@@ -183,6 +183,11 @@ def request(
     return _request(ip, port, method, path, body, sent, timeout, access)
 
 
+def post(ip: str, port: int, path: str, *, timeout: float = 5.0) -> Reply:
+    """An empty POST (an admin route such as Prometheus's /-/quit)."""
+    return _request(ip, port, "POST", path, "", {}, timeout)
+
+
 @dataclass
 class Stream:
     status: int

@@ -7,6 +7,7 @@ stand-ins. The node comes from the environment the executor sets (QCL_LAB_*).
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -85,6 +86,64 @@ fi
 """
 
 
+# What `docker pull` leaves in a node's lab state: the lab has no registry, so a pull records
+# the image, and `docker images`-like questions read these files (labkit/substitutions.py SHIMS).
+IMAGES_DIR = "images"
+# Where the weights-fetch stand-in writes, under the host cache the staging mounts: one JSON file
+# per model, saying which image fetched it from where (the lab has no Hub and no mirror).
+LAB_WEIGHTS_DIR = "lab-weights"
+
+
+def _image_record(host: standins.Host, image: str) -> Path:
+    return Path(host.state_dir) / IMAGES_DIR / image.replace("/", "_").replace(":", "@")
+
+
+def pulled(state_dir: str) -> list[str]:
+    """The images `docker pull` recorded on a lab node (its state directory)."""
+    folder = Path(state_dir) / IMAGES_DIR
+    return sorted(path.read_text() for path in folder.glob("*")) if folder.is_dir() else []
+
+
+def _pull(host: standins.Host, image: str) -> None:
+    record = _image_record(host, image)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    standins.write_atomic(record, image)
+
+
+def _weights_fetch(host: standins.Host, rest: list[str]) -> int:
+    """`docker run --rm ... --entrypoint=python3 IMAGE -c <snapshot_download> MODEL`, the
+    staging's weights fetch (qwen_cluster/render/weights.py): no Hub here, so the stand-in
+    writes what would have been fetched, and from where, into the mounted host cache."""
+    options: dict[str, list[str]] = {}
+    index = 0
+    while index < len(rest) and rest[index].startswith("--"):
+        key, _, value = rest[index].partition("=")
+        options.setdefault(key, []).append(value)
+        index += 1
+    image, words = rest[index], rest[index + 1 :]
+    env = dict(item.partition("=")[::2] for item in options.get("--env", []))
+    fetch = words[:1] == ["-c"] and "snapshot_download" in words[1] and len(words) == 3
+    if "--rm" not in options or options.get("--entrypoint") != ["python3"] or not fetch:
+        print(f"lab docker: `docker run {' '.join(rest)}` is not modelled (labkit/shims.py)", file=sys.stderr)
+        return 125
+    mounts = {}
+    for volume in options.get("--volume", []):
+        host_path, container_path = volume.split(":")[:2]
+        mounts[container_path] = host_path
+    cache = mounts.get(env.get("HF_HOME", ""))
+    if cache is None:
+        print("lab docker: the weights fetch mounts no HF_HOME (it would fill the image)", file=sys.stderr)
+        return 1
+    _pull(host, image)  # `docker run` pulls an image it lacks
+    model = words[2]
+    record = Path(cache) / LAB_WEIGHTS_DIR / f"{model.replace('/', '--')}.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    endpoint = env.get("HF_ENDPOINT", "https://huggingface.co")
+    standins.write_atomic(record, json.dumps({"model": model, "image": image, "endpoint": endpoint}))
+    print(f"{cache}/hub/models--{model.replace('/', '--')} (lab stand-in: nothing downloaded)")
+    return 0
+
+
 def docker(args: list[str]) -> int:
     """The few docker commands a program's remote command may run against its containers."""
     if not args:
@@ -97,6 +156,13 @@ def docker(args: list[str]) -> int:
         print(LAB_VERSION if asked_server else "Server: lab stand-ins (labkit/shims.py)")
         return 0
     try:
+        if command == "pull":
+            image = [word for word in rest if not word.startswith("-")][-1]
+            _pull(host, image)
+            print(f"{image} (lab: no registry, the pull is recorded)")
+            return 0
+        if command == "run":
+            return _weights_fetch(host, rest)
         if command == "kill":
             sig = signal.SIGKILL
             names = []
@@ -194,6 +260,13 @@ def vllm(args: list[str]) -> int:
 
 
 def ray(args: list[str]) -> int:
+    # As Ray 2.52+ does: in token mode `ray start` refuses to run without a token
+    # (ray-project/ray python/ray/tests: test_ray_start_without_token_raises_error).
+    if os.environ.get("RAY_AUTH_MODE") == "token" and not (
+        os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    ):
+        print("lab ray: RAY_AUTH_MODE=token and no RAY_AUTH_TOKEN: refused", file=sys.stderr)
+        return 1
     if "--block" in args:
         print("lab ray: holding like `ray start --block`", flush=True)
         signal.pause()

@@ -456,7 +456,8 @@ def _spawn(host: Host, launch: Launch, log: Path) -> subprocess.Popen:
 
 
 def _accepts(host: Host, port: int) -> bool:
-    """Listening on loopback or on the node's address (vLLM binds the node's address only)."""
+    """Accepting on loopback (the exporters) or on the node's address (the servers that bind
+    the cluster address), whichever the container binds."""
     from labkit import netns, probes
 
     return any(

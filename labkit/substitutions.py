@@ -195,7 +195,9 @@ def environment(etc_root: str, state_dir: str, bin_dir: str) -> dict[str, str]:
 # name -> why the lab answers it itself (the handler is labkit/shims.py)
 SHIMS = {
     "systemctl": "no persistence: nothing is enabled for a boot that never comes",
-    "docker": "containers are stand-in processes: kill/exec/restart reach them, not dockerd",
+    "docker": "containers are stand-in processes: kill/exec/restart reach them, not dockerd; the lab "
+    "has no registry and no Hub, so `docker pull` records the image and the staging's weights "
+    "fetch (`docker run --rm ... snapshot_download`) records what it would have fetched",
     "timedatectl": "every namespace shares this machine's clock: synchronised by construction",
     "vllm": "`vllm serve` starts the stand-in model server (labkit/modelserver.py)",
     "ray": "`ray start` succeeds; `--block` holds the container like a pipeline worker",

@@ -1,9 +1,11 @@
 """The security baseline, one resource at a time: IMDSv2, encrypted EBS, no public IP on GPU
-nodes, described rules, health checks, idle timeouts long enough to stream, SELinux enforcing.
+nodes, described rules, health checks, idle timeouts long enough to stream, SELinux enforcing,
+TLS listeners with a current security policy.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -205,3 +207,49 @@ def selinux(args: ResourceValidationArgs, report: ReportViolation, settings: Set
             report(
                 f"{where} runs {match.group(0)!r}: SELinux stays enforcing (write a policy module instead)"
             )
+
+
+# Elastic Load Balancing's TLS 1.3 policies that negotiate TLS 1.2 or 1.3 only (2021-06 and newer,
+# the PQ and FIPS variants included); ELBSecurityPolicy-TLS13-1-0-* and -1-1-* still allow TLS
+# 1.0/1.1, and the API's default when sslPolicy is absent is ELBSecurityPolicy-2016-08, TLS 1.0
+# (docs.aws.amazon.com/elasticloadbalancing/latest/network/describe-ssl-policies.html).
+CURRENT_SSL_POLICIES = ("ELBSecurityPolicy-TLS13-1-2-*", "ELBSecurityPolicy-TLS13-1-3-*")
+API_DEFAULT_SSL_POLICY = "ELBSecurityPolicy-2016-08"
+
+
+@resource_policy(
+    name="baseline-tls-policy",
+    description="TLS and HTTPS listeners name a current security policy (TLS 1.2 and 1.3 only).",
+    enforcement_level=MANDATORY,
+    severity=Severity.HIGH,
+    remediation_steps="Set ssl_policy to a current policy such as "
+    f"ELBSecurityPolicy-TLS13-1-2-Res-PQ-2025-09; without one the API applies {API_DEFAULT_SSL_POLICY}, "
+    "which allows TLS 1.0.",
+    config_schema={
+        "currentSslPolicies": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": list(CURRENT_SSL_POLICIES),
+            "description": "Security policies (shell patterns) a TLS/HTTPS listener may use",
+        }
+    },
+)
+def tls_policy(args: ResourceValidationArgs, report: ReportViolation, settings: Settings) -> None:
+    if args.resource_type != net.LISTENER:
+        return
+    protocol = get(args.props, "protocol")
+    if not isinstance(protocol, str) or protocol.upper() not in ("TLS", "HTTPS"):
+        return
+    policy = get(args.props, "sslPolicy")
+    if policy is UNKNOWN:
+        return
+    if not policy:
+        report(
+            f"a {protocol.upper()} listener without sslPolicy gets the API default {API_DEFAULT_SSL_POLICY}, "
+            "which allows TLS 1.0 and 1.1; name a current policy"
+        )
+    elif not any(fnmatch.fnmatchcase(str(policy), pattern) for pattern in settings["currentSslPolicies"]):
+        report(
+            f"sslPolicy {policy} is not a current policy ({', '.join(settings['currentSslPolicies'])}): "
+            "it may allow TLS 1.0/1.1 or weak ciphers"
+        )

@@ -4,7 +4,10 @@ security groups and on bare-metal host firewalls alike.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import ipaddress
+from collections import defaultdict
 from collections.abc import Callable
 
 from pulumi_policy import ReportViolation, Severity, StackValidationArgs
@@ -14,6 +17,7 @@ from policies.declaration import MANDATORY, Settings, stack_policy
 from policies.facts import Facts, Net, current_facts
 from policies.normalized import Peer, Rule, get
 from policies.stack import Stack
+from qwen_cluster import world
 from qwen_cluster.ports import SSH_PORT, PortRange, Scope
 
 RDP_PORT = 3389
@@ -45,6 +49,84 @@ def _ports(rule: Rule) -> str:
             f"every {rule.protocol.upper()} port" if rule.ports is None else f"{rule.ports}/{rule.protocol}"
         )
     )
+
+
+EVERY_PORT = PortRange(0, 65535)
+
+
+def _target_of(rule: Rule) -> tuple | None:
+    """What a rule opens: a host's firewall or a security group (None: not known, judged alone)."""
+    if rule.host is not None:
+        return ("host", rule.resource, rule.host)
+    return ("group", rule.group) if rule.group else None
+
+
+def _intervals(spans: list[PortRange]) -> list[PortRange]:
+    """The elementary port intervals the spans' bounds cut 0-65535 into (each inside or outside
+    every span)."""
+    cuts = sorted({0, 65536, *(span.low for span in spans), *(span.high + 1 for span in spans)})
+    return [PortRange(low, high - 1) for low, high in zip(cuts, cuts[1:], strict=False) if low < high]
+
+
+@functools.lru_cache(maxsize=4096)
+def _worlds(cidrs: frozenset) -> tuple:
+    """world.worlds, remembered: the hosts of a bare-metal stack share their member lists."""
+    return tuple(world.worlds(cidrs))
+
+
+def split_world(rules: list[Rule]) -> list[Rule]:
+    """Ingress rules that open the world only together: for each rule that takes part, the same
+    rule narrowed to the ports and protocol the world reaches through it, its peer the world with
+    the parts named (Peer.ref). Rules of one target (a security group, a host's firewall) and
+    protocol are taken together; a block that is the world by itself is judged as it is, so a
+    port reached that way is not reported twice. One spelling for every form: inline rules,
+    SecurityGroupRule and VpcSecurityGroupIngressRule resources, host-firewall entries."""
+    by_target: dict[tuple, list[Rule]] = defaultdict(list)
+    for rule in rules:
+        target = _target_of(rule)
+        judged = rule.direction == "ingress" and rule.protocol in ("tcp", "udp", "all")
+        if judged and target is not None and any(peer.kind == "cidr" for peer in rule.peers):
+            by_target[target].append(rule)
+    # (rule identity, family) -> protocol -> the ports the world reaches through it
+    reached: dict[tuple[int, ipaddress.IPv4Network | ipaddress.IPv6Network], dict[str, list[PortRange]]] = {}
+    parts: dict[tuple[int, ipaddress.IPv4Network | ipaddress.IPv6Network], set[str]] = defaultdict(set)
+    rule_of: dict[int, Rule] = {}
+    for group in by_target.values():
+        for protocol in ("tcp", "udp"):
+            same = [rule for rule in group if rule.protocol in (protocol, "all")]
+            for interval in _intervals([rule.ports or EVERY_PORT for rule in same]):
+                covering = [rule for rule in same if (rule.ports or EVERY_PORT).overlaps(interval)]
+                cidrs = [peer.cidr for rule in covering for peer in rule.peers if peer.cidr is not None]
+                for every in _worlds(frozenset(cidrs)):
+                    blocks = [cidr for cidr in cidrs if cidr.version == every.version]
+                    if any(world.is_world(cidr) for cidr in blocks):
+                        continue  # judged as it is
+                    named = " + ".join(
+                        f"{peer.cidr} ({rule.resource})"
+                        for rule in covering
+                        for peer in rule.peers
+                        if peer.cidr is not None and peer.cidr.version == every.version
+                    )
+                    for rule in covering:
+                        if any(p.cidr is not None and p.cidr.version == every.version for p in rule.peers):
+                            rule_of[id(rule)] = rule
+                            spans = reached.setdefault((id(rule), every), {}).setdefault(protocol, [])
+                            if spans and spans[-1].high + 1 == interval.low:
+                                spans[-1] = PortRange(spans[-1].low, interval.high)
+                            else:
+                                spans.append(interval)
+                            parts[(id(rule), every)].add(named)
+    narrowed: list[Rule] = []
+    for (key, every), by_protocol in reached.items():
+        rule = rule_of[key]
+        peer = Peer("cidr", every, ref=" | ".join(sorted(parts[(key, every)])))
+        if rule.protocol == "all" and by_protocol.get("tcp") == by_protocol.get("udp"):
+            by_protocol = {"all": by_protocol["tcp"]}
+        for protocol, spans in by_protocol.items():
+            for span in spans:
+                ports = None if span == EVERY_PORT else span
+                narrowed.append(dataclasses.replace(rule, protocol=protocol, ports=ports, peers=(peer,)))
+    return narrowed
 
 
 def exposure_problems(
@@ -204,7 +286,8 @@ def port_exposure(args: StackValidationArgs, report: ReportViolation, settings: 
         declared = {net.integral(get(r.props, "port")) for r in stack.of_type(net.LISTENER)}
         listener_ports = tuple(sorted(p for p in declared if p is not None)) or listener_ports
     docs = {(r.name, doc.host): doc for r, doc in firewalls}
-    for rule in stack.rules():
+    rules = stack.rules()
+    for rule in rules + split_world(rules):
         if rule.direction != "ingress":
             continue
         if rule.host is not None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qwen_cluster import catalog
+from qwen_cluster import catalog, world
 from qwen_cluster import tags as contract
 from qwen_cluster.ports import PortRange, parse_port_range
 from qwen_cluster.render import firewall
@@ -231,7 +231,8 @@ def network(value: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
 
 
 def is_world(cidr: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
-    return cidr.prefixlen == 0
+    """One block that reaches every public address of its family (qwen_cluster/world.py)."""
+    return world.is_world(cidr)
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,11 @@ class Peer:
 
     kind: str  # "cidr" | "sg" | "self" | "prefix-list" | "unknown"
     cidr: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None
-    ref: str = ""  # security group: resource name when resolved, else the raw id
+    ref: str = ""  # security group: resource name when resolved, else the raw id; cidr: its parts
 
     def __str__(self) -> str:
+        if self.kind == "cidr" and self.ref:  # the world split across rules: ref names the parts
+            return f"{self.ref} (together every public {world.family(self.cidr)} address: the world)"
         if self.kind == "cidr":
             return str(self.cidr)
         if self.kind == "self":

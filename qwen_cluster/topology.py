@@ -24,6 +24,8 @@ RAY_FIXED_PORTS = (
     "runtime_env_agent",  # --runtime-env-agent-port
     "ray_client_server",  # --ray-client-server-port (head)
 )
+# Where the Ray dashboard listens on a replica head: loopback, never the cluster network.
+DASHBOARD_HOST = "127.0.0.1"
 # vLLM takes VLLM_PORT and the ports after it for its own distributed setup.
 VLLM_PORT_BLOCK = 4
 # Ray starts one worker process per port of --min/--max-worker-port; with 8 GPUs per node
@@ -71,6 +73,9 @@ class PinnedPorts:
             return [
                 "--head",
                 f"--port={self.gcs}",
+                # The dashboard and its job API run code for whoever reaches them (CVE-2023-48022):
+                # loopback only (Ray's CLI: `ray start --dashboard-host`, docs.ray.io cluster/cli).
+                f"--dashboard-host={DASHBOARD_HOST}",
                 f"--dashboard-port={self.dashboard}",
                 f"--ray-client-server-port={self.ray_client_server}",
                 *common,
@@ -78,6 +83,15 @@ class PinnedPorts:
         if not head_ip:
             raise TopologyError("a Ray worker needs the head's IP")
         return [f"--address={head_ip}:{self.gcs}", *common]
+
+
+def ray_auth_environment(token: str) -> dict[str, str]:
+    """Ray's token authentication (Ray 2.52 and newer): every Ray process of a replica, head and
+    workers, gets the same token and refuses RPCs and dashboard calls without it
+    (ray-project/ray, `RAY_AUTH_MODE=token` with `RAY_AUTH_TOKEN`; `ray start` fails when the
+    mode is token and no token is given). Call it only inside the secret's `apply`: the result
+    holds the token in plain text."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
 
 
 def pin_ports(entry: PortEntry) -> PinnedPorts:

@@ -46,8 +46,11 @@ def assert_no_gpu_instance_replaced_create_before_delete(found):
 
 
 def test_image_bump_restarts_the_servers_one_replica_at_a_time_and_replaces_no_node():
-    found, summary = plan("dev", "model.image=vllm/vllm-openai:v0.11.1")
+    found, summary = plan("dev", "model.image=vllm/vllm-openai:v0.33.1")
     assert touched(found) == {
+        # Every node stages the new image first (its own association, waited for).
+        "gpu-nodes-master-stage": ("replace", "create-before-delete"),
+        "gpu-nodes-worker-1-stage": ("replace", "create-before-delete"),
         "gpu-nodes-master-server": ("replace", "create-before-delete"),
         "gpu-nodes-worker-1-server": ("replace", "create-before-delete"),
     }
@@ -118,6 +121,7 @@ def test_setting_aws_ami_id_replaces_every_node_one_at_a_time_delete_before_repl
         expected[f"model-lb-{node}"] = ("replace", "create-before-delete")
         expected[f"gpu-nodes-{node}-server"] = ("replace", "create-before-delete")
         expected[f"node-proxy-{node}"] = ("replace", "create-before-delete")  # the new instance's proxy
+        expected[f"gpu-nodes-{node}-stage"] = ("replace", "create-before-delete")  # new targets
         expected[f"monitoring-{node}"] = ("update", None)  # its targets: the new instance id
     assert touched(found) == expected
     assert_no_gpu_instance_replaced_create_before_delete(found)
@@ -142,6 +146,7 @@ def test_adding_a_node_touches_only_that_node():
         "model-lb-worker-2": ("create", None),
         "gpu-nodes-worker-2-server": ("create", None),
         "node-proxy-worker-2": ("create", None),
+        "gpu-nodes-worker-2-stage": ("create", None),
         # Monitoring: the new node's, and the others' probes and scrape targets (issue 12).
         "monitoring-worker-2": ("create", None),
         "monitoring-master": ("update", None),
@@ -159,6 +164,7 @@ def test_removing_a_node_touches_only_that_node():
         "model-lb-worker-2": ("delete", None),
         "gpu-nodes-worker-2-server": ("delete", None),
         "node-proxy-worker-2": ("delete", None),
+        "gpu-nodes-worker-2-stage": ("delete", None),
         "monitoring-worker-2": ("delete", None),
         "monitoring-master": ("update", None),
         "monitoring-worker-1": ("update", None),
@@ -183,11 +189,21 @@ def test_each_replica_waits_for_the_previous_replicas_health_gate():
     for before, after in zip(order, order[1:], strict=False):
         gate = f"gpu-nodes-{before}-server"
         assert result.named(f"gpu-nodes-{after}").depends_on == [gate]
-        # ... and for its own node's proxy, through which the NLB checks it.
-        assert result.named(f"gpu-nodes-{after}-server").depends_on == [gate, f"node-proxy-{after}"]
+        # ... for its own node's staging, and for its proxy, through which the NLB checks it.
+        assert result.named(f"gpu-nodes-{after}-server").depends_on == [
+            gate,
+            f"gpu-nodes-{after}-stage",
+            f"node-proxy-{after}",
+        ]
     first = result.named("gpu-nodes-master-server")
-    # May drain and register from the first run, once its proxy answers.
-    assert first.depends_on == ["model-server-drain", "node-proxy-master"]
+    # May drain, register and (prod's weights are in S3) read, once its node has staged and its
+    # proxy answers.
+    assert first.depends_on == [
+        "model-server-drain",
+        "model-server-weights",
+        "gpu-nodes-master-stage",
+        "node-proxy-master",
+    ]
 
 
 def test_associations_replace_on_any_change_and_wait_for_the_run():
@@ -267,7 +283,7 @@ def test_the_config_hash_moves_with_what_the_container_runs_only():
     same = ssm.config_hash(base, "master")
     assert ssm.config_hash(load(tuning={"sysctl": {"net.core.rmem_max": 1}}), "master") == same
     assert ssm.config_hash(load(rollout={"healthTimeoutSeconds": 600}), "master") == same
-    assert ssm.config_hash(load(model={"image": "vllm/vllm-openai:v0.11.1"}), "master") != same
+    assert ssm.config_hash(load(model={"image": "vllm/vllm-openai:v0.33.1"}), "master") != same
     assert ssm.config_hash(load(model={"vllmFlags": {"--max-model-len": 8192}}), "master") != same
 
 
@@ -296,5 +312,10 @@ def test_the_drain_timeout_is_the_target_groups_deregistration_delay_and_changes
 
 def test_a_model_change_never_touches_the_machine():
     found, summary = plan("dev", "model.name=Qwen/Qwen3-32B-FP8")
-    assert set(touched(found)) == {"gpu-nodes-master-server", "gpu-nodes-worker-1-server"}
+    assert set(touched(found)) == {
+        "gpu-nodes-master-stage",
+        "gpu-nodes-worker-1-stage",
+        "gpu-nodes-master-server",
+        "gpu-nodes-worker-1-server",
+    }
     assert summary.nodes_replaced == [] and summary.max_replicas_out_of_service == 1

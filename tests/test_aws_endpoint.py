@@ -15,7 +15,7 @@ from qwen_cluster.config import NAMESPACE
 from qwen_cluster.render import nginx, proxy, ssm
 from tests.helpers.aws_stacks import render
 from tests.helpers.baremetal import shellcheck
-from tests.helpers.secrets import in_plain_text
+from tests.helpers.secrets import shown_in_clear
 from tooling import changes, stackfile
 
 KEY = "aws-test-key-" + "7" * 40
@@ -69,7 +69,7 @@ def test_the_keys_and_tls_files_are_securestring_parameters_with_secret_values()
 def test_no_secret_is_in_plain_text_in_any_registered_input_on_aws():
     result = render(stack())
     for secret in (KEY, "MIIE-test-private-key"):
-        assert in_plain_text(result, secret) == []
+        assert shown_in_clear(result.resources, secret) == []
 
 
 def test_no_secret_is_in_plain_text_in_any_registered_input_on_bare_metal():
@@ -82,7 +82,7 @@ def test_no_secret_is_in_plain_text_in_any_registered_input_on_bare_metal():
     result = render(config, "onprem")
     assert result.error is None
     for secret in (KEY, "MIIE-test-private-key"):
-        assert in_plain_text(result, secret) == []
+        assert shown_in_clear(result.resources, secret) == []
 
 
 def test_the_nodes_may_read_exactly_those_parameters():

@@ -162,7 +162,7 @@ def test_user_data_is_the_machine_only_so_model_and_tuning_changes_never_touch_i
     base = stackfile.read("prod")
     changed = variant(
         "prod",
-        model={"image": "vllm/vllm-openai:v0.11.1", "vllmFlags": {"--enable-prefix-caching": True}},
+        model={"image": "vllm/vllm-openai:v0.33.1", "vllmFlags": {"--enable-prefix-caching": True}},
         tuning={"sysctl": {"net.core.rmem_max": 33554432}},
         rollout={"healthTimeoutSeconds": 600},
     )

@@ -41,15 +41,18 @@ def moved(old: offline.Render, new: offline.Render) -> dict[str, changes.Change]
 
 
 def test_an_image_bump_replaces_exactly_the_model_containers_one_replica_at_a_time(before):
-    after = render_with("model.image=vllm/vllm-openai:v0.11.1")
+    after = render_with("model.image=vllm/vllm-openai:v0.33.1")
     diff = moved(before, after)
     replaced = {name for name, c in diff.items() if c.action == "replace" and c.type == CONTAINER}
     assert replaced == {f"{n}-model-vllm" for n in NODES}
     assert {diff[name].strategy for name in replaced} == {"delete-before-replace"}
     assert "load-balancer-nginx" not in diff and "load-balancer-config" not in diff
-    # The drain and the gate of every replica run (update), nothing else of the chain moves.
+    # Every node stages the image, then the drain and the gate of every replica run (update);
+    # nothing else of the chain moves.
     commands = {name for name, c in diff.items() if c.type == COMMAND}
-    assert commands == {f"{n}-drain" for n in NODES} | {f"{n}-ready" for n in NODES}
+    assert commands == (
+        {f"{n}-model-stage" for n in NODES} | {f"{n}-drain" for n in NODES} | {f"{n}-ready" for n in NODES}
+    )
     assert {diff[name].action for name in commands} == {"update"}
     summary = changes.rollout(before, after)
     assert summary.max_replicas_out_of_service == 1
@@ -118,6 +121,16 @@ def test_adding_a_node_touches_no_running_container(before):
     assert summary.max_replicas_out_of_service == 0 and summary.endpoint_stays_up
 
 
+def test_adding_a_node_leaves_the_barriers_unchanged(before):
+    """A barrier's new dependency edge is not an input: the engine sees no change (pulumi/pulumi
+    step_generator.go diffs inputs only), so nothing behind it re-runs."""
+    nodes = [*BASE["qwen-cluster:nodes"], {"name": "worker-4", "ip": "192.168.1.104"}]
+    after = render_with(nodes=nodes)
+    everything = {c.name: c for c in changes.diff(before, after)}
+    assert everything["cluster-set-up"].action == everything["cluster-started"].action == "same"
+    assert "worker-4-selinux" in after.dependencies()["cluster-set-up"]
+
+
 def test_removing_a_node_deletes_only_its_own_resources(before):
     nodes = [n for n in BASE["qwen-cluster:nodes"] if n["name"] != "worker-3"]
     after = render_with(nodes=nodes)
@@ -158,7 +171,7 @@ def test_a_pipeline_parallel_replica_is_drained_and_gated_as_one():
     assert {"master-model-vllm", "worker-1-model-vllm"} <= graph["master-ready"]
     assert "master-ready" in graph["worker-2-drain"]
     bumped = offline.render(
-        changes.apply_changes(BASE, ["model.pipelineParallel=2", "model.image=vllm/vllm-openai:v0.11.1"]),
+        changes.apply_changes(BASE, ["model.pipelineParallel=2", "model.image=vllm/vllm-openai:v0.33.1"]),
         "onprem",
     )
     summary = changes.rollout(after, bumped)

@@ -38,7 +38,7 @@ def test_every_node_runs_its_endpoint_and_exporters_pinned_on_host_networking(on
     assert all(":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest") for image in images)
 
 
-def test_exporters_bind_loopback_and_the_gpu_exporter_gets_the_gpus(onprem):
+def test_exporters_bind_loopback_the_endpoint_the_node_address_and_the_gpu_exporter_gets_the_gpus(onprem):
     found = containers(onprem)
     assert "--web.listen-address=127.0.0.1:9100" in found["worker-1-monitoring-node-exporter"]["command"]
     assert "--web.listen-address=127.0.0.1:9115" in found["worker-1-monitoring-blackbox-exporter"]["command"]
@@ -46,7 +46,7 @@ def test_exporters_bind_loopback_and_the_gpu_exporter_gets_the_gpus(onprem):
     assert dcgm["gpus"] == "all" and "127.0.0.1:9400" in dcgm["command"]
     uploads = {u["file"]: u["content"] for u in found["worker-1-monitoring-nodemetrics"]["uploads"]}
     config = next(text for name, text in uploads.items() if name.endswith(".json"))
-    assert '"listen": "0.0.0.0:8000"' in config and '"node": "worker-1"' in config
+    assert '"listen": "192.168.1.101:8000"' in config and '"node": "worker-1"' in config
 
 
 def test_prometheus_and_alertmanager_run_on_the_monitoring_node_only(onprem):
@@ -57,10 +57,19 @@ def test_prometheus_and_alertmanager_run_on_the_monitoring_node_only(onprem):
     }
     providers = {r.name: r.provider for r in onprem.of_type(CONTAINER)}
     assert providers["monitoring-prometheus"] == providers["master-model-vllm"]
-    assert "--web.listen-address=0.0.0.0:9090" in found["monitoring-prometheus"]["command"]
+    assert "--web.listen-address=192.168.1.100:9090" in found["monitoring-prometheus"]["command"]
+    assert "--web.listen-address=192.168.1.100:9093" in found["monitoring-alertmanager"]["command"]
     assert "--cluster.listen-address=" in found["monitoring-alertmanager"]["command"]
     assert onprem.outputs["prometheus"] == "http://192.168.1.100:9090"
     assert onprem.outputs["monitoringEndpoints"]["worker-2"] == "http://192.168.1.102:8000/metrics"
+
+
+def test_prometheus_has_no_http_lifecycle_api(onprem):
+    """Without --web.enable-lifecycle, POST /-/quit and /-/reload answer 403: reload is by SIGHUP."""
+    command = containers(onprem)["monitoring-prometheus"]["command"]
+    assert not [flag for flag in command if "lifecycle" in flag]
+    script = onprem.named("monitoring-config").inputs["create"]
+    assert "docker kill --signal HUP" in script and "/-/reload" not in script
 
 
 def _diff(onprem: offline.Render, *edits: str) -> list[changes.Change]:

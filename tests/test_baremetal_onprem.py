@@ -140,8 +140,8 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
         assert args["devices"] == [{"hostPath": "/dev/infiniband"}]
         assert args["capabilities"] == {"adds": ["IPC_LOCK"]}
         assert args["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1}]
-        assert args["image"] == "vllm/vllm-openai:v0.11.0"
-        assert server.depends_on == [*(f"{n}-selinux" for n in NODES), f"{node}-drain"]
+        assert args["image"] == "vllm/vllm-openai:v0.33.0"
+        assert server.depends_on == ["cluster-set-up", f"{node}-model-stage", f"{node}-drain"]
         assert server.provider.split("::")[-1].startswith(f"{node}-model-docker")
 
 
@@ -184,13 +184,38 @@ def test_nginx_container_may_open_the_files_its_config_asks_for(render):
     assert render.named("load-balancer-image").inputs["name"] == "nginx:1.30.6"
 
 
+def test_containers_start_after_one_barrier_that_waits_for_every_hosts_setup(render):
+    barrier = render.named("cluster-set-up")
+    assert barrier.depends_on == [f"{n}-{STEPS[-1]}" for n in NODES]
+    waiting = {r.name for r in render.resources if "cluster-set-up" in r.depends_on}
+    assert {f"{n}-model-vllm" for n in NODES} | {f"{n}-model-image" for n in NODES} <= waiting
+    assert {"load-balancer-config", "load-balancer-nginx", "cluster-started"} <= waiting
+
+
+def test_a_barrier_runs_nothing_and_has_no_input_but_its_connection(render):
+    for name in ("cluster-set-up", "cluster-started"):
+        barrier = render.named(name)
+        assert barrier.type == COMMAND
+        assert set(barrier.inputs) == {"connection"}, name
+        assert barrier.inputs["connection"]["value"]["host"] == NODES["master"]
+
+
+def test_every_check_runs_after_one_barrier_that_waits_for_everything_started(render):
+    started = render.named("cluster-started")
+    expected = {"cluster-set-up", "load-balancer-nginx"}
+    expected |= {f"{n}-model-vllm" for n in NODES} | {f"{n}-ready" for n in NODES}
+    assert set(started.depends_on) == expected
+    for node in NODES:
+        if node != "master":
+            assert render.named(f"{node}-verify").depends_on == ["cluster-started"]
+
+
 def test_master_verify_comes_last(render):
     final = render.named("master-verify")
     assert final.inputs["connection"]["value"]["host"] == NODES["master"]
-    expected = {f"{n}-selinux" for n in NODES} | {f"{n}-model-vllm" for n in NODES} | {"load-balancer-nginx"}
-    expected |= {f"{n}-ready" for n in NODES}  # pipelineParallel 1: every node heads a replica
-    expected |= {f"{n}-verify" for n in NODES if n != "master"}
+    expected = {"cluster-started"} | {f"{n}-verify" for n in NODES if n != "master"}
     assert set(final.depends_on) == expected
+    assert render.critical_path()[-1] == "master-verify"
     assert "max_latency_ms=1" in final.inputs["create"]
 
 

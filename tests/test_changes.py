@@ -266,7 +266,7 @@ def test_apply_changes_sets_dotted_paths_with_json_or_plain_values():
     result = apply_changes(
         base,
         [
-            "model.image=vllm/vllm-openai:v0.11.1",
+            "model.image=vllm/vllm-openai:v0.33.1",
             "model.tensorParallel=8",
             "model.vllmFlags.--enable-prefix-caching=true",
             'access.clientCidrs=["10.1.0.0/16"]',
@@ -274,7 +274,7 @@ def test_apply_changes_sets_dotted_paths_with_json_or_plain_values():
         ],
     )
     assert result["qwen-cluster:model"] == {
-        "image": "vllm/vllm-openai:v0.11.1",
+        "image": "vllm/vllm-openai:v0.33.1",
         "tensorParallel": 8,
         "vllmFlags": {"--enable-prefix-caching": True},
     }

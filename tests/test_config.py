@@ -312,6 +312,44 @@ def test_admin_and_monitoring_never_the_world(aws_raw, key, world):
     )
 
 
+@pytest.mark.parametrize(
+    ("split", "family"),
+    [
+        (["0.0.0.0/1", "128.0.0.0/1"], "IPv4"),
+        (["2000::/4", "3000::/4"], "IPv6"),
+        (["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3"], "IPv4"),  # all but multicast and reserved
+    ],
+)
+@pytest.mark.parametrize("key", ["adminCidrs", "monitoringCidrs"])
+def test_admin_and_monitoring_never_the_world_however_split(aws_raw, key, split, family):
+    aws_raw["access"][key] = ["10.1.0.0/16", *split]
+    listed = ["10.1.0.0/16", *split] if family == "IPv4" else split  # the key's blocks of that family
+    assert_one_error(
+        aws_raw,
+        f"access.{key} [{', '.join(listed)}] together cover every public {family} address: "
+        "that opens to the whole internet; name the networks that need it",
+    )
+
+
+@pytest.mark.parametrize("block", ["::/1", "2000::/3"])  # each holds every global unicast address
+def test_one_ipv6_block_holding_every_global_address_is_the_world_by_itself(aws_raw, block):
+    aws_raw["access"]["adminCidrs"] = [block, "8000::/1"]
+    assert_one_error(
+        aws_raw, f"access.adminCidrs[0] {block} opens to the whole internet; name the networks that need it"
+    )
+
+
+def test_private_and_documentation_space_together_is_not_the_world(aws_raw):
+    aws_raw["access"]["adminCidrs"] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "203.0.113.0/24"]
+    assert validate(aws_raw).access.admin_cidrs
+
+
+def test_internet_facing_clients_may_be_the_world_split_in_halves(aws_raw):
+    aws_raw["access"]["clientCidrs"] = ["0.0.0.0/1", "128.0.0.0/1"]
+    aws_raw["loadBalancer"] = {"scheme": "internet-facing"}
+    assert len(validate(aws_raw).access.client_cidrs) == 2
+
+
 def test_client_cidrs_are_required(aws_raw):
     aws_raw["access"]["clientCidrs"] = []
     errors = errors_of(aws_raw)

@@ -129,7 +129,7 @@ def test_the_checker_finds_broken_links_stale_paths_and_missing_names():
     text = (
         "# Title\n[gone](missing.md) [anchor](#nowhere) [fine](#title) [readme](../README.md#docs)\n"
         "`components/config.py` `scripts/plan.py dev` `tooling.offline.no_such_name` `10.0.0.0/8`\n"
-        "`tooling.offline.render` `vllm/vllm-openai:v0.11.0` `tests/test_lab_*.py` `docs/none_*.md`\n"
+        "`tooling.offline.render` `vllm/vllm-openai:v0.33.0` `tests/test_lab_*.py` `docs/none_*.md`\n"
         "```bash\n# not a heading\n`components/ignored.py` [x](ignored.md)\n```\n"
     )
     assert problems(ROOT / "docs" / "probe.md", text) == [

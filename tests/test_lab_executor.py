@@ -29,9 +29,11 @@ def test_every_resource_follows_what_it_waits_for(onprem):
     assert set(order) == {r.name for r in rendered.custom_resources}
     for name, waits_for in deps.items():
         assert all(position[other] < position[name] for other in waits_for), name
-    # The container waits for its docker provider as well as for every host's setup.
+    # The container waits for its docker provider as well as for every host's setup (through
+    # the barrier that waits for them all).
     assert "master-model-docker" in deps["master-model-vllm"]
-    assert "worker-3-selinux" in deps["master-model-vllm"]
+    assert "cluster-set-up" in deps["master-model-vllm"]
+    assert "worker-3-selinux" in deps["cluster-set-up"]
     assert position["master-verify"] == len(order) - 1
 
 

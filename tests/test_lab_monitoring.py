@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, check, lifecycle, netns
+from labkit import blueprint, check, lifecycle, netns, probes
+from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, port_of
 from tests.test_lab_namespaces import MISSING
 from tooling import changes, doctor, stackfile
 
@@ -172,3 +173,26 @@ def test_a_new_alert_bound_reloads_prometheus_and_restarts_nothing(running):
         **{node.name: _pid(lab_plan, node.name, "qwen-head") for node in lab_plan.cluster.nodes},
     }
     assert after == before
+
+
+def test_prometheus_refuses_quit_and_reload_over_http_from_a_member(running):
+    """No --web.enable-lifecycle: POST /-/quit and /-/reload answer 403 to a member (every member
+    reaches every port of the others), and the same Prometheus keeps running. Reloading is by
+    SIGHUP (the test above); Alertmanager has no /-/quit at all."""
+    lab_plan, _, _ = running
+    cluster = lab_plan.cluster
+    where = cluster.monitoring_node
+    member = next(node for node in lab_plan.nodes if node.node != where.name)
+    before = _pid(lab_plan, where.name, "qwen-prometheus")
+    prometheus_port = port_of(cluster.ports, PROMETHEUS)
+    answers = {
+        path: netns.call_in(member.namespace, probes.post, str(where.ip), prometheus_port, path).status
+        for path in ("/-/quit", "/-/reload")
+    }
+    alertmanager = netns.call_in(
+        member.namespace, probes.post, str(where.ip), port_of(cluster.ports, ALERTMANAGER), "/-/quit"
+    ).status
+    assert answers == {"/-/quit": 403, "/-/reload": 403}
+    assert alertmanager in (404, 405), alertmanager
+    assert "version" in _ask(lab_plan)("/api/v1/status/buildinfo")  # still answering
+    assert _pid(lab_plan, where.name, "qwen-prometheus") == before

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import blueprint, executor, lifecycle, netns, probes, renderers
+from labkit import blueprint, check, executor, lifecycle, netns, probes, renderers, shims, substitutions
 from labkit import cli as lab_cli
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.firewall import Rule
@@ -140,6 +140,25 @@ def test_up_runs_every_rendered_step_on_every_node(running):
     assert (lab_plan.load_balancer.node, "nginx") in steps
 
 
+def test_every_node_staged_the_image_and_the_weights_into_its_host_cache(running):
+    lab_plan, _, report = running
+    ran = {step.resource: step for step in report.steps if step.resource}
+    for member in lab_plan.nodes:
+        state = lifecycle.node_state(lab_plan, member)
+        assert shims.pulled(state) == [ONPREM.model.image]
+        cache = substitutions.host_path(
+            ONPREM.bare_metal.weights_cache, etc_root=lifecycle.node_etc(member), state_dir=state
+        )
+        fetched = json.loads((Path(cache) / shims.LAB_WEIGHTS_DIR / "Qwen--Qwen3-32B.json").read_text())
+        assert fetched == {
+            "model": "Qwen/Qwen3-32B",
+            "image": ONPREM.model.image,
+            "endpoint": "https://huggingface.co",
+        }
+        stage, server = ran[f"{member.node}-model-stage"], ran[f"{member.node}-model-vllm"]
+        assert stage.ok and stage.started + stage.seconds <= server.started + 0.01
+
+
 def test_up_runs_what_the_program_registered_in_the_engines_order(running):
     lab_plan, _, report = running
     rendered = executor.load_state(lifecycle.state_file(lab_plan)).render
@@ -164,12 +183,39 @@ def test_check_is_green_from_every_vantage_and_speaks_json(running, capsys):
     assert status == 0 and document["ok"] and not failures, failures
     groups = {r["group"] for r in document["results"]}
     assert groups == {
-        "containment", "sysctl", "verify", "ports", "latency", "bandwidth", "load balancer", "endpoint",
+        "containment",
+        "sysctl",
+        "verify",
+        "ports",
+        "listeners",
+        "latency",
+        "bandwidth",
+        "load balancer",
+        "endpoint",
         "monitoring",
     }
     sources = {r["source"] for r in document["results"] if r["group"] == "ports"}
     assert {"client", "monitoring", "admin", "outsider", "intruder", "master", "worker-3"} <= sources
     assert document["summary"].startswith("GREEN")
+
+
+def test_no_listener_outside_the_port_table_from_a_member_or_any_vantage(running):
+    """ss in every node's namespace, then a connect to every listener found from a member and
+    from every vantage: nothing listens on a non-loopback address outside the table, each
+    vantage reaches only what the table promises it, and the intruder on the node segment and
+    the outsider reach nothing."""
+    lab_plan, _, _ = running
+    results = check.listeners(lab_plan)
+    assert [r for r in results if not r.ok] == []
+    vantages = {v.vantage.value for v in lab_plan.vantages}
+    assert {r.source for r in results} == {*(n.node for n in lab_plan.nodes), *vantages}
+    reached = {r.source: r.observed for r in results if r.target == "every node"}
+    assert reached["intruder"] == reached["outsider"] == "nothing"
+    lb = lab_plan.load_balancer
+    assert reached["client"] == f"{lb.node}:{lab_plan.cluster.load_balancer.port}"
+    where = lab_plan.cluster.monitoring_node
+    scanned = next(r for r in results if r.source == where.name and r.target == where.name)
+    assert f"{where.ip}:9090 (prometheus)" in scanned.observed  # the cluster address, not 0.0.0.0
 
 
 def test_lab_leaves_the_host_network_and_etc_alone(running, host_before):

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from labkit import blueprint
+from labkit import blueprint, check
 from qwen_cluster.config import ConfigError
 from qwen_cluster.ports import Vantage
 from tooling import stackfile
@@ -102,3 +102,19 @@ def test_firewalld_is_refused_with_the_reason():
 def test_probe_ports_cover_every_expected_port(onprem):
     assert onprem.probe_ports("worker-1") == [22, 5000, 6000, 6100, 8000, 9090, 9093]
     assert 80 in onprem.probe_ports("master")
+
+
+def test_ss_listeners_are_parsed_with_their_address_and_owner():
+    text = (
+        'LISTEN 0 4096 192.168.1.100:9090 0.0.0.0:* users:(("prometheus",pid=41,fd=7))\n'
+        'LISTEN 0 128 [::]:22 [::]:* users:(("sshd",pid=12,fd=4),("sshd",pid=13,fd=4))\n'
+        "LISTEN 0 511 *:80 *:*\n"
+        'LISTEN 0 4096 127.0.0.53%lo:53 0.0.0.0:* users:(("resolved",pid=9,fd=1))\n'
+    )
+    found = check.parse_ss("master", text)
+    assert [(lst.address, lst.port, lst.process, lst.pid, lst.loopback) for lst in found] == [
+        ("192.168.1.100", 9090, "prometheus", 41, False),
+        ("::", 22, "sshd", 12, False),
+        ("*", 80, "?", None, False),
+        ("127.0.0.53", 53, "resolved", 9, True),
+    ]

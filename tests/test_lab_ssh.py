@@ -121,23 +121,25 @@ def test_hostkeys_pins_what_each_node_answers_in_the_stack_file(running, tmp_pat
 
 
 def test_docker_unreachable_during_a_drain_fails_the_step_and_the_server_stays_in(running):
-    """The image bump's first drain cannot reach nginx's container: it fails, the upstream file
-    keeps every server in, no model container is replaced, and clients see no failure. With
-    the daemon back the same change converges."""
+    """The image bump's first drain cannot reach nginx's container: it fails (and so does that
+    node's staging, which pulls through the same daemon), the upstream file keeps every server
+    in, no model container is replaced, and clients see no failure. With the daemon back the
+    same change converges."""
     lab_plan, options, _ = running
     lb = lab_plan.load_balancer
     down = Path(lifecycle.node_state(lab_plan, lb)) / shims.DAEMON_DOWN
     upstream = Path(lifecycle.node_state(lab_plan, lb)) / "etc-qwen-cluster" / "nginx" / nginx.UPSTREAM_FILE
     before = upstream.read_text()
-    change = ["model.image=vllm/vllm-openai:v0.11.1"]
+    change = ["model.image=vllm/vllm-openai:v0.33.1"]
     down.touch()
     try:
         stopped = upgrade.run(LABEL, change, options)
     finally:
         down.unlink()
     failed = {step.resource: step.detail for step in stopped.steps if not step.ok}
-    assert list(failed) == ["master-drain"], failed
+    assert set(failed) == {"master-drain", f"{lb.node}-model-stage"}, failed
     assert shims.NO_DAEMON in failed["master-drain"]
+    assert shims.NO_DAEMON in failed[f"{lb.node}-model-stage"]
     assert upstream.read_text() == before and " down;" not in before
     assert not [s for s in stopped.steps if s.resource.endswith("-vllm") and s.op in ("create", "delete")]
     assert stopped.failed == 0, stopped.failures
@@ -145,5 +147,5 @@ def test_docker_unreachable_during_a_drain_fails_the_step_and_the_server_stays_i
     assert converged.ok, failures(converged)
     assert converged.failed == 0 and converged.streams_cut == 0, converged.failures
     assert converged.images == {
-        head.node: "vllm/vllm-openai:v0.11.1" for head in lab_plan.heads
+        head.node: "vllm/vllm-openai:v0.33.1" for head in lab_plan.heads
     }

@@ -99,10 +99,10 @@ def test_a_node_removed_is_deleted_without_a_failed_request(running):
 
 def test_an_image_bump_rolls_one_replica_at_a_time_without_a_failure(running):
     lab_plan, options = running
-    result = upgrade.run(LABEL, ["model.image=vllm/vllm-openai:v0.11.1"], options)
+    result = upgrade.run(LABEL, ["model.image=vllm/vllm-openai:v0.33.1"], options)
     assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
     assert result.failed == 0 and result.streams_cut == 0, result.failures
     assert result.max_replicas_down == 1, result.down_at_max
     replaced = [s.resource for s in result.steps if s.resource.endswith("-model-vllm") and s.op == "create"]
     assert sorted(replaced) == sorted(f"{m.node}-model-vllm" for m in lab_plan.heads)
-    assert result.images == {head.node: "vllm/vllm-openai:v0.11.1" for head in lab_plan.heads}
+    assert result.images == {head.node: "vllm/vllm-openai:v0.33.1" for head in lab_plan.heads}

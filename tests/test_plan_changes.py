@@ -14,7 +14,7 @@ def run(capsys, *argv: str) -> tuple[int, str]:
 
 
 def test_done_criterion_an_image_bump_on_dev_replaces_no_node_and_takes_one_replica_out(capsys):
-    code, out = run(capsys, "dev", "--change", "model.image=vllm/vllm-openai:v0.11.1", "--json")
+    code, out = run(capsys, "dev", "--change", "model.image=vllm/vllm-openai:v0.33.1", "--json")
     report = json.loads(out)
     assert code == 0 and report["exit"] == 0
     assert report["rollout"]["nodesReplaced"] == []
@@ -70,7 +70,7 @@ def test_an_invalid_change_or_config_exits_two_naming_it(capsys):
 
 
 def test_a_change_plan_takes_exactly_one_stack(capsys):
-    code, out = run(capsys, "dev", "prod", "--change", "model.image=vllm/vllm-openai:v0.11.1")
+    code, out = run(capsys, "dev", "prod", "--change", "model.image=vllm/vllm-openai:v0.33.1")
     assert code == 2 and "plan one stack" in out
 
 
@@ -82,6 +82,7 @@ def test_plain_string_values_and_whole_node_lists(capsys):
     assert code == 0 and created == [
         "gpu-nodes-worker-2",
         "gpu-nodes-worker-2-server",
+        "gpu-nodes-worker-2-stage",
         "gpu-nodes-worker-2-template",
         "model-lb-worker-2",
         "monitoring-worker-2",

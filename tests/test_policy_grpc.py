@@ -44,7 +44,13 @@ from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, engine_pb2, engine_pb2_grpc
 
 from policies import guard
-from tests.helpers.policy_fixtures import mutation_cases, previewed, rendered
+from tests.helpers.policy_fixtures import (
+    mutation_cases,
+    previewed,
+    publishing_container,
+    rendered,
+    split_world,
+)
 from tooling import policy_harness, stackfile
 from tooling.offline import RecordedResource
 
@@ -416,3 +422,24 @@ def test_over_grpc_the_policy_config_applies_and_its_numbers_print_as_integers(p
         pack.configure(example)
     assert [v.enforcement for v in refused] == ["mandatory"]
     assert refused[0].message.endswith("; the cluster needs at least 3 (4 or more recommended)")
+
+
+def test_over_grpc_without_the_stack_config_ssh_split_in_two_halves_is_refused(packs):
+    """Each half alone is 0.0.0.0/1 or 128.0.0.0/1; together they are the world, on port 22."""
+    resources = split_world(rendered("dev")[0].resources, "22")
+    refused = [v for v in packs[None].analyze("dev", resources) if v.policy == "port-exposure"]
+    assert {(v.enforcement, v.resource) for v in refused} == {
+        ("mandatory", "hand-added-22-low"),
+        ("mandatory", "hand-added-22-high"),
+    }
+    assert all("port 22 (SSH/RDP) is never open to the world" in v.message for v in refused)
+
+
+def test_over_grpc_a_container_publishing_a_port_is_refused(packs):
+    resources = publishing_container(rendered("onprem")[0].resources)
+    refused = [
+        v for v in packs["onprem"].analyze("onprem", resources) if v.policy == "container-host-network"
+    ]
+    assert {v.enforcement for v in refused} == {"mandatory"}
+    assert {v.resource for v in refused} == {r.name for r in resources if r.name.endswith("-vllm")}
+    assert any(v.message.startswith("ports[0] publishes 0.0.0.0:5000->5000/tcp") for v in refused)

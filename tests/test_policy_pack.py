@@ -16,14 +16,17 @@ from policies import guard
 from policies import normalized as net
 from qwen_cluster import config
 from tests.helpers.policy_fixtures import (
+    CONTAINER,
     aws_stack,
     bare_metal_stack,
+    container,
     egress,
     firewall_command,
     ingress,
     instance,
     one_node,
     placement_strategy,
+    rendered,
     res,
     without_egress_self_rule,
 )
@@ -326,6 +329,139 @@ def test_port_exposure_applies_the_same_rules_to_host_firewalls():
         _host("fail_bm_ssh_world", {"protocol": "tcp", "ports": "22", "sources": ["0.0.0.0/0"]}),
     ]
     assert refused(bare_metal_stack() + fixtures, "port-exposure", ONPREM) == fail_names(fixtures)
+
+
+# The world split across rules of one target and port: each part alone passes (on the load
+# balancer's group a non-listener port from a CIDR is not judged), together they are the world.
+SPLIT_WORLD_FIXTURES = [
+    ingress(
+        "fail_split_ssh_low", "dev-lb-sg", cidrIpv4="0.0.0.0/1", ipProtocol="tcp", fromPort=22, toPort=22
+    ),
+    res(
+        net.SECURITY_GROUP_RULE,
+        "fail_split_ssh_high",
+        type="ingress",
+        protocol="6",
+        fromPort=22.0,  # as the engine sends numbers
+        toPort=22.0,
+        cidrBlocks=["128.0.0.0/1"],
+        securityGroupId="dev-lb-sg-id",
+        description="d",
+    ),
+    _sg(
+        "fail_split_inline_sg",
+        "lb-sg",
+        [
+            {
+                "protocol": "tcp",
+                "fromPort": 3389,
+                "toPort": 3389,
+                "cidrBlocks": ["0.0.0.0/1"],
+                "description": "d",
+            }
+        ],
+    ),
+    ingress(
+        "fail_split_rdp_standalone",
+        "fail_split_inline_sg",
+        cidrIpv4="128.0.0.0/1",
+        ipProtocol="tcp",
+        fromPort=3389,
+        toPort=3389,
+    ),
+    ingress(
+        "fail_split_v6_a", "dev-lb-sg", cidrIpv6="2000::/4", ipProtocol="tcp", fromPort=9999, toPort=9999
+    ),
+    ingress(
+        "fail_split_v6_b", "dev-lb-sg", cidrIpv6="3000::/4", ipProtocol="tcp", fromPort=9990, toPort=9999
+    ),
+    ingress(
+        "pass_split_listener_low", "dev-lb-sg", cidrIpv4="0.0.0.0/1", ipProtocol="tcp", fromPort=80, toPort=80
+    ),
+    ingress(
+        "pass_split_listener_high",
+        "dev-lb-sg",
+        cidrIpv4="128.0.0.0/1",
+        ipProtocol="tcp",
+        fromPort=80,
+        toPort=80,
+    ),
+    ingress(
+        "pass_halves_other_ports_low",
+        "dev-lb-sg",
+        cidrIpv4="0.0.0.0/1",
+        ipProtocol="tcp",
+        fromPort=7000,
+        toPort=7000,
+    ),
+    ingress(
+        "pass_halves_other_ports_high",
+        "dev-lb-sg",
+        cidrIpv4="128.0.0.0/1",
+        ipProtocol="tcp",
+        fromPort=7001,
+        toPort=7001,
+    ),
+    ingress(
+        "pass_halves_tcp_and_udp_tcp",
+        "dev-lb-sg",
+        cidrIpv4="0.0.0.0/1",
+        ipProtocol="tcp",
+        fromPort=7200,
+        toPort=7200,
+    ),
+    ingress(
+        "pass_halves_tcp_and_udp_udp",
+        "dev-lb-sg",
+        cidrIpv4="128.0.0.0/1",
+        ipProtocol="udp",
+        fromPort=7200,
+        toPort=7200,
+    ),
+]
+
+
+@pytest.mark.parametrize("cluster", [DEV, None], ids=["with the stack config", "without"])
+def test_port_exposure_refuses_the_world_split_across_rules_and_resources(cluster):
+    fixtures = SPLIT_WORLD_FIXTURES
+    assert refused(aws_stack() + fixtures, "port-exposure", cluster) == fail_names(fixtures)
+
+
+def test_each_part_of_a_split_world_passes_alone():
+    for fixture in SPLIT_WORLD_FIXTURES:
+        assert refused([*aws_stack(), fixture], "port-exposure") == set(), fixture.name
+
+
+def test_a_split_world_message_names_the_parts_and_the_ports_the_world_reaches():
+    violations = policy_harness.analyze(aws_stack() + SPLIT_WORLD_FIXTURES, cluster=DEV)
+    messages = {v.resource: v.message for v in violations if v.policy == "port-exposure"}
+    assert messages["fail_split_v6_b"] == (
+        "fail_split_v6_b (9999/tcp) admits 2000::/4 (fail_split_v6_a) + 3000::/4 (fail_split_v6_b) "
+        "(together every public IPv6 address: the world): only the load balancer listener (80/tcp) "
+        "may be reached from the world"
+    )
+    assert "port 22 (SSH/RDP) is never open to the world" in messages["fail_split_ssh_high"]
+    assert (
+        "0.0.0.0/1 (fail_split_inline_sg) + 128.0.0.0/1 (fail_split_rdp_standalone)"
+        in (messages["fail_split_inline_sg"])
+    )
+
+
+def test_host_firewalls_refuse_the_world_split_across_entries():
+    fixtures = [
+        _host(
+            "pass_bm_listener_split",
+            {"protocol": "tcp", "ports": "80", "sources": ["0.0.0.0/1"]},
+            {"protocol": "tcp", "ports": 80, "sources": ["128.0.0.0/1"]},
+            load_balancer=True,
+        ),
+        _host(
+            "fail_bm_ssh_split",
+            {"protocol": "tcp", "ports": "22", "sources": ["0.0.0.0/1", "10.0.0.0/8"]},
+            {"protocol": "tcp", "ports": "20-30", "sources": ["128.0.0.0/1"]},
+        ),
+    ]
+    assert refused(bare_metal_stack() + fixtures, "port-exposure", None) == fail_names(fixtures)
 
 
 # Without the stack config only world exposure and all traffic from a known non-member are judged.
@@ -667,6 +803,67 @@ def test_rule_descriptions_refuses_exactly_the_fail_fixtures():
         firewall_command("pass-host", "192.168.1.100"),
     ]
     assert refused(fixtures, "baseline-rule-descriptions", cluster=None) == fail_names(fixtures)
+
+
+def test_container_host_network_refuses_exactly_the_fail_fixtures():
+    published = {"internal": 5000.0, "external": 5000.0, "ip": "0.0.0.0", "protocol": "tcp"}
+    fixtures = [
+        container("pass_host_network"),
+        container("pass_host_network_upper", networkMode="HOST"),
+        container("pass_mode_unknown", networkMode=UNKNOWN_STRING_VALUE),
+        container("fail_publishes_on_host", ports=[published]),
+        container("fail_bridge", networkMode="bridge"),
+        container("fail_mode_unset", networkMode=None),
+        container("fail_publishes_on_bridge", networkMode="bridge", ports=[published]),
+        container("fail_user_network", networkMode="qwen", networksAdvanced=[{"name": "qwen"}]),
+    ]
+    assert refused(fixtures, "container-host-network", cluster=None) == fail_names(fixtures)
+
+
+def test_a_published_port_is_named_with_its_host_side():
+    fixture = container(
+        "fail_publishes", ports=[{"internal": 5000.0, "external": 15000.0, "protocol": "tcp"}]
+    )
+    violations = policy_harness.analyze([fixture], cluster=None)
+    assert [v.message for v in violations if v.policy == "container-host-network"] == [
+        "ports[0] publishes 0.0.0.0:15000->5000/tcp: docker's NAT rules bypass the host firewall; "
+        "run on the host network instead"
+    ]
+
+
+def test_every_container_of_the_onprem_stack_is_on_the_host_network():
+    render, violations = rendered("onprem")
+    assert [r for r in render.resources if r.type == CONTAINER]
+    assert [v for v in violations if v.policy == "container-host-network"] == []
+
+
+def test_tls_policy_refuses_exactly_the_fail_fixtures():
+    fixtures = [
+        res(net.LISTENER, "pass_tcp", protocol="TCP"),
+        res(
+            net.LISTENER,
+            "pass_tls_res_pq",
+            protocol="TLS",
+            sslPolicy="ELBSecurityPolicy-TLS13-1-2-Res-PQ-2025-09",
+        ),
+        res(net.LISTENER, "pass_tls_2021", protocol="TLS", sslPolicy="ELBSecurityPolicy-TLS13-1-2-2021-06"),
+        res(net.LISTENER, "pass_https_13", protocol="HTTPS", sslPolicy="ELBSecurityPolicy-TLS13-1-3-2021-06"),
+        res(net.LISTENER, "pass_tls_unknown", protocol="TLS", sslPolicy=UNKNOWN_STRING_VALUE),
+        res(net.LISTENER, "fail_tls_absent", protocol="TLS"),
+        res(net.LISTENER, "fail_tls_2016", protocol="tls", sslPolicy="ELBSecurityPolicy-2016-08"),
+        res(net.LISTENER, "fail_tls13_1_0", protocol="TLS", sslPolicy="ELBSecurityPolicy-TLS13-1-0-2021-06"),
+        res(net.LISTENER, "fail_tls13_1_1", protocol="TLS", sslPolicy="ELBSecurityPolicy-TLS13-1-1-2021-06"),
+        res(net.LISTENER, "fail_https_fs", protocol="HTTPS", sslPolicy="ELBSecurityPolicy-FS-1-2-2019-08"),
+    ]
+    assert refused(fixtures, "baseline-tls-policy", cluster=None) == fail_names(fixtures)
+
+
+def test_a_tls_listener_without_a_policy_is_told_the_api_default():
+    violations = policy_harness.analyze([res(net.LISTENER, "fail_tls_absent", protocol="TLS")], cluster=None)
+    assert [v.message for v in violations if v.policy == "baseline-tls-policy"] == [
+        "a TLS listener without sslPolicy gets the API default ELBSecurityPolicy-2016-08, "
+        "which allows TLS 1.0 and 1.1; name a current policy"
+    ]
 
 
 def test_health_check_refuses_exactly_the_fail_fixtures():

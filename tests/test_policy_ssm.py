@@ -31,7 +31,7 @@ def test_selinux_is_refused_in_ssm_documents_and_association_parameters():
             "fail_parameter",
             parameters={"ServerScript": base64.b64encode(b"setenforce 0; exec vllm serve").decode()},
         ),
-        res(net.SSM_ASSOCIATION, "pass_parameter", parameters={"Image": "vllm/vllm-openai:v0.11.0"}),
+        res(net.SSM_ASSOCIATION, "pass_parameter", parameters={"Image": "vllm/vllm-openai:v0.33.0"}),
     ]
     assert refused(fixtures, "baseline-selinux") == {"fail_document", "fail_parameter"}
 

@@ -27,6 +27,8 @@ PACK = {
     "baseline-health-check",
     "baseline-idle-timeout",
     "baseline-selinux",
+    "baseline-tls-policy",
+    "container-host-network",
     "stack-config",
 }
 ADVISORY = {"baseline-idle-timeout", "stack-config"}
@@ -37,6 +39,7 @@ _AWS = {
     "6000-6100 open to the world": ({"port-exposure"}, {"port-exposure", "stack-config"}),
     "5000 open to the world": ({"port-exposure"}, {"port-exposure", "stack-config"}),
     "SSH from the world": ({"port-exposure"}, {"port-exposure", "stack-config"}),
+    "SSH from the world in two halves": ({"port-exposure"}, {"port-exposure", "stack-config"}),
     # t3.large has no EFA, which the stack config (and the launch template) asks for.
     "t3.large nodes": (
         {"bandwidth-class", "efa-placement"},
@@ -56,6 +59,11 @@ FAILING: dict[tuple[str, str], tuple[set[str], set[str]]] = {
     ("onprem", "6000-6100 open to the world"): ({"port-exposure"}, {"port-exposure", "stack-config"}),
     ("onprem", "5000 open to the world"): ({"port-exposure"}, {"port-exposure", "stack-config"}),
     ("onprem", "SSH from the world"): ({"port-exposure"}, {"port-exposure", "stack-config"}),
+    ("onprem", "SSH from the world in two halves"): ({"port-exposure"}, {"port-exposure", "stack-config"}),
+    ("onprem", "a container publishing a port"): (
+        {"container-host-network"},
+        {"container-host-network", "stack-config"},
+    ),
     ("onprem", "t3.large nodes"): ({"bandwidth-class"}, {"bandwidth-class", "stack-config"}),
     # Without the config the members are the hosts that remain: the master's firewall still
     # admits the dropped hosts' addresses to all traffic.

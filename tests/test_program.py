@@ -83,3 +83,46 @@ def test_dependency_graph_follows_ids_arns_and_depends_on():
         "verify": {"node", "tg"},
     }
     assert render.critical_path() == ["vpc", "subnet", "node", "verify"]
+
+
+def _chain_render(edges: dict[str, list[str]], gates: set[str]) -> offline.Render:
+    """Commands that depend on each other by name; a name in `gates` is marked as one."""
+    return offline.Render(
+        "t",
+        [
+            offline.RecordedResource(
+                "command:remote:Command", name, {"gate": name in gates}, {}, True, depends_on=after
+            )
+            for name, after in edges.items()
+        ],
+        {},
+        [],
+    )
+
+
+def test_the_critical_path_counted_in_gates_is_the_chain_with_the_most_gates():
+    # Two lanes: a1 -> g1 -> a2 -> g2 (two gates, four steps) and b1 -> b2 -> b3 -> b4 -> h1
+    # (one gate, five steps): by resources the second is longest, by gates the first.
+    render = _chain_render(
+        {
+            "a1": [],
+            "g1": ["a1"],
+            "a2": ["g1"],
+            "g2": ["a2"],
+            "b1": [],
+            "b2": ["b1"],
+            "b3": ["b2"],
+            "b4": ["b3"],
+            "h1": ["b4"],
+        },
+        gates={"g1", "g2", "h1"},
+    )
+    assert render.critical_path() == ["b1", "b2", "b3", "b4", "h1"]
+    assert render.critical_path(lambda r: r.inputs["gate"]) == ["g1", "a2", "g2"]
+    assert render.critical_path(lambda r: False) == []
+
+
+def test_the_critical_path_follows_a_chain_deeper_than_the_recursion_limit():
+    depth = 5000
+    render = _chain_render({f"s{i}": [f"s{i - 1}"] if i else [] for i in range(depth)}, gates=set())
+    assert len(render.critical_path()) == depth

@@ -85,6 +85,24 @@ def test_member_blocks_hold_exactly_the_other_nodes(last_octets):
     assert len(blocks) <= len(octets) - 1
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(min_value=4, max_value=250), min_size=2, max_size=40), st.data())
+def test_member_blocks_are_the_fewest_blocks_that_hold_the_other_nodes(last_octets, data):
+    """The cluster is collapsed once and each node cut out of it: the same blocks as
+    collapsing every other node's address for that node."""
+    octets = sorted(last_octets)
+    raw = copy.deepcopy(BASE_BARE_METAL)
+    raw["nodes"] = [
+        {"name": f"n{o}", "ip": f"192.168.1.{o}", **({"role": "master"} if i == 0 else {})}
+        for i, o in enumerate(octets)
+    ]
+    cluster = validate(raw)
+    me = data.draw(st.sampled_from(cluster.nodes))
+    blocks = [r.source for r in firewall.host_rules(cluster, me.name) if r.name == "cluster-all"]
+    others = (ipaddress.ip_network(f"{node.ip}/32") for node in cluster.nodes if node.name != me.name)
+    assert blocks == [str(block) for block in ipaddress.collapse_addresses(others)]
+
+
 def test_clients_port_only_from_the_load_balancer_node():
     assert [(r.source, r.ports) for r in rules_of("worker-2") if r.name == "model-service"] == [
         ("192.168.1.100/32", "5000")

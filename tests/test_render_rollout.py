@@ -405,8 +405,8 @@ def test_retire_drains_a_replica_that_left_the_upstream(cluster):
 
 
 def test_scripts_change_with_the_containers_they_gate():
-    spec = {"image": "vllm/vllm-openai:v0.11.0", "envs": ["VLLM_PORT=6009"]}
-    bumped = {**spec, "image": "vllm/vllm-openai:v0.11.1"}
+    spec = {"image": "vllm/vllm-openai:v0.33.0", "envs": ["VLLM_PORT=6009"]}
+    bumped = {**spec, "image": "vllm/vllm-openai:v0.33.1"}
     one, two = rollout.fingerprint([spec]), rollout.fingerprint([bumped])
     assert one != two and rollout.fingerprint([dict(reversed(spec.items()))]) == one
     server = ("192.168.1.101", 5000)

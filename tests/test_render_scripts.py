@@ -224,6 +224,20 @@ def test_every_registered_command_fits_in_the_one_argument_sshd_passes_to_bash()
     assert sources == ["@worker-7|192.168.1.11"] * 2  # its probes, its pings
 
 
+def test_a_nodes_verify_script_holds_exactly_its_own_probes_and_pings():
+    """Each destination's rows are written once per cluster and joined per node: the same
+    script as from that node's probes and pairs."""
+    cluster = _scaled_onprem(9)
+    for node in cluster.nodes:
+        expected = verify.apply_script(
+            verify.cluster_probes(cluster, node.name),
+            verify.cluster_pairs(cluster, node.name),
+            max_latency_ms=cluster.network.max_latency_ms,
+            service_wait_seconds=600,
+        )
+        assert verify.for_cluster(cluster, node.name, service_wait_seconds=600) == expected
+
+
 def test_one_nodes_verify_script_fits_at_256_nodes():
     from qwen_cluster.render.shell import MAX_ARG_STRLEN
 

@@ -143,3 +143,60 @@ def test_rollout_defaults_and_bounds():
     assert error.startswith("rollout.healthTimeoutSeconds 10: ")
     (error,) = errors_of(variant("dev", rollout={"drainTimeout": 10}))
     assert error == "rollout.drainTimeout is not a known key"
+
+
+# --- the pinned release (config.DEFAULT_IMAGE) and its graceful shutdown ---------------------
+
+
+def test_the_default_image_is_the_current_release():
+    assert config.DEFAULT_IMAGE == "vllm/vllm-openai:v0.33.0"
+    assert stackfile.load("onprem").model.image == config.DEFAULT_IMAGE
+
+
+def test_vllm_drains_on_sigterm_with_its_own_shutdown_timeout():
+    argv = vllm.serve_argv(stackfile.load("dev"))
+    assert "--shutdown-timeout=60" in argv
+
+
+@pytest.mark.parametrize(
+    "flag",
+    # Spellings the current release does not define: an unknown flag stops `vllm serve` at start.
+    [
+        "--model",
+        "--shutdown-mode",
+        "--shutdown-drain-timeout",
+        "--enable-graceful-shutdown",
+        "--drain-timeout",
+    ],
+)
+def test_no_flag_the_release_lacks_is_rendered(flag):
+    for stack in ("dev", "prod", "onprem"):
+        assert not any(word.split("=")[0] == flag for word in vllm.serve_argv(stackfile.load(stack)))
+
+
+def test_the_stop_grace_outlasts_vllms_shutdown_timeout():
+    cluster = stackfile.load("dev")
+    assert vllm.stop_grace_seconds(cluster) == 60 + vllm.STOP_MARGIN_SECONDS
+    longer = cluster_of(with_flags({"--shutdown-timeout": 600}))
+    assert vllm.stop_grace_seconds(longer) == 600 + vllm.STOP_MARGIN_SECONDS
+
+
+def test_dropping_the_shutdown_flag_for_an_older_image_leaves_the_margin():
+    cluster = cluster_of(with_flags({"--shutdown-timeout": False}))
+    assert not any(word.startswith("--shutdown-timeout") for word in vllm.serve_argv(cluster))
+    assert vllm.stop_grace_seconds(cluster) == vllm.STOP_MARGIN_SECONDS
+
+
+def test_a_bare_metal_container_stops_within_the_grace_on_every_stop():
+    cluster = stackfile.load("onprem")
+    spec = serving.model_container_spec(cluster, cluster.master)
+    grace = vllm.stop_grace_seconds(cluster)
+    assert spec["stop_timeout"] == grace and spec["destroy_grace_seconds"] == grace
+
+
+def test_the_aws_run_stops_the_old_container_within_the_grace_before_removing_it():
+    cluster = stackfile.load("dev")
+    assert ssm.parameters(cluster, "master")["StopSeconds"] == str(vllm.stop_grace_seconds(cluster))
+    script = ssm.run_script()
+    stop = script.index("docker stop --time='{{ StopSeconds }}' qwen-vllm")
+    assert stop < script.index("docker rm --force qwen-vllm")

@@ -33,8 +33,10 @@ SDK = _pristine_sdk_module()
 
 @pytest.fixture
 def sdk_search(monkeypatch):
-    """The SDK's own search in place (put back as it was afterwards), no warning given yet."""
+    """The SDK's own search and records in place (put back as they were afterwards), no
+    warning given yet."""
     monkeypatch.setattr(resource_cycle_breaker, "_reachable", SDK._reachable)
+    monkeypatch.setattr(resource_cycle_breaker, "_add_dep", SDK._add_dep)
     monkeypatch.setattr(sdk_fixes, "_warned", False)
 
 
@@ -45,28 +47,96 @@ class Node:
         self.index = index
 
 
-def graph(edges: list[tuple[int, int]], size: int) -> list[Node]:
+def graph(edges: list[tuple[int, int]], size: int, add=sdk_fixes.add_dependency) -> list[Node]:
+    sdk_fixes.reset_order()
     nodes = [Node(index) for index in range(size)]
     for source, target in edges:
-        SDK._add_dep(nodes[source], nodes[target])
+        add(nodes[source], nodes[target])
     return nodes
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.integers(min_value=1, max_value=12).flatmap(
-        lambda size: st.tuples(
-            st.just(size),
-            st.lists(st.tuples(st.integers(0, size - 1), st.integers(0, size - 1)), max_size=40),
-        )
+EDGES = st.integers(min_value=1, max_value=12).flatmap(
+    lambda size: st.tuples(
+        st.just(size),
+        st.lists(st.tuples(st.integers(0, size - 1), st.integers(0, size - 1)), max_size=40),
     )
 )
+
+
+@settings(max_examples=200, deadline=None)
+@given(EDGES)
 def test_reachable_answers_as_the_sdk_on_any_graph_cycles_included(case):
     size, edges = case
     nodes = graph(edges, size)
     for source in nodes:
         for target in nodes:
             assert sdk_fixes.reachable(source, target) == SDK._reachable(source, target)
+
+
+@settings(max_examples=200, deadline=None)
+@given(EDGES)
+def test_dependencies_are_recorded_as_the_sdk_records_them(case):
+    size, edges = case
+    ours, theirs = graph(edges, size), graph(edges, size, add=SDK._add_dep)
+    for mine, sdks in zip(ours, theirs, strict=True):
+        assert {n.index for n in SDK._deps(mine)} == {n.index for n in SDK._deps(sdks)}
+
+
+@settings(max_examples=100, deadline=None)
+@given(EDGES)
+def test_edges_declared_one_by_one_are_refused_exactly_where_the_sdk_refuses_them(case):
+    """declare_dependency as the program calls it, edge after edge, with the SDK's functions
+    and with ours: the same edges are kept and the same ones refused as cycles."""
+    size, edges = case
+
+    def declared(add, search) -> tuple[list[bool], list[list[bool]]]:
+        nodes = [Node(index) for index in range(size)]
+        kept = []
+        for source, target in edges:
+            kept.append(not search(nodes[target], nodes[source]))
+            if kept[-1]:
+                add(nodes[source], nodes[target])
+        return kept, [[search(a, b) for b in nodes] for a in nodes]
+
+    sdk_fixes.reset_order()
+    assert declared(sdk_fixes.add_dependency, sdk_fixes.reachable) == declared(SDK._add_dep, SDK._reachable)
+
+
+@settings(max_examples=100, deadline=None)
+@given(EDGES)
+def test_the_order_kept_puts_every_resource_after_what_it_depends_on(case):
+    size, edges = case
+    sdk_fixes.reset_order()
+    nodes = [Node(index) for index in range(size)]
+    for source, target in edges:
+        if not sdk_fixes.reachable(nodes[target], nodes[source]):
+            sdk_fixes.add_dependency(nodes[source], nodes[target])
+    place = {node: getattr(node, "_qwen_cluster_order", None) for node in nodes}
+    for node in nodes:
+        for dependency in SDK._deps(node):
+            assert place[dependency] < place[node]
+
+
+def test_a_new_resource_behind_a_long_chain_is_checked_without_a_walk():
+    """It is placed after the chain, so the chain cannot reach it: answered from the places,
+    without reading a dependency."""
+    chain = graph([(index + 1, index) for index in range(5000)], 5001)
+    new = Node(-1)
+    sdk_fixes.add_dependency(new, chain[-1])  # its first dependency; is a second one a cycle?
+    read: list[Node] = []
+    deps = resource_cycle_breaker._deps
+
+    def counting(resource):
+        read.append(resource)
+        return deps(resource)
+
+    original = resource_cycle_breaker._deps
+    resource_cycle_breaker._deps = counting
+    try:
+        assert not sdk_fixes.reachable(chain[2500], new)
+    finally:
+        resource_cycle_breaker._deps = original
+    assert read == []
 
 
 def test_a_long_chain_is_searched_without_recursion():
@@ -90,6 +160,7 @@ def test_on_the_release_it_was_written_for_it_replaces_the_sdks_search(sdk_searc
         warnings.simplefilter("error", sdk_fixes.SdkVersionWarning)
         assert sdk_fixes.apply() is True
     assert resource_cycle_breaker._reachable is sdk_fixes.reachable
+    assert resource_cycle_breaker._add_dep is sdk_fixes.add_dependency
 
 
 def test_on_another_release_it_warns_once_and_leaves_the_sdk_alone(sdk_search, monkeypatch):
@@ -98,6 +169,7 @@ def test_on_another_release_it_warns_once_and_leaves_the_sdk_alone(sdk_search, m
     with pytest.warns(sdk_fixes.SdkVersionWarning, match=message):
         assert sdk_fixes.apply() is False
     assert resource_cycle_breaker._reachable is SDK._reachable
+    assert resource_cycle_breaker._add_dep is SDK._add_dep
     with warnings.catch_warnings(record=True) as again:
         warnings.simplefilter("always")
         assert sdk_fixes.apply() is False

@@ -13,7 +13,7 @@ import io
 import json
 import runpy
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,9 @@ PROGRAM = stackfile.PROJECT_ROOT / "__main__.py"
 OFFLINE_SSH_KEY = (
     "-----BEGIN OPENSSH PRIVATE KEY-----\noffline-placeholder\n-----END OPENSSH PRIVATE KEY-----\n"
 )
+# Placeholder for `rayAuthToken` when a stack file has none (needed with pipelineParallel > 1):
+# a secret like the real one, so a render (and the lab) shows where it travels.
+OFFLINE_RAY_TOKEN = "offline-ray-token-placeholder"
 
 
 @dataclass
@@ -100,24 +103,59 @@ class Render:
             graph[resource.name] = found
         return graph
 
-    def critical_path(self) -> list[str]:
-        """The longest chain of custom resources that must be created one after another."""
+    def critical_path(self, counts: Callable[[RecordedResource], bool] | None = None) -> list[str]:
+        """The longest chain of custom resources that must happen one after another, in
+        dependency order: by default the one with the most resources; with `counts`, the one
+        with the most resources for which `counts` is true (e.g. health gates: the day-2
+        chain in gated steps), as many of those first and then as short as possible, and
+        from its first counted resource to its last ([] when none counts).
+
+        Iterative (a rollout chain is thousands of links deep) and linear in the graph: each
+        resource's best chain is found once, after those of what it waits for. A cycle (which
+        the engine refuses) is cut where the walk meets it again."""
         graph = self.dependencies()
-        longest: dict[str, list[str]] = {}
+        by_name = {r.name: r for r in self.custom_resources}
 
-        def chain(name: str, seen: frozenset[str]) -> list[str]:
-            if name in longest:
-                return longest[name]
-            best: list[str] = []
-            for dependency in graph.get(name, ()):
-                if dependency not in seen:
-                    candidate = chain(dependency, seen | {dependency})
-                    if len(candidate) > len(best):
-                        best = candidate
-            longest[name] = [*best, name]
-            return longest[name]
+        def weight(name: str) -> int:
+            return 1 if counts is None or counts(by_name[name]) else 0
 
-        return max((chain(name, frozenset({name})) for name in graph), key=len, default=[])
+        # Per resource: (counted resources, -resources) of its best chain and its predecessor.
+        best: dict[str, tuple[tuple[int, int], str | None]] = {}
+        state: dict[str, int] = {}  # 1 on the walk's stack, 2 done
+        for root in graph:
+            if root in state:
+                continue
+            stack: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+            state[root] = 1
+            while stack:
+                name, pending = stack[-1]
+                following = next((d for d in pending if state.get(d) != 1), None)
+                if following is not None:
+                    if following not in state:
+                        state[following] = 1
+                        stack.append((following, iter(sorted(graph.get(following, ())))))
+                    continue
+                stack.pop()
+                state[name] = 2
+                score, before = (0, 0), None
+                for dependency in sorted(graph.get(name, ())):
+                    if state.get(dependency) == 2 and dependency in best and best[dependency][0] > score:
+                        score, before = best[dependency][0], dependency
+                counted = weight(name)
+                if counts is not None and score[0] == 0:
+                    before, score = None, (0, 0)  # a chain starts at its first counted resource
+                best[name] = ((score[0] + counted, score[1] - 1), before)
+        if not best:
+            return []
+        last = max(best, key=lambda name: best[name][0])
+        if counts is not None and best[last][0][0] == 0:
+            return []
+        path: list[str] = []
+        cursor: str | None = last
+        while cursor is not None:
+            path.append(cursor)
+            cursor = best[cursor][1]
+        return path[::-1]
 
 
 # Values a real provider computes, enough for the program's outputs to resolve.
@@ -326,6 +364,10 @@ def render(
     if ssh_private_key is not None and key_name not in values:
         values[key_name] = ssh_private_key
         secret_keys.append(key_name)
+    token_name = "qwen-cluster:rayAuthToken"
+    if token_name not in values:
+        values[token_name] = OFFLINE_RAY_TOKEN
+        secret_keys.append(token_name)
     mocks = RecordingMocks(
         invoke_results, preview=preview, echo_inputs=echo_inputs, region=stack_region(stack_config)
     )

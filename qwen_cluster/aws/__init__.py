@@ -39,7 +39,9 @@ def check_existing_vpc(vpc_id: str, plan: vpc_plan.VpcPlan) -> None:
         )
 
 
-def build(cluster: ClusterConfig, secrets: EndpointSecrets | None = None) -> dict[str, Any]:
+def build(
+    cluster: ClusterConfig, secrets: EndpointSecrets | None = None, *, ray_auth_token: Any = None
+) -> dict[str, Any]:
     """Register the AWS resources for a validated cluster; return the stack outputs. `secrets`:
     the endpoint's API keys and TLS files, Output secrets (config.EndpointSecrets)."""
     aws_target = cluster.aws
@@ -89,7 +91,11 @@ def build(cluster: ClusterConfig, secrets: EndpointSecrets | None = None) -> dic
     serving = ModelServerDocument(
         "model-server",
         ModelServerDocumentArgs(
-            role_name=role.role_name, target_group_arn=load_balancer.target_group_arn, tags=tags
+            role_name=role.role_name,
+            target_group_arn=load_balancer.target_group_arn,
+            tags=tags,
+            weights=cluster.model.weights,
+            ray_auth_token=ray_auth_token,
         ),
     )
     node_proxy = NodeProxy(
@@ -107,9 +113,12 @@ def build(cluster: ClusterConfig, secrets: EndpointSecrets | None = None) -> dic
             tags=tags,
             instance_profile_name=role.instance_profile_name,
             document_name=serving.document_name,
+            stage_document_name=serving.stage_document_name,
             target_group_arn=load_balancer.target_group_arn,
             attach=load_balancer.attach,
-            ready=[serving.drain_policy],
+            ready=serving.ready,
+            ray_token_parameter=serving.ray_token_parameter,
+            ray_token_version=serving.ray_token_version,
             front=node_proxy.front,
         ),
     )

@@ -19,6 +19,13 @@ Day 2 (issue 10), what decides the design, from the providers' sources:
   does a machine change (the association targets the instance by id: a new instance means new
   targets, so a new association that waits before the next instance is touched). The cost is
   day 0: replicas come up one after another (boot, image pull, weights, load per replica).
+- Staging: each node has a staging association (`<node>-stage`, the staging document,
+  qwen_cluster/render/ssm.py stage_document) that pulls the image and fetches the weights while
+  the node serves. Its parameters are the staging script alone, which changes exactly when the
+  image or the weights do; like the server's it is replaced on any change and its create waits
+  for the run (wait_for_success_timeout_seconds, association.go). It depends on its instance and
+  the permissions only, so on a change every node stages at once; the node's server association
+  waits for its own staging. `stage_resources` lists them all for the rollout.
 """
 
 from __future__ import annotations
@@ -45,14 +52,18 @@ class GpuNodeGroupArgs:
     tags: dict[str, str]
     instance_profile_name: pulumi.Input[str]
     document_name: pulumi.Input[str]
+    stage_document_name: pulumi.Input[str]
     target_group_arn: pulumi.Input[str]
     # Registers a replica head's instance with the load balancer: (node name, instance id).
     attach: Callable[[str, pulumi.Input[str]], Any]
-    # What the first association needs in place (the drain permission).
+    # What the first association needs in place (the drain permission, the weights read).
     ready: list[pulumi.Resource] = field(default_factory=list)
     # Starts what stands in front of a replica head's vLLM (the node proxy): (node name,
     # instance id) -> what the head's model-server run waits for.
     front: Callable[[str, pulumi.Input[str]], list[pulumi.Resource]] | None = None
+    # With Ray: the SecureString holding rayAuthToken and its version (ModelServerDocument).
+    ray_token_parameter: pulumi.Input[str] = ""
+    ray_token_version: pulumi.Input[str] = ""
 
     def validate(self) -> None:
         aws_target, kind = self.cluster.aws, self.cluster.instance
@@ -95,6 +106,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
     image_ids: dict[str, pulumi.Output[str]]
     placement_group_name: pulumi.Output[str]
     rollout_order: list[str]
+    stage_resources: dict[str, aws.ssm.Association]
 
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
         args.validate()
@@ -115,6 +127,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._keep_image = [] if aws_target.ami_id else ["imageId"]
 
         self.instance_ids, self.image_ids, self.rollout_order = {}, {}, []
+        self.stage_resources = {}
         self._nodes = {node.name: node for node in cluster.nodes}
         self._interfaces = self._interface_layout()
         topology = cluster.topology
@@ -126,6 +139,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             head_id = instances[replica.head.name].id
             args.attach(replica.head.name, head_id)
             fronts = args.front(replica.head.name, head_id) if args.front else []
+            for member in replica.members:
+                self.stage_resources[member.name] = self._stage(member.name, instances[member.name])
             # Pipeline workers first (their Ray worker joins the head), the head last: its run
             # waits for the replica's /health and gates the next replica.
             started: list[pulumi.Resource] = []
@@ -137,7 +152,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
                         name=args.document_name,
                         targets=[{"key": "InstanceIds", "values": [instances[member.name].id]}],
                         parameters=ssm.parameters(
-                            cluster, member.name, target_group_arn=args.target_group_arn, target_id=head_id
+                            cluster,
+                            member.name,
+                            target_group_arn=args.target_group_arn,
+                            target_id=head_id,
+                            ray_token_parameter=args.ray_token_parameter,
+                            ray_token_version=args.ray_token_version,
                         ),
                         max_concurrency="1",
                         max_errors="0",
@@ -146,7 +166,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
                             parent=self,
                             # Waited for on create only (association.go): every change replaces.
                             replace_on_changes=["parameters", "targets"],
-                            depends_on=[*gate, *started, *(fronts if is_head else [])],
+                            depends_on=[
+                                *gate,
+                                *started,
+                                self.stage_resources[member.name],
+                                *(fronts if is_head else []),
+                            ],
                         ),
                     )
                 )
@@ -160,6 +185,25 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 "imageIds": self.image_ids,
                 "placementGroup": self.placement_group_name,
             }
+        )
+
+    def _stage(self, node_name: str, instance: aws.ec2.Instance) -> aws.ssm.Association:
+        """One node's staging association: image and weights onto the node, waited for."""
+        args = self._args
+        return aws.ssm.Association(
+            f"{self._name}-{node_name}-stage",
+            name=args.stage_document_name,
+            targets=[{"key": "InstanceIds", "values": [instance.id]}],
+            parameters=ssm.stage_parameters(args.cluster),
+            max_concurrency="1",
+            max_errors="0",
+            wait_for_success_timeout_seconds=ssm.STAGE_TIMEOUT_SECONDS,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # Waited for on create only (association.go): every change replaces.
+                replace_on_changes=["parameters", "targets"],
+                depends_on=list(args.ready),
+            ),
         )
 
     def _node(self, node_name: str) -> Node:

@@ -1,12 +1,15 @@
 """The bare-metal target: hosts configured over SSH, vLLM and nginx as containers.
 
     build(cluster: ClusterConfig, ssh_private_key: Output[str] | None,
-          secrets: EndpointSecrets | None = None) -> dict[str, Any]
+          secrets: EndpointSecrets | None = None, *,
+          ray_auth_token: Output[str] | None = None) -> dict[str, Any]
 
 Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
 ModelServer; nginx (LoadBalancer) on bareMetal.loadBalancerNode; the Rollout chain that
 starts (and on Day 2 replaces) the model containers one replica at a time; and the verify
-commands, the master's last of all. Returns the stack outputs.
+commands, the master's last of all. What waits for every host, or for everything, waits for one
+barrier command (`connection.barrier`), so the dependency edges grow linearly with the nodes.
+Returns the stack outputs.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Cluster(pulumi.ComponentResource):
         cluster: ClusterConfig,
         ssh_private_key: Any,
         secrets: EndpointSecrets | None = None,
+        ray_auth_token: Any = None,
         opts=None,
     ):
         super().__init__("qwen-cluster:baremetal:Cluster", name, None, opts)
@@ -43,18 +47,33 @@ class Cluster(pulumi.ComponentResource):
             self.hosts[node.name] = HostSetup(
                 node.name, HostSetupArgs(cluster, node, connections[node.name]), opts=child
             )
+        lb_node = cluster.load_balancer_node
         # Containers start once every host's firewall and tuning are in place: NCCL needs the
-        # whole cluster reachable, not just its own host.
-        setup_done = [host.last for host in self.hosts.values()]
+        # whole cluster reachable, not just its own host. They wait for one barrier that waits
+        # for every host (connection.barrier): 2N dependency edges, not N x N.
+        self.set_up = connection.barrier(
+            "cluster-set-up",
+            connection=connections[lb_node.name],
+            after=[host.last for host in self.hosts.values()],
+            opts=child,
+        )
+        setup_done: list[pulumi.Resource] = [self.set_up]
         for node in cluster.nodes:
             docker_host, ssh_opts = connection.docker_host(cluster, node)
             self.servers[node.name] = ModelServer(
                 f"{node.name}-model",
-                ModelServerArgs(cluster, node, docker_host, ssh_opts, setup_done),
+                ModelServerArgs(
+                    cluster, node, docker_host, ssh_opts, connections[node.name], setup_done, ray_auth_token
+                ),
                 opts=child,
             )
+        # Every node's staging (image and weights), for the rollout: a change's first drain may
+        # wait for all of them, so no replica leaves the load balancer before every node holds
+        # what it will restart into.
+        self.stage_resources: dict[str, pulumi.Resource] = {
+            node_name: server.stage for node_name, server in self.servers.items()
+        }
         self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child)
-        lb_node = cluster.load_balancer_node
         self.load_balancer = LoadBalancer(
             "load-balancer",
             LoadBalancerArgs(
@@ -73,12 +92,19 @@ class Cluster(pulumi.ComponentResource):
             RolloutArgs(cluster, self.servers, self.load_balancer, connections[lb_node.name], setup_done),
             opts=child,
         )
-        everything = [
-            *setup_done,
-            *(s.container for s in self.servers.values() if s.container is not None),
-            self.load_balancer.container,
-            *self.rollout.gates.values(),
-        ]
+        # Every check runs once everything is started: one barrier again, not N x N edges.
+        self.started = connection.barrier(
+            "cluster-started",
+            connection=connections[lb_node.name],
+            after=[
+                *setup_done,
+                *(s.container for s in self.servers.values() if s.container is not None),
+                self.load_balancer.container,
+                *self.rollout.gates.values(),
+            ],
+            opts=child,
+        )
+
         def script(node_name: str) -> str:
             # vLLM loads Qwen3-32B's weights before it answers; the verify step waits for a model
             # port as long as the rollout waits for a replica's health (one bound, one key).
@@ -92,7 +118,7 @@ class Cluster(pulumi.ComponentResource):
                 connection=connections[node.name],
                 create=script(node.name),
                 triggers=[str(node.ip)],  # identity only: a changed script re-runs as an update
-                opts=pulumi.ResourceOptions(parent=self, depends_on=everything),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.started]),
             )
             for node in cluster.nodes
             if node.name != cluster.master.name
@@ -103,7 +129,7 @@ class Cluster(pulumi.ComponentResource):
             connection=connections[cluster.master.name],
             create=script(cluster.master.name),
             triggers=[str(cluster.master.ip)],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*everything, *worker_checks]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.started, *worker_checks]),
         )
         self.register_outputs({"verify": self.verify.stdout})
 
@@ -124,11 +150,15 @@ def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi
 
 
 def build(
-    cluster: ClusterConfig, ssh_private_key: Any, secrets: EndpointSecrets | None = None
+    cluster: ClusterConfig,
+    ssh_private_key: Any,
+    secrets: EndpointSecrets | None = None,
+    *,
+    ray_auth_token: Any = None,
 ) -> dict[str, Any]:
     connection.check_credentials(ssh_private_key)
     connection.check_host_keys(cluster, dry_run=pulumi.runtime.is_dry_run())
-    built = Cluster("bare-metal", cluster, ssh_private_key, secrets)
+    built = Cluster("bare-metal", cluster, ssh_private_key, secrets, ray_auth_token)
     lb_node = cluster.load_balancer_node
     scheme = "https" if cluster.load_balancer.tls else "http"
     return {

@@ -118,9 +118,9 @@ def command(
     name: str,
     *,
     connection: remote.ConnectionArgs,
-    create: str | None = None,
-    update: str | None = None,
-    delete: str | None = None,
+    create: str | pulumi.Output[str] | None = None,
+    update: str | pulumi.Output[str] | None = None,
+    delete: str | pulumi.Output[str] | None = None,
     first_as_user: str = "",
     **kwargs: Any,
 ) -> remote.Command:
@@ -130,8 +130,44 @@ def command(
     return remote.Command(
         name,
         connection=connection,
-        create=privilege.as_root(create, first_as_user=first_as_user) if create else None,
-        update=privilege.as_root(update) if update else None,
-        delete=privilege.as_root(delete) if delete else None,
+        create=_as_root(create, first_as_user=first_as_user),
+        update=_as_root(update),
+        delete=_as_root(delete),
         **kwargs,
     )
+
+
+def _as_root(script: str | pulumi.Output[str] | None, first_as_user: str = "") -> Any:
+    """privilege.as_root over a script, or over an Output of one (a script that carries a value
+    known only once another input resolves, such as the rollout's fingerprint with Ray)."""
+    if isinstance(script, pulumi.Output):
+        return script.apply(lambda text: privilege.as_root(text, first_as_user=first_as_user))
+    return privilege.as_root(script, first_as_user=first_as_user) if script else None
+
+
+def barrier(
+    name: str,
+    *,
+    connection: remote.ConnectionArgs,
+    after: list[pulumi.Resource],
+    opts: pulumi.ResourceOptions | None = None,
+) -> remote.Command:
+    """One resource that waits for many, so that many can wait for one: N resources depending
+    on a barrier of M are N + M dependency edges, not N x M, and the SDK checks each edge for a
+    cycle (pulumi/runtime/rpc.py `_add_dependency`) by walking what it reaches.
+
+    A command without scripts does nothing and never connects: pulumi-command's Create returns
+    before running anything when `create` is unset, Update runs `update` or else `create`,
+    Delete runs only a `delete` (provider/pkg/provider/remote/commandController.go). Its only
+    input is the connection (the host it would use, never dialled): the dependency edges are not
+    inputs. The engine diffs inputs alone (pulumi/pulumi pkg/resource/deploy/step_generator.go
+    `diff`: the provider reference, then the provider's Diff of old and new inputs) and ripples
+    a replacement only through property dependencies (`calculateDependentReplacements`), never
+    through dependsOn. So a node joining or leaving adds or removes an edge and the barrier stays
+    `same`: nothing downstream re-runs or is replaced because of it, and the program still
+    registers what waits on the barrier only once every resource behind it has finished.
+
+    A component resource is no aggregate here: the SDK expands a dependency on a local component
+    into a dependency on each of its children (`_add_dependency`), N x M edges again."""
+    merged = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=after))
+    return command(name, connection=connection, opts=merged)

@@ -49,6 +49,11 @@ class RolloutArgs:
     setup_done: list[pulumi.Resource]
 
 
+def _with(fingerprint: str | pulumi.Output[str], render) -> str | pulumi.Output[str]:
+    """A script rendered with the fingerprint, or an Output of it when the fingerprint is one."""
+    return fingerprint.apply(render) if isinstance(fingerprint, pulumi.Output) else render(fingerprint)
+
+
 class Rollout(pulumi.ComponentResource):
     def __init__(self, name: str, args: RolloutArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:Rollout", name, None, opts)
@@ -61,18 +66,29 @@ class Rollout(pulumi.ComponentResource):
             head = replica.head
             server = (head.ip, cluster.model_port)
             label = f"replica {replica.index} ({head.name})"
-            fingerprint = rollout.fingerprint(
-                replacing_fields(args.servers[member.name].spec) for member in replica.members
+            specs = [replacing_fields(args.servers[member.name].spec) for member in replica.members]
+            tags = [args.servers[m.name].token_tag for m in replica.members if args.servers[m.name].token_tag]
+            # With Ray the token is part of what the containers run (their secret `envs`): its
+            # digest joins the fingerprint, so a new token drains the replica before replacing it.
+            fingerprint: str | pulumi.Output[str] = (
+                pulumi.Output.all(*tags).apply(
+                    lambda found, specs=specs: rollout.fingerprint([*specs, found])
+                )
+                if tags
+                else rollout.fingerprint(specs)
             )
             after = [args.load_balancer.config, args.load_balancer.container]
             drain = connection.command(
                 f"{head.name}-drain",
                 connection=args.connection,
-                update=rollout.drain_script(
-                    server,
-                    replica=label,
-                    drain_timeout_seconds=settings.drain_timeout_seconds,
-                    fingerprint=fingerprint,
+                update=_with(
+                    fingerprint,
+                    lambda fp, server=server, label=label: rollout.drain_script(
+                        server,
+                        replica=label,
+                        drain_timeout_seconds=settings.drain_timeout_seconds,
+                        fingerprint=fp,
+                    ),
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(
@@ -80,16 +96,22 @@ class Rollout(pulumi.ComponentResource):
                 ),
             )
             containers = [args.servers[member.name].start([drain]) for member in replica.members]
-            gate = dict(
-                replica=label,
-                health_timeout_seconds=settings.health_timeout_seconds,
-                fingerprint=fingerprint,
-            )
+            gate = dict(replica=label, health_timeout_seconds=settings.health_timeout_seconds)
             ready = connection.command(
                 f"{head.name}-ready",
                 connection=args.connection,
-                create=rollout.ready_script(server, only_if_down=True, **gate),
-                update=rollout.ready_script(server, only_if_down=False, **gate),
+                create=_with(
+                    fingerprint,
+                    lambda fp, server=server, gate=gate: rollout.ready_script(
+                        server, only_if_down=True, fingerprint=fp, **gate
+                    ),
+                ),
+                update=_with(
+                    fingerprint,
+                    lambda fp, server=server, gate=gate: rollout.ready_script(
+                        server, only_if_down=False, fingerprint=fp, **gate
+                    ),
+                ),
                 delete=rollout.retire_script(
                     server, replica=label, drain_timeout_seconds=settings.drain_timeout_seconds
                 ),

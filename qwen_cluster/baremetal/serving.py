@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,13 +10,12 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from qwen_cluster import tags
+from qwen_cluster import tags, topology
 from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, EndpointSecrets, Node
-from qwen_cluster.render import nginx, vllm
+from qwen_cluster.render import nginx, vllm, weights
 
 NGINX_IMAGE = nginx.IMAGE  # pinned (qwen_cluster/render/nginx.py)
-HF_CACHE = "/root/.cache/huggingface"
 UNLIMITED = -1
 
 # Finds the NIC that holds VLLM_HOST_IP when bareMetal.interface is not set (host network:
@@ -39,7 +39,7 @@ _FIND_INTERFACE = (
 def server_command(cluster: ClusterConfig, node: Node) -> tuple[str, dict[str, str]]:
     """The bash entry command and environment of one node's container (pure): the shared vLLM
     command (qwen_cluster/render/vllm.py) after finding the cluster interface."""
-    env = vllm.environment(cluster, node.name)
+    env = {**vllm.environment(cluster, node.name), **weights.server_environment(cluster)}
     if cluster.bare_metal.interface:
         env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = cluster.bare_metal.interface
     if not cluster.tuning.rdma:
@@ -56,7 +56,9 @@ def server_command(cluster: ClusterConfig, node: Node) -> tuple[str, dict[str, s
 # terraform-provider-docker v4.5.0 resource_docker_container_funcs.go resourceDockerContainerUpdate:
 # restart, max_retry_count, cpu_shares, memory*, cpu_set, device_*); every other field we set
 # is ForceNew (resource_docker_container.go), so a change of it replaces the container.
-IN_PLACE_FIELDS = frozenset({"restart"})
+# destroy_grace_seconds is neither ForceNew nor applied by the update (resource_docker_container.go
+# schema; resourceDockerContainerDelete reads it when the container goes): a change is stored only.
+IN_PLACE_FIELDS = frozenset({"restart", "destroy_grace_seconds"})
 
 
 def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
@@ -79,13 +81,21 @@ def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
         "gpus": "all",
         # No shm_size: with host IPC the container shares the host's /dev/shm.
         "restart": "unless-stopped",
-        # On an SELinux host the cache needs the container's label to be writable (a private
-        # one: only this container uses it); elsewhere Docker ignores it.
+        # vLLM's graceful shutdown must end before docker's SIGKILL (vllm.stop_grace_seconds):
+        # stop_timeout for `docker stop` and the daemon's own stops (ForceNew), and
+        # destroy_grace_seconds for the provider's delete, which otherwise stops with timeout 0
+        # (terraform-provider-docker resource_docker_container_funcs.go
+        # resourceDockerContainerDelete: ContainerStop with Timeout destroy_grace_seconds).
+        "stop_timeout": vllm.stop_grace_seconds(cluster),
+        "destroy_grace_seconds": vllm.stop_grace_seconds(cluster),
+        # The host cache staging fills (bareMetal.weightsCache): it outlives the container. On an
+        # SELinux host it needs a label the container may write; `z` is shared with the staging
+        # container, which writes the same files (weights.stage_script); elsewhere ignored.
         "volumes": [
             {
-                "host_path": "/var/cache/qwen-cluster/huggingface",
-                "container_path": HF_CACHE,
-                "selinux_relabel": "Z",
+                "host_path": cluster.bare_metal.weights_cache,
+                "container_path": weights.CONTAINER_CACHE,
+                "selinux_relabel": "z",
             }
         ],
         "labels": [{"label": tags.CONTAINER_ROLE_LABEL, "value": role}],
@@ -107,15 +117,58 @@ class ModelServerArgs:
     node: Node
     docker_host: str
     ssh_opts: list[str]
+    connection: remote.ConnectionArgs  # to the node, for the staging command
     depends_on: list[pulumi.Resource] = field(default_factory=list)
+    # qwen-cluster:rayAuthToken (an Output secret) when the replica spans nodes, else None.
+    ray_auth_token: pulumi.Input[str] | None = None
+
+
+def container_envs(spec: dict[str, Any], ray_auth_token: pulumi.Input[str] | None) -> pulumi.Input[list[str]]:
+    """The container's environment: the spec's, and with Ray the token, added inside the secret's
+    apply so the whole list stays secret (the plan shows [secret], never the token). `envs` is
+    ForceNew (IN_PLACE_FIELDS), so a new token replaces the replica's containers."""
+    if ray_auth_token is None:
+        return spec["envs"]
+    return pulumi.Output.secret(ray_auth_token).apply(
+        lambda token: [
+            *spec["envs"],
+            *(f"{key}={value}" for key, value in sorted(topology.ray_auth_environment(token).items())),
+        ]
+    )
+
+
+def token_tag(ray_auth_token: pulumi.Input[str] | None) -> pulumi.Output[str] | None:
+    """A short digest of the Ray token, not secret, for the rollout's fingerprint: a new token
+    replaces the replica's containers (`envs` is ForceNew), so it must drain the replica first,
+    and the drain runs only when its fingerprint changes. The token is random
+    (`openssl rand -hex 32`, 256 bits): 64 bits of a labelled SHA-256 of it tell nothing usable."""
+    if ray_auth_token is None:
+        return None
+    digest = pulumi.Output.secret(ray_auth_token).apply(
+        lambda token: hashlib.sha256(f"qwen-cluster rollout: {token}".encode()).hexdigest()[:16]
+    )
+    return pulumi.Output.unsecret(digest)
 
 
 class ModelServer(pulumi.ComponentResource):
     """One node's vLLM container (a replica head, or a pipeline worker running Ray).
 
-    Built in two steps: the Docker provider and the image pull at once (pulls start right
-    after host setup, on every node in parallel, on day 0 and before a rolling upgrade reaches
-    the node), the container with `start(depends_on)` once the rollout chain has its drain.
+    Built in two steps: the staging command, the Docker provider and the image at once (they
+    start right after host setup, on every node in parallel, on day 0 and before a rolling
+    upgrade reaches the node), the container with `start(depends_on)` once the rollout chain
+    has its drain.
+
+    `stage` (`<node>-model-stage`) pulls the image and fetches the weights into
+    bareMetal.weightsCache while the old container still serves (weights.stage_script). Its
+    `triggers` hold the node's address alone and its `create` is the script, whose text changes
+    exactly when the image, model.name, model.weights or the cache do: pulumi-command replaces a
+    Command only on `triggers` (the one input tagged replaceOnChanges, pulumi/pulumi-command
+    provider/pkg/provider/common/inputs.go) and runs `create` again on any other change
+    (remote/commandController.go Update, without an `update`). So a new image or new weights
+    re-run the staging in place, and nothing else does. No `delete`: the cache outlives the
+    node's containers (a node leaving keeps its files; removing them is the operator's call).
+    The image resource then finds the image on the host and pulls nothing
+    (terraform-provider-docker resource_docker_image_funcs.go findImage: local images first).
 
     The container is replaced delete-before-replace: a fixed name and host ports cannot be
     held twice (pulumi/pulumi-docker provider/resources.go sets `DeleteBeforeReplace: true`
@@ -133,6 +186,7 @@ class ModelServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:ModelServer", name, None, opts)
         self._name, self._args = name, args
+        self.token_tag = token_tag(args.ray_auth_token)
         self.spec = model_container_spec(args.cluster, args.node)
         self.provider = docker.Provider(
             f"{name}-docker",
@@ -140,7 +194,16 @@ class ModelServer(pulumi.ComponentResource):
             ssh_opts=args.ssh_opts,
             opts=pulumi.ResourceOptions(parent=self),
         )
-        on_host = pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=args.depends_on)
+        self.stage = connection.command(
+            f"{name}-stage",
+            connection=args.connection,
+            create=weights.stage_script(args.cluster, args.cluster.bare_metal.weights_cache),
+            triggers=[str(args.node.ip)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )
+        on_host = pulumi.ResourceOptions(
+            parent=self, provider=self.provider, depends_on=[*args.depends_on, self.stage]
+        )
         self.image = docker.RemoteImage(
             f"{name}-image", name=args.cluster.model.image, keep_locally=True, opts=on_host
         )
@@ -154,7 +217,7 @@ class ModelServer(pulumi.ComponentResource):
             image=self.image.name,  # the pinned tag (spec["image"]); the Output orders the pull first
             entrypoints=spec["entrypoints"],
             command=spec["command"],
-            envs=spec["envs"],
+            envs=container_envs(spec, self._args.ray_auth_token),
             network_mode=spec["network_mode"],
             ipc_mode=spec["ipc_mode"],
             gpus=spec["gpus"],
@@ -166,10 +229,12 @@ class ModelServer(pulumi.ComponentResource):
             ulimits=[docker.ContainerUlimitArgs(**limit) for limit in spec.get("ulimits", [])] or None,
             volumes=[docker.ContainerVolumeArgs(**volume) for volume in spec["volumes"]],
             labels=[docker.ContainerLabelArgs(**label) for label in spec["labels"]],
+            stop_timeout=spec["stop_timeout"],
+            destroy_grace_seconds=spec["destroy_grace_seconds"],
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.provider,
-                depends_on=[*self._args.depends_on, *depends_on],
+                depends_on=[*self._args.depends_on, self.stage, *depends_on],
                 delete_before_replace=True,
             ),
         )

@@ -19,7 +19,7 @@ from qwen_cluster.config.limits import (
     NLB_IDLE_TIMEOUT_SECONDS,
     RECOMMENDED_NODES,
 )
-from qwen_cluster.config.loading import decode_value, from_pulumi, validate
+from qwen_cluster.config.loading import decode_value, from_pulumi, ray_auth_token, validate
 from qwen_cluster.config.rules import complete_ports, cross_errors, monitoring_rows
 from qwen_cluster.config.secrets import REDACTED, EndpointSecrets
 from qwen_cluster.config.sections import (
@@ -28,6 +28,7 @@ from qwen_cluster.config.sections import (
     DEFAULT_SCRAPE_INTERVAL_SECONDS,
     DEFAULT_SYSCTL,
     DEFAULT_VLLM_FLAGS,
+    DEFAULT_WEIGHTS_CACHE,
     OWNED_VLLM_FLAGS,
     Access,
     AwsTarget,
@@ -43,6 +44,7 @@ from qwen_cluster.config.sections import (
     Tls,
     Tuning,
     VllmFlagValue,
+    Weights,
 )
 from qwen_cluster.config.values import Cidr, IPv4, IPv4Net
 
@@ -54,6 +56,7 @@ __all__ = [
     "DEFAULT_SCRAPE_INTERVAL_SECONDS",
     "DEFAULT_SYSCTL",
     "DEFAULT_VLLM_FLAGS",
+    "DEFAULT_WEIGHTS_CACHE",
     "IDLE_TIMEOUT_LIMITS",
     "KNOWN_KEYS",
     "MIN_BANDWIDTH_GBPS",
@@ -86,10 +89,12 @@ __all__ = [
     "Tls",
     "Tuning",
     "VllmFlagValue",
+    "Weights",
     "complete_ports",
     "cross_errors",
     "decode_value",
     "from_pulumi",
+    "ray_auth_token",
     "monitoring_rows",
     "validate",
 ]

@@ -177,5 +177,8 @@ SECTIONS: dict[str, tuple[str, Any, bool]] = {
 SECRET_KEYS: dict[str, str] = {
     "sshPrivateKey": "The SSH private key pulumi connects to hosts and bastions with, a secret: "
     "`pulumi config set --secret sshPrivateKey < key`.",
+    "rayAuthToken": "The token Ray's processes authenticate each other with (`RAY_AUTH_MODE=token`), a "
+    "secret; required when `model.pipelineParallel` > 1: "
+    "`pulumi config set --secret rayAuthToken $(openssl rand -hex 32)`.",
 }
 KNOWN_KEYS = (*SECTIONS, *SECRET_KEYS)

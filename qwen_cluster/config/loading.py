@@ -94,3 +94,25 @@ def decode_value(value: str | None) -> Any:
         return json.loads(value)
     except (json.JSONDecodeError, TypeError):
         return value
+
+
+def ray_auth_token(cluster: ClusterConfig) -> Any:
+    """`qwen-cluster:rayAuthToken` as an Output secret when Ray runs (pipelineParallel > 1), else
+    None; ConfigError when Ray runs without one (an unauthenticated Ray executes code for whoever
+    reaches its ports)."""
+    import pulumi
+
+    if cluster.topology.pipeline_parallel == 1:
+        return None
+    token = pulumi.Config(NAMESPACE).get_secret("rayAuthToken")
+    if token is None:
+        raise ConfigError([ray_token_missing(cluster)])
+    return token
+
+
+def ray_token_missing(cluster: ClusterConfig) -> str:
+    return (
+        f"{NAMESPACE}:rayAuthToken is required when model.pipelineParallel is "
+        f"{cluster.topology.pipeline_parallel} (Ray joins a replica's nodes and authenticates with it): "
+        "pulumi config set --secret rayAuthToken $(openssl rand -hex 32)"
+    )

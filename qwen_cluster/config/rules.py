@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from qwen_cluster import catalog, topology
+from qwen_cluster import catalog, topology, world
 from qwen_cluster import ports as port_table
 from qwen_cluster.config import secrets
 from qwen_cluster.config.limits import (
@@ -36,7 +36,27 @@ from qwen_cluster.config.sections import (
 
 # The reserved-address message spells the count out; a new count fails here, not silently.
 _RESERVED_HEAD_IN_WORDS = {4: "four"}[AWS_RESERVED_HEAD]
-_WORLD = {ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")}
+
+
+def _world_errors(access: Access) -> list[str]:
+    """monitoringCidrs and adminCidrs are never the world, however it is spelled (qwen_cluster/world.py):
+    one block that is the world by itself is named by its index, a list that is the world only
+    together is named as a whole. clientCidrs may be the world (an internet-facing endpoint)."""
+    errors = []
+    for key, cidrs in (("monitoringCidrs", access.monitoring_cidrs), ("adminCidrs", access.admin_cidrs)):
+        alone = [(index, cidr) for index, cidr in enumerate(cidrs) if world.is_world(cidr)]
+        errors += [
+            f"access.{key}[{index}] {cidr} opens to the whole internet; name the networks that need it"
+            for index, cidr in alone
+        ]
+        for every in world.worlds(cidrs):
+            if not any(cidr.version == every.version for _, cidr in alone):
+                parts = ", ".join(str(cidr) for cidr in cidrs if cidr.version == every.version)
+                errors.append(
+                    f"access.{key} [{parts}] together cover every public {world.family(every)} address: "
+                    "that opens to the whole internet; name the networks that need it"
+                )
+    return errors
 
 
 def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
@@ -60,13 +80,7 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
         errors += port_table.table_errors(table)
     if access is not None:
         errors += _endpoint_errors(access)
-        for key, cidrs in (("monitoringCidrs", access.monitoring_cidrs), ("adminCidrs", access.admin_cidrs)):
-            for index, cidr in enumerate(cidrs):
-                if cidr in _WORLD:
-                    errors.append(
-                        f"access.{key}[{index}] {cidr} opens to the whole internet; "
-                        "name the networks that need it"
-                    )
+        errors += _world_errors(access)
 
     for chosen, own, other in ((Target.AWS, "aws", "bareMetal"), (Target.BARE_METAL, "bareMetal", "aws")):
         if target is chosen:
@@ -98,6 +112,12 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
         if load_balancer.port == port_table.SSH_PORT:
             errors.append(f"loadBalancer.port {load_balancer.port} is the SSH port")
 
+    if target is Target.BARE_METAL and model is not None and model.weights.source == "s3":
+        errors.append(
+            f"model.weights.source s3 ({model.weights.uri}) applies to target aws only: there the node "
+            "role reads the prefix through the VPC's S3 endpoint. On bare metal use source mirror "
+            "(an HF-compatible endpoint in reach) or hub; bareMetal.weightsCache keeps what was fetched"
+        )
     if target is Target.AWS and aws is not None:
         errors += _aws_errors(aws, network, access)
     if target is Target.BARE_METAL and bare_metal is not None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from qwen_cluster import catalog
 from qwen_cluster import ports as port_table
@@ -35,19 +35,34 @@ DEFAULT_SYSCTL: dict[str, int | str] = {
     "net.ipv4.tcp_fastopen": 3,
 }
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
-# Pinned: a moving tag would change every node on the next `pulumi up`.
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.11.0"
-# Extra `vllm serve` flags a Qwen3 deployment wants, per vLLM's docs for the pinned v0.11:
+# bareMetal.weightsCache: under /var/cache (FHS: data an application can fetch again).
+DEFAULT_WEIGHTS_CACHE = "/var/cache/qwen-cluster/huggingface"
+# Pinned: a moving tag would change every node on the next `pulumi up`. v0.33.0 is the newest
+# vLLM release the project has seen (vllm/vllm-openai tags follow vllm-project/vllm's releases).
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
+# Extra `vllm serve` flags a Qwen3 deployment wants. Every flag the program renders, checked
+# against vLLM's own argument definitions (vllm-project/vllm: `vllm serve` builds its parser in
+# vllm/entrypoints/launchers/cli_args.py make_arg_parser from FrontendArgs, which holds
+# --host/--port, and AsyncEngineArgs, vllm/engine/arg_utils.py, which holds the engine's flags,
+# each one dashed from an EngineArgs field):
 # - `--reasoning-parser qwen3`: thinking text comes back in `reasoning_content`, apart from the
-#   answer (docs.vllm.ai/en/v0.11.0 features/reasoning_outputs, "Qwen3 series: qwen3";
+#   answer (EngineArgs.reasoning_parser, checked against vllm/reasoning's ReasoningParserManager;
 #   vllm/reasoning/qwen3_reasoning_parser.py registers the name "qwen3").
-# - `--max-model-len 32768`: Qwen3's pre-training context (QwenLM/Qwen3 docs, "The maximum
-#   context length in pre-training for Qwen3 models is 32,768 tokens"); longer needs YaRN.
+# - `--max-model-len 32768` (EngineArgs.max_model_len): Qwen3's pre-training context
+#   (QwenLM/Qwen3 docs, "The maximum context length in pre-training for Qwen3 models is 32,768
+#   tokens"); longer needs YaRN.
+# - `--shutdown-timeout 60`: on SIGTERM vLLM stops taking requests (503) and lets those in flight
+#   finish for at most this many seconds (0 aborts them at once); vLLM's own test of it is
+#   tests/entrypoints/launchers/test_shutdown.py (test_wait_timeout_completes_requests). The
+#   container's stop grace follows the value in effect (qwen_cluster/render/vllm.py
+#   stop_grace_seconds), so docker never kills the server before its drain ends. An image older
+#   than the flag refuses it: drop it there with `model.vllmFlags: {--shutdown-timeout: false}`.
 # `--served-model-name` defaults to model.name (qwen_cluster/render/vllm.py), so clients ask for
 # the model by the name in the stack file whatever path vLLM loads it from.
 DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
     "--reasoning-parser": "qwen3",
     "--max-model-len": 32768,
+    "--shutdown-timeout": 60,
 }
 # Flags the program sets from the config itself; a second value would contradict the port
 # table, the topology or the memory plan (value: where the program takes it from).
@@ -137,12 +152,13 @@ class Access(Section):
     monitoring_cidrs: list[Cidr] = Field(
         default=[],
         description=f"Who may reach the `monitoring` ports ({_ENDPOINT_PORT}, Prometheus, Alertmanager); "
-        "never `0.0.0.0/0` or `::/0`.",
+        "never the world: not `0.0.0.0/0` or `::/0`, nor blocks that together cover every public address.",
     )
     admin_cidrs: list[Cidr] = Field(
         default=[],
-        description="Who may reach SSH (bastion, bare-metal hosts) and `admin` ports; never `0.0.0.0/0` "
-        "or `::/0`. Required on bare metal: the default-deny host firewall would lock SSH out, "
+        description="Who may reach SSH (bastion, bare-metal hosts) and `admin` ports; never the world "
+        "(`0.0.0.0/0`, `::/0`, or blocks that together cover every public address). Required on bare "
+        "metal: the default-deny host firewall would lock SSH out, "
         "pulumi's own connection included.",
     )
     api_keys: list[ApiKey] = Field(
@@ -237,6 +253,66 @@ def _vllm_flags(value: object) -> object:
     return value
 
 
+# s3://bucket/prefix: a bucket name as S3 allows it (3-63 of a-z 0-9 . -), a non-empty prefix
+# without `..` segments; the node role may read exactly this prefix.
+_S3_PREFIX = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/((?:[A-Za-z0-9!_.*'()-]+/)*[A-Za-z0-9!_.*'()-]+)/?$")
+_HTTP_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%/-]*)?$")
+WEIGHTS_SOURCES = ("hub", "mirror", "s3")
+
+
+class Weights(Section):
+    """Where a node fetches the model's weights from when it stages them (before any drain)."""
+
+    source: Literal["hub", "mirror", "s3"] = Field(
+        default="hub",
+        description="`hub`: the Hugging Face Hub; `mirror`: an HF-compatible endpoint in reach "
+        "(`uri`, given to huggingface_hub as `HF_ENDPOINT`); `s3` (AWS only): a copy of the model's "
+        "repository under an S3 prefix (`uri`), read through the VPC's S3 gateway endpoint by the "
+        "node role, which may read that prefix and nothing else.",
+    )
+    uri: str | None = Field(
+        default=None,
+        description="`mirror`: the endpoint, `https://host[:port][/path]`; `s3`: the prefix, "
+        "`s3://bucket/prefix/` (holding the files of the model's Hugging Face repository, e.g. "
+        "`config.json`, `tokenizer.json`, `*.safetensors`); none for `hub`.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_fits_source(cls, uri: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if uri is None or source is None:
+            return uri
+        if source == "hub":
+            raise ValueError(f"{uri!r} is given but source is hub (remove it, or say which source it is)")
+        if source == "s3" and not _S3_PREFIX.match(uri):
+            raise ValueError(
+                f"{uri!r} is not an S3 prefix s3://bucket/prefix/ (bucket: 3-63 characters of "
+                "a-z 0-9 . -; prefix: not empty)"
+            )
+        if source == "mirror" and not _HTTP_URL.match(uri):
+            raise ValueError(f"{uri!r} is not the http(s) URL of a mirror")
+        return uri
+
+    @model_validator(mode="after")
+    def _uri_given(self) -> Weights:
+        if self.source != "hub" and self.uri is None:
+            example = "s3://bucket/Qwen/Qwen3-32B/" if self.source == "s3" else "https://hf-mirror.internal"
+            raise ValueError(f"source {self.source} needs a uri (e.g. {example})")
+        return self
+
+    @property
+    def s3_bucket(self) -> str:
+        match = _S3_PREFIX.match(self.uri or "")
+        return match.group(1) if match and self.source == "s3" else ""
+
+    @property
+    def s3_prefix(self) -> str:
+        """The key prefix without its trailing slash (`Qwen/Qwen3-32B`)."""
+        match = _S3_PREFIX.match(self.uri or "")
+        return match.group(2) if match and self.source == "s3" else ""
+
+
 class Model(Section):
     name: str = Field(
         default=DEFAULT_MODEL,
@@ -270,6 +346,12 @@ class Model(Section):
         f"{', '.join(f'`{flag}`' for flag in OWNED_VLLM_FLAGS)}. Both targets run the one command "
         "of `qwen_cluster/render/vllm.py`.",
     )
+    weights: Weights = Field(
+        default_factory=Weights,
+        description="Where the weights come from (`model.weights` below). Every node stages them, "
+        "with the image, before the first replica of a change drains; the model server then loads "
+        "from the node's disk only.",
+    )
 
 
 class Rollout(Section):
@@ -289,8 +371,8 @@ class Rollout(Section):
         ge=60,
         le=7200,
         description="How long a restarted replica has to answer vLLM's `/health` before the rollout "
-        "stops with the other replicas still serving (weights load from the local cache; a cold "
-        "download takes longer).",
+        "stops with the other replicas still serving: its start and its load from local disk (the "
+        "node staged image and weights before its drain).",
     )
 
 
@@ -476,6 +558,13 @@ class BareMetalTarget(Section):
         "then accepts whatever key answers. An explicit choice; without it `pulumi up` refuses them.",
     )
     bastion: Bastion | None = Field(default=None, description="An SSH jump host (`bareMetal.bastion` below).")
+    weights_cache: str = Field(
+        default=DEFAULT_WEIGHTS_CACHE,
+        pattern=r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+$",
+        description="The host directory each node keeps the Hugging Face cache in, mounted into the "
+        "model container: the weights outlive the container, and a restart loads them from disk. "
+        "An absolute path whose parts do not start with a dot.",
+    )
     interface: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9_.:-]{1,15}$",

@@ -74,11 +74,29 @@ class Rule:
         return asdict(self)
 
 
+_members_cache: list = []  # [(cluster, collapsed blocks of every node address)]: the last cluster only
+
+
+def _other_members(cluster, node) -> list[str]:
+    """Every other node's address, contiguous ones merged into exact blocks (.101, .102/31,
+    .104/29 ...): the same addresses, never one more. The whole cluster is collapsed once per
+    cluster and this node cut out of its block, instead of collapsing the others anew for
+    every node (a parse of every address per node). The answer is the same: a set of
+    addresses has one cover by the fewest aligned blocks, which collapse_addresses returns."""
+    if not (_members_cache and _members_cache[0][0] is cluster):
+        everyone = ipaddress.collapse_addresses(ipaddress.ip_network(f"{n.ip}/32") for n in cluster.nodes)
+        _members_cache[:] = [(cluster, list(everyone))]
+    blocks: list = _members_cache[0][1]
+    own = ipaddress.ip_network(f"{node.ip}/32")
+    rest = [block for block in blocks if not own.subnet_of(block)]
+    rest += [piece for block in blocks if own.subnet_of(block) for piece in block.address_exclude(own)]
+    return [str(block) for block in ipaddress.collapse_addresses(rest)]
+
+
 def host_rules(cluster, node_name: str) -> list[Rule]:
     """The ingress rules of one node, SSH first. Raises ValueError if SSH would be locked out."""
     node = next(n for n in cluster.nodes if n.name == node_name)
     lb_node = cluster.load_balancer_node
-    others = [str(n.ip) for n in cluster.nodes if n.name != node_name]
     rules: list[Rule] = []
     exposures: list[Exposure] = cluster.exposures()
     ssh = [e for e in exposures if e.name == "ssh"]
@@ -92,11 +110,10 @@ def host_rules(cluster, node_name: str) -> list[Rule]:
         if exposure.target is Target.LOAD_BALANCER and (lb_node is None or lb_node.name != node.name):
             continue
         if exposure.peer is Peer.NODES:
-            # Contiguous members merge into exact blocks (.101, .102/31, .104/29 ...): the same
-            # addresses, never one more, in O(log N) rules instead of N - 1. ufw runs once per
-            # rule, so this is what keeps a 64-node setup (and the lab's) from crawling.
-            members = ipaddress.collapse_addresses(ipaddress.ip_network(f"{ip}/32") for ip in others)
-            sources = [str(block) for block in members]
+            # Contiguous members merge into exact blocks: O(log N) rules instead of N - 1. ufw
+            # runs once per rule, so this is what keeps a 64-node setup (and the lab's) from
+            # crawling.
+            sources = _other_members(cluster, node)
         elif exposure.peer is Peer.LOAD_BALANCER:
             sources = [f"{lb_node.ip}/32"] if lb_node is not None and lb_node.name != node.name else []
         else:

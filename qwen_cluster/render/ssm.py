@@ -10,14 +10,20 @@ serving environment or sysctl changes only the association's parameters.
 What one run does on a node (idempotent, so re-running it on an unchanged node is harmless):
 1. writes the sysctl drop-in and applies it (no restart needed);
 2. if the running container already carries this configuration's hash, keeps it;
-   otherwise pulls the image first (while the old server still serves), drains the node
-   from the NLB target group (deregister, wait at most drainTimeoutSeconds), replaces the
-   container and
+   otherwise pulls the image first (while the old server still serves; a no-op after the
+   node's staging association, below), drains the node from the NLB target group
+   (deregister, wait at most drainTimeoutSeconds), stops the container within vLLM's own
+   graceful shutdown and its margin (`docker stop --time`, vllm.stop_grace_seconds), replaces
+   it and
 3. waits for vLLM's /health (at most healthTimeoutSeconds), registers the target again and
    waits until the NLB calls it healthy. Any failure fails the run, which fails the
    association, which stops `pulumi up` there with the other nodes untouched.
 Pipeline workers (not LB targets) only start their Ray worker; their replica head's run
 waits for the replica's health.
+
+Staging is a second document (`stage_document`), applied to each node by its own association
+before the node's model-server association: it pulls the image and fetches the weights into the
+host cache (qwen_cluster/render/weights.py stage_script) while the node still serves.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import re
 from typing import Any
 
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import vllm
+from qwen_cluster.render import vllm, weights
 from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function
 from qwen_cluster.render.sysctl import DROPIN_PATH, dropin
 
@@ -62,6 +68,12 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "Region": ("^[a-z0-9-]+$", "the AWS region (for the aws CLI)"),
     "DrainSeconds": ("^[0-9]+$", "rollout.drainTimeoutSeconds"),
     "HealthSeconds": ("^[0-9]+$", "rollout.healthTimeoutSeconds"),
+    "StopSeconds": ("^[0-9]+$", "how long `docker stop` waits: vLLM's shutdown timeout and a margin"),
+    "RayTokenParameter": (
+        "^[A-Za-z0-9/_.-]*$",
+        "the SSM SecureString holding rayAuthToken (empty when the replica runs no Ray)",
+    ),
+    "RayTokenVersion": ("^[0-9]*$", "that parameter's version: a new token restarts the container"),
     "HealthUrl": (
         f"^(http://[0-9.]+:[0-9]+{re.escape(vllm.HEALTH_PATH)})?$",
         f"where the replica answers {vllm.HEALTH_PATH}",
@@ -74,6 +86,9 @@ b64() { printf '%s' "$1" | base64 -d; }
 __INTERFACE_OF_FUNCTION__
 NODE_IP='{{ NodeIp }}'
 HASH='{{ ConfigHash }}'
+RAY_TOKEN_VERSION='{{ RayTokenVersion }}'
+if [ -n "$RAY_TOKEN_VERSION" ]; then HASH="$HASH-$RAY_TOKEN_VERSION"; fi  # a new Ray token restarts
+RAY_TOKEN_PARAMETER='{{ RayTokenParameter }}'
 IMAGE='{{ Image }}'
 TG='{{ TargetGroupArn }}'
 TARGET='{{ TargetId }}'
@@ -92,7 +107,17 @@ else
   docker pull "$IMAGE"  # while the old server still serves
   IFACE=$(__INTERFACE_OF__ "$NODE_IP")
   if [ -z "$IFACE" ]; then echo "no interface holds $NODE_IP" >&2; exit 1; fi
-  { b64 '{{ Environment }}'; echo "NCCL_SOCKET_IFNAME=$IFACE"; echo "GLOO_SOCKET_IFNAME=$IFACE"; } > __ENV__
+  install -m 0600 /dev/null __ENV__  # it may hold the Ray token: root only
+  {
+    b64 '{{ Environment }}'; echo "NCCL_SOCKET_IFNAME=$IFACE"; echo "GLOO_SOCKET_IFNAME=$IFACE"
+    if [ -n "$RAY_TOKEN_PARAMETER" ]; then
+      # The token never travels in the document's parameters: read it here, decrypted, from
+      # the SecureString the instance role may read (and nothing else).
+      echo "RAY_AUTH_MODE=token"
+      printf 'RAY_AUTH_TOKEN=%s\n' "$(aws ssm get-parameter --name "$RAY_TOKEN_PARAMETER" \
+        --with-decryption --query Parameter.Value --output text)"
+    fi
+  } > __ENV__
   b64 '{{ ServerScript }}' > __SCRIPT__
   mapfile -t OPTIONS < <(b64 '{{ DockerOptions }}')
   if [ -n "$TG" ] && [ -n "$(docker ps --quiet --filter 'name=^__NAME__$')" ]; then
@@ -100,6 +125,8 @@ else
     timeout '{{ DrainSeconds }}' aws elbv2 wait target-deregistered \
       --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT" || echo "drain timed out; replacing"
   fi
+  # vLLM's own graceful shutdown finishes what is still in flight before SIGKILL.
+  docker stop --time='{{ StopSeconds }}' __NAME__ >/dev/null 2>&1 || true
   docker rm --force __NAME__ >/dev/null 2>&1 || true
   docker run --detach --name=__NAME__ --label="__LABEL__=$HASH" --env-file=__ENV__ \
     --volume=__SCRIPT__:__SCRIPT__:ro "${OPTIONS[@]}" --entrypoint=/bin/bash "$IMAGE" __SCRIPT__
@@ -182,7 +209,7 @@ def docker_options(cluster: ClusterConfig) -> list[str]:
         "--network=host",
         "--ipc=host",
         "--ulimit=memlock=-1",
-        f"--volume={HF_CACHE}:/root/.cache/huggingface",
+        f"--volume={HF_CACHE}:{weights.CONTAINER_CACHE}",
     ]
     if cluster.aws and cluster.aws.efa:
         options += ["--device=/dev/infiniband", "--volume=/opt/amazon:/opt/amazon:ro"]
@@ -190,7 +217,7 @@ def docker_options(cluster: ClusterConfig) -> list[str]:
 
 
 def environment(cluster: ClusterConfig, node_name: str) -> dict[str, str]:
-    env = {**vllm.environment(cluster, node_name), "HF_HOME": "/root/.cache/huggingface"}
+    env = {**vllm.environment(cluster, node_name), **weights.server_environment(cluster)}
     if cluster.aws and cluster.aws.efa:
         env |= {"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": EFA_LIBRARY_PATH}
     return env
@@ -215,9 +242,13 @@ def parameters(
     *,
     target_group_arn: Any = "",
     target_id: Any = "",
+    ray_token_parameter: Any = "",
+    ray_token_version: Any = "",
 ) -> dict[str, Any]:
     """The association parameters for one node. `target_group_arn` / `target_id` may be Pulumi
-    Outputs (the component passes them); they are empty for pipeline workers."""
+    Outputs (the component passes them); they are empty for pipeline workers. With Ray
+    (pipelineParallel > 1) `ray_token_parameter` names the SecureString holding rayAuthToken and
+    `ray_token_version` is its version: the token itself is never a parameter."""
     topology = cluster.topology
     replica = topology.replica_of(node_name)
     node = next(member for member in replica.members if member.name == node_name)
@@ -237,6 +268,9 @@ def parameters(
         "Region": cluster.aws.region if cluster.aws else "",
         "DrainSeconds": str(cluster.rollout.drain_timeout_seconds),
         "HealthSeconds": str(cluster.rollout.health_timeout_seconds),
+        "StopSeconds": str(vllm.stop_grace_seconds(cluster)),
+        "RayTokenParameter": ray_token_parameter if topology.pipeline_parallel > 1 else "",
+        "RayTokenVersion": ray_token_version if topology.pipeline_parallel > 1 else "",
         # vLLM's own /health where it listens (loopback, behind the node's proxy).
         "HealthUrl": (
             f"http://{vllm.listen_address(cluster, node_name)}:{topology.model_port}{vllm.HEALTH_PATH}"
@@ -244,6 +278,43 @@ def parameters(
             else ""
         ),
     }
+
+
+# --- staging ---------------------------------------------------------------------------------
+# A pull (~10 GB) and 65.6 GB of weights: minutes from S3 in the region, longer from the Hub.
+STAGE_TIMEOUT_SECONDS = 2 * 3600
+STAGE_PARAMETERS: dict[str, tuple[str, str]] = {
+    "StageScript": (_B64, "base64: the script staging image and weights (qwen_cluster/render/weights.py)"),
+}
+_STAGE_RUN = """#!/bin/bash
+set -euo pipefail
+install -d -m 0755 /etc/qwen-cluster
+printf '%s' '{{ StageScript }}' | base64 -d > /etc/qwen-cluster/model-stage.sh.new
+mv /etc/qwen-cluster/model-stage.sh.new /etc/qwen-cluster/model-stage.sh
+bash /etc/qwen-cluster/model-stage.sh
+"""
+
+
+def stage_run_script() -> str:
+    return _STAGE_RUN
+
+
+def stage_document() -> str:
+    """The staging SSM Command document: one node's image and weights, while it serves."""
+    return command_document(
+        "qwen-cluster: stage one node's model-server image and weights before any drain "
+        "(qwen_cluster/render/weights.py)",
+        "modelStage",
+        STAGE_PARAMETERS,
+        stage_run_script(),
+        STAGE_TIMEOUT_SECONDS,
+    )
+
+
+def stage_parameters(cluster: ClusterConfig) -> dict[str, str]:
+    """The staging association's parameters: the script alone, which changes exactly when the
+    image or the weights do (so the association is replaced, and waited for, exactly then)."""
+    return {"StageScript": _encode(weights.stage_script(cluster, HF_CACHE))}
 
 
 def wait_seconds(cluster: ClusterConfig) -> int:
@@ -257,9 +328,10 @@ def decoded(value: str) -> str:
     return base64.b64decode(value).decode()
 
 
-def shell_check_text() -> str:
-    """The run script with parameters filled by harmless placeholders, for `bash -n`."""
-    text = run_script()
-    for name in PARAMETERS:
+def shell_check_text(text: str | None = None, parameters: dict[str, tuple[str, str]] = PARAMETERS) -> str:
+    """A run script (the model server's by default) with parameters filled by harmless
+    placeholders, for `bash -n` and shellcheck."""
+    text = run_script() if text is None else text
+    for name in parameters:
         text = text.replace("{{ " + name + " }}", "0")
     return text

@@ -66,27 +66,31 @@ def cluster_pairs(cluster, source: str | None = None) -> list[Pair]:
     ]
 
 
-def cluster_probes(cluster, source: str | None = None) -> list[Probe]:
-    """From each node (`source`: that node) to each other node: SSH, both ends of every table
-    range (the all-traffic rule admits members), the model port on replica heads and the
-    listener on the LB node as services. What must be closed to non-members is probed by the
-    lab, from its outsiders."""
-    topology = cluster.topology
-    lb_node = cluster.load_balancer_node
+def _checks_of(cluster, dest: str) -> list[tuple[str, int, str]]:
+    """(name, port, expect) of what every other node probes on `dest`: SSH, both ends of every
+    table range (the all-traffic rule admits members), the model port on a replica head and
+    the listener on the LB node as services. The same from every source."""
     model_port = cluster.model_port
-    ends = [
-        (entry.name, port) for entry in cluster.ports for port in sorted({entry.port.low, entry.port.high})
+    head = cluster.topology.is_head(dest)
+    checks = [("ssh", SSH_PORT, "service")]
+    for entry in cluster.ports:
+        for port in sorted({entry.port.low, entry.port.high}):
+            checks.append((entry.name, port, "service" if port == model_port and head else "reachable"))
+    lb_node = cluster.load_balancer_node
+    if lb_node is not None and lb_node.name == dest:
+        checks.append(("listener", cluster.load_balancer.port, "service"))
+    return checks
+
+
+def cluster_probes(cluster, source: str | None = None) -> list[Probe]:
+    """From each node (`source`: that node) to each other node (`_checks_of`). What must be
+    closed to non-members is probed by the lab, from its outsiders."""
+    checks = {node.name: _checks_of(cluster, node.name) for node in cluster.nodes}
+    return [
+        Probe(pair.source, pair.source_ip, pair.dest, pair.dest_ip, name, port, expect)
+        for pair in cluster_pairs(cluster, source)
+        for name, port, expect in checks[pair.dest]
     ]
-    probes: list[Probe] = []
-    for pair in cluster_pairs(cluster, source):
-        row = (pair.source, pair.source_ip, pair.dest, pair.dest_ip)
-        head = topology.is_head(pair.dest)
-        probes.append(Probe(*row, "ssh", SSH_PORT, "service"))
-        for name, port in ends:
-            probes.append(Probe(*row, name, port, "service" if port == model_port and head else "reachable"))
-        if lb_node is not None and lb_node.name == pair.dest:
-            probes.append(Probe(*row, "listener", cluster.load_balancer.port, "service"))
-    return probes
 
 
 def _rows(items: list, row) -> str:
@@ -99,9 +103,23 @@ def _rows(items: list, row) -> str:
     return "\n".join(lines)
 
 
-def apply_script(
-    probes: list[Probe],
-    pairs: list[Pair],
+def _probe_row(probe: Probe) -> str:
+    return f"{probe.dest}|{probe.dest_ip}|{probe.name}|{probe.port}|{probe.expect}"
+
+
+def _pair_row(pair: Pair) -> str:
+    return f"{pair.dest}|{pair.dest_ip}"
+
+
+def apply_script(probes: list[Probe], pairs: list[Pair], **options) -> str:
+    # A row names its source once per run of rows from it (`@source|ip`): a node's script
+    # stays within the one argument sshd passes to bash (shell.MAX_ARG_STRLEN).
+    return _script(_rows(probes, _probe_row), _rows(pairs, _pair_row), **options)
+
+
+def _script(
+    probe_rows: str,
+    pair_rows: str,
     *,
     max_latency_ms: float,
     min_bandwidth_gbps: float | None = None,
@@ -109,10 +127,6 @@ def apply_script(
     connect_timeout_seconds: int = 2,
     service_wait_seconds: int = 0,
 ) -> str:
-    # A row names its source once per run of rows from it (`@source|ip`): a node's script
-    # stays within the one argument sshd passes to bash (shell.MAX_ARG_STRLEN).
-    probe_rows = _rows(probes, lambda p: f"{p.dest}|{p.dest_ip}|{p.name}|{p.port}|{p.expect}")
-    pair_rows = _rows(pairs, lambda p: f"{p.dest}|{p.dest_ip}")
     bandwidth = "" if min_bandwidth_gbps is None else f"{min_bandwidth_gbps:g}"
     body = f"""
 connect_timeout={connect_timeout_seconds}
@@ -223,12 +237,12 @@ def for_cluster(cluster, node_name: str | None = None, **options) -> str:
     sshd hands to `bash -c`, one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN):
     the whole cluster's matrix in every node's script passed that at 17 nodes, one node's
     rows stay under it to beyond 256 (tests/test_render_scripts.py). None: every row."""
-    text = apply_script(
-        cluster_probes(cluster, node_name),
-        cluster_pairs(cluster, node_name),
-        max_latency_ms=cluster.network.max_latency_ms,
-        **options,
-    )
+    latency = cluster.network.max_latency_ms
+    if node_name is None:
+        rows = (_rows(cluster_probes(cluster), _probe_row), _rows(cluster_pairs(cluster), _pair_row))
+    else:
+        rows = _own_rows(cluster, node_name)
+    text = _script(*rows, max_latency_ms=latency, **options)
     if node_name is not None and len(text.encode()) >= MAX_ARG_STRLEN:
         raise ValueError(
             f"the verify script of {node_name} is {len(text.encode())} bytes, over the "
@@ -236,3 +250,33 @@ def for_cluster(cluster, node_name: str | None = None, **options) -> str:
             f"({len(cluster.nodes)}) needs the probe table delivered another way"
         )
     return text
+
+
+_rows_cache: list = []  # [(cluster, {dest: (probe rows, pair row)})]: the last cluster only
+
+
+def _own_rows(cluster, source: str) -> tuple[str, str]:
+    """`source`'s probe and pair rows, as apply_script writes them for cluster_probes(cluster,
+    source) and cluster_pairs(cluster, source): each destination's rows are the same from every
+    source, so they are written once per cluster and joined per node, not written again for
+    every node (N x N rows)."""
+    if not (_rows_cache and _rows_cache[0][0] is cluster):
+        rows = {}
+        for dest in cluster.nodes:
+            address = str(dest.ip)
+            probe_rows = "\n".join(
+                f"{dest.name}|{address}|{name}|{port}|{expect}"
+                for name, port, expect in _checks_of(cluster, dest.name)
+            )
+            rows[dest.name] = (probe_rows, f"{dest.name}|{address}")
+        _rows_cache[:] = [(cluster, rows)]
+    rows = _rows_cache[0][1]
+    node = next(n for n in cluster.nodes if n.name == source)
+    others = [rows[n.name] for n in cluster.nodes if n.name != source]
+    if not others:
+        return "", ""
+    header = f"@{source}|{node.ip}"
+    return (
+        "\n".join([header, *(probe for probe, _ in others)]),
+        "\n".join([header, *(pair for _, pair in others)]),
+    )

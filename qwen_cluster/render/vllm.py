@@ -13,6 +13,7 @@ import shlex
 
 from qwen_cluster import catalog
 from qwen_cluster.config import DEFAULT_VLLM_FLAGS, ClusterConfig, Target, VllmFlagValue
+from qwen_cluster.render import weights
 
 # On AWS vLLM listens on loopback only, behind the node's proxy (qwen_cluster/render/proxy.py),
 # which holds the node address and the model port, checks keys and routes and terminates TLS.
@@ -23,6 +24,11 @@ LOOPBACK = "127.0.0.1"
 # weights are loaded nothing listens. The NLB health check, nginx's /health, the rollout gate,
 # the SSM run's wait and the lab's stand-in model server all ask this path.
 HEALTH_PATH = "/health"
+# vLLM's own graceful shutdown (config.DEFAULT_VLLM_FLAGS): on SIGTERM it refuses new requests
+# and lets those in flight finish for at most this many seconds.
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
+# What docker waits beyond that before SIGKILL: the engine's processes exit and free the GPUs.
+STOP_MARGIN_SECONDS = 30
 
 
 def extra_flags(cluster: ClusterConfig) -> dict[str, VllmFlagValue]:
@@ -67,7 +73,18 @@ def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str
     if topology.pipeline_parallel > 1:
         owned.append("--distributed-executor-backend=ray")  # the replica spans nodes
     extras = [_argument(flag, value) for flag, value in extra_flags(cluster).items()]
-    return ["vllm", "serve", cluster.model.name, *owned, *extras]
+    # The repository id (resolved in the staged cache) or the staged S3 copy; clients still ask
+    # for model.name (`--served-model-name`).
+    return ["vllm", "serve", weights.model_path(cluster), *owned, *extras]
+
+
+def stop_grace_seconds(cluster: ClusterConfig) -> int:
+    """How long docker lets the model server stop (SIGTERM, then SIGKILL): longer than vLLM's own
+    shutdown timeout in effect, so its drain is never cut. Without the flag vLLM aborts at once
+    and the margin is all it needs."""
+    value = extra_flags(cluster).get(SHUTDOWN_TIMEOUT_FLAG, 0)
+    drain = 0 if value is True else int(float(value))
+    return drain + STOP_MARGIN_SECONDS
 
 
 def ray_argv(cluster: ClusterConfig, node_name: str) -> list[str]:

@@ -11,12 +11,14 @@ import copy
 import json
 from typing import Any
 
+from policies import containers
 from policies import normalized as net
 from qwen_cluster.render import firewall
 from tooling import policy_harness
 from tooling.offline import RecordedResource
 
 ROLE = net.ROLE_TAG
+CONTAINER = containers.CONTAINER
 
 
 def res(type_: str, resource_name: str, /, **inputs: Any) -> RecordedResource:
@@ -47,6 +49,13 @@ def instance(name: str, kind: str = "g6e.12xlarge", **overrides: Any) -> Recorde
     }
     inputs.update(overrides)
     return res(net.INSTANCE, name, **inputs)
+
+
+def container(name: str, **overrides: Any) -> RecordedResource:
+    """A bare-metal container as the program registers it: host network, nothing published."""
+    inputs: dict[str, Any] = {"name": name, "image": "nginx:1.27.3", "networkMode": "host"}
+    inputs.update(overrides)
+    return res(CONTAINER, name, **inputs)
 
 
 def aws_stack() -> list[RecordedResource]:
@@ -240,7 +249,9 @@ def firewall_command(host: str, address: str, *, load_balancer: bool = False, as
 
 
 def bare_metal_stack() -> list[RecordedResource]:
-    """What the bare-metal target builds for onprem: one firewall command per host, nginx on master."""
+    """What the bare-metal target builds for onprem: one firewall command and one model-server
+    container (host network) per host."""
+    containers = [container(f"onprem-{host}-vllm", image="vllm/vllm-openai:v0.11.0") for host in ONPREM_HOSTS]
     commands = [
         firewall_command(host, address, load_balancer=(host == "master"), as_text=(host != "worker-3"))
         for host, address in ONPREM_HOSTS.items()
@@ -253,7 +264,7 @@ def bare_metal_stack() -> list[RecordedResource]:
             create="sudo tee /etc/sysctl.d/90-qwen-cluster.conf >/dev/null && sudo sysctl --system",
         )
     )
-    return commands
+    return commands + containers
 
 
 # --- mutations ------------------------------------------------------------------------------------
@@ -424,7 +435,47 @@ def without_egress_self_rule(resources: list[RecordedResource]) -> list[Recorded
     return kept
 
 
+def publishing_container(resources: list[RecordedResource]) -> list[RecordedResource]:
+    """The model server containers publish their port (`docker run -p 5000:5000`) on a bridge."""
+    resources = copy.deepcopy(resources)
+    for resource in resources:
+        if resource.type == CONTAINER and resource.name.endswith("-vllm"):
+            _set(resource, ("networkMode",), "bridge")
+            published = {"internal": 5000, "external": 5000, "ip": "0.0.0.0", "protocol": "tcp"}
+            _set(resource, ("ports",), [published])
+    return resources
+
+
+def split_world(resources: list[RecordedResource], ports: str) -> list[RecordedResource]:
+    """`ports` opened to the world in two halves, 0.0.0.0/1 and 128.0.0.0/1, by two hand-added
+    rules on the nodes (two standalone rules; on bare metal two entries of each host's firewall)."""
+    resources = copy.deepcopy(resources)
+    low, _, high = ports.partition("-")
+    for group in _node_groups(resources):
+        for half, cidr in (("low", "0.0.0.0/1"), ("high", "128.0.0.0/1")):
+            resources.append(
+                ingress(
+                    f"hand-added-{ports}-{half}",
+                    group.name,
+                    description="opened by hand",
+                    cidrIpv4=cidr,
+                    ipProtocol="tcp",
+                    fromPort=int(low),
+                    toPort=int(high or low),
+                )
+            )
+
+    def halves(doc: dict[str, Any]) -> None:
+        for cidr in ("0.0.0.0/1", "128.0.0.0/1"):
+            entry = {"action": "allow", "protocol": "tcp", "ports": ports, "sources": [cidr]}
+            doc["rules"].append({**entry, "description": "opened by hand"})
+
+    _rewrite_documents(resources, halves)
+    return resources
+
+
 MUTATIONS = {
+    "SSH from the world in two halves": (lambda rs: split_world(rs, "22"), "port-exposure"),
     "6000-6100 open to the world": (lambda rs: open_to_world(rs, "6000-6100"), "port-exposure"),
     "5000 open to the world": (lambda rs: open_to_world(rs, "5000"), "port-exposure"),
     "SSH from the world": (lambda rs: open_to_world(rs, "22"), "port-exposure"),
@@ -438,12 +489,16 @@ AWS_MUTATIONS = {
 }
 
 
+BARE_METAL_MUTATIONS = {
+    "a container publishing a port": (publishing_container, "container-host-network"),
+}
+
+
 def mutation_cases(stacks):
     """(stack, label, mutate, policy) for every mutation that applies to each stack."""
     for stack in stacks:
         mutations = dict(MUTATIONS)
-        if stack != "onprem":
-            mutations.update(AWS_MUTATIONS)
+        mutations.update(AWS_MUTATIONS if stack != "onprem" else BARE_METAL_MUTATIONS)
         for label, (mutate, policy) in mutations.items():
             yield stack, label, mutate, policy
 

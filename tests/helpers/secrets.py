@@ -1,36 +1,24 @@
-"""Where a secret would show in plain text: every registered input, outside Pulumi's secret
-wrapper (which the state encrypts and the plan shows as [secret])."""
+"""Secrets as the mocks record them: a wrapper object with the engine's secret signature."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
-
-from tooling.offline import Render
 
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
 
 
-def _plain_strings(value: Any, path: str) -> list[tuple[str, str]]:
+def in_clear(value: Any) -> Any:
+    """The value with every secret wrapper replaced by "[secret]" (what a plan shows)."""
     if isinstance(value, dict):
         if SECRET_SIG in value:
-            return []  # a secret: never shown
-        found = []
-        for key, item in value.items():
-            found += _plain_strings(item, f"{path}.{key}")
-        return found
+            return "[secret]"
+        return {key: in_clear(item) for key, item in value.items()}
     if isinstance(value, list):
-        found = []
-        for index, item in enumerate(value):
-            found += _plain_strings(item, f"{path}[{index}]")
-        return found
-    return [(path, value)] if isinstance(value, str) else []
+        return [in_clear(item) for item in value]
+    return value
 
 
-def in_plain_text(result: Render, secret: str) -> list[str]:
-    """The inputs (`resource.key.path`) holding `secret` outside a secret wrapper."""
-    return [
-        path
-        for resource in result.resources
-        for path, text in _plain_strings(resource.inputs, resource.name)
-        if secret in text
-    ]
+def shown_in_clear(resources, text: str) -> list[str]:
+    """Names of the resources whose inputs show `text` outside a secret."""
+    return [r.name for r in resources if text in json.dumps(in_clear(r.inputs))]

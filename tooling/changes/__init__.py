@@ -20,9 +20,11 @@ from tooling.changes.impact import (
     HEALTH_GATE_SUFFIXES,
     ROLLOUT_STEP_SUFFIXES,
     Rollout,
+    is_health_gate,
     owners,
     rollout,
     verdict,
+    waits_on_create,
 )
 from tooling.changes.rules import ALL, PROVIDER_RULE_SOURCE, RULES, Rule, UnknownResourceType, rule_for
 
@@ -43,9 +45,11 @@ __all__ = [
     "apply_changes",
     "diff",
     "fixed_identity",
+    "is_health_gate",
     "owners",
     "parse_change",
     "rollout",
     "rule_for",
     "verdict",
+    "waits_on_create",
 ]

@@ -16,13 +16,13 @@ class ChangeSyntaxError(ValueError):
 
 
 def parse_change(text: str) -> tuple[list[str], Any]:
-    """`model.image=vllm/vllm-openai:v0.11.1` -> (["model", "image"], "vllm/..."). VALUE is JSON
+    """`model.image=vllm/vllm-openai:v0.33.1` -> (["model", "image"], "vllm/..."). VALUE is JSON
     where it parses as JSON, else the plain string."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ChangeSyntaxError(
-            f"--change {text!r} is not KEY=VALUE (e.g. model.image=vllm/vllm-openai:v0.11.1)"
+            f"--change {text!r} is not KEY=VALUE (e.g. model.image=vllm/vllm-openai:v0.33.1)"
         )
     try:
         value = json.loads(raw)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwen_cluster import tags
+from qwen_cluster.render import ssm
 from tooling.changes.compare import Change, diff
 from tooling.offline import RecordedResource, Render, references, strings
 
@@ -173,24 +174,41 @@ def _impact(resource: RecordedResource, change: Change, before: RecordedResource
     return None
 
 
-def _gates(resource: RecordedResource, change: Change) -> bool:
-    """A change that, once carried out, has waited for its replica to serve again."""
-    if change.action == "same" or change.action == "delete":
-        return False
+def is_health_gate(resource: RecordedResource) -> bool:
+    """A resource whose change (see `_gates` for which) waits until its replica serves again:
+    the day-2 chain is counted in these (`make bench`, Render.critical_path)."""
     if resource.type == "aws:ssm/association:Association":
-        # Only a create (a new association or a replacement) waits: association.go. Only the
-        # model server's runs wait for a replica's health; the node proxy's (no ConfigHash)
-        # waits for nginx alone and gates nothing.
+        # Only the model server's runs wait for a replica's health; the node proxy's (no
+        # ConfigHash) waits for nginx alone and gates nothing.
         serves = _SERVER_CONFIG_PARAMETER in (resource.inputs.get("parameters") or {})
-        return serves and bool(resource.inputs.get("waitForSuccessTimeoutSeconds")) and change.action in (
-            "create",
-            "replace",
-        )
+        return serves and bool(resource.inputs.get("waitForSuccessTimeoutSeconds"))
     if resource.type == "docker:index/container:Container":
         return bool(resource.inputs.get("wait"))
     if resource.type == "command:remote:Command":
         return bool(HEALTH_GATE_SUFFIXES) and resource.name.endswith(HEALTH_GATE_SUFFIXES)
     return False
+
+
+def waits_on_create(resource: RecordedResource) -> bool:
+    """A health gate whose creation waits for a model to load, on day 0 too: an association
+    (its create waits for the run, association.go) or a container with `wait`. A bare-metal
+    `ready` is created waiting only for a server marked down, and on day 0 none is
+    (qwen_cluster/baremetal/rollout.py)."""
+    return is_health_gate(resource) and resource.type != "command:remote:Command"
+
+
+def _gates(resource: RecordedResource, change: Change) -> bool:
+    """A change that, once carried out, has waited for its replica to serve again."""
+    if change.action == "same" or change.action == "delete":
+        return False
+    if resource.type == "aws:ssm/association:Association":
+        # A staging association waits for its node's pull and fetch, not for a replica to serve
+        # again (qwen_cluster/render/ssm.py stage_document): it gates nothing.
+        if any(name in (resource.inputs.get("parameters") or {}) for name in ssm.STAGE_PARAMETERS):
+            return False
+        # Only a create (a new association or a replacement) waits: association.go.
+        return is_health_gate(resource) and change.action in ("create", "replace")
+    return is_health_gate(resource)
 
 
 def _ancestors(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:

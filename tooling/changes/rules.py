@@ -207,10 +207,10 @@ _RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "aws:ssm/parameter:Parameter",
-        frozenset({"name"}),
-        f"{_TF_AWS} internal/service/ssm/parameter.go: name ForceNew; value, type, description "
-        "update (PutParameter with Overwrite; a value change makes `version` computed: a new "
-        "version); tier forces a new parameter only from Advanced to Standard (CustomizeDiff)",
+        frozenset({"name", "dataType"}),
+        f"{_TF_AWS} internal/service/ssm/parameter.go: name, data_type ForceNew (and tier Advanced -> "
+        "Standard); value, type, description update in place (PutParameter with Overwrite), and a "
+        "new value raises the computed version, which inputs following it see",
         new_version_on_update=True,
     ),
     Rule(
@@ -218,7 +218,8 @@ _RULES: tuple[Rule, ...] = (
         frozenset({"name", "instanceId"}),
         f"{_TF_AWS} internal/service/ssm/association.go: name, instance_id ForceNew; parameters "
         "and targets update (UpdateAssociation). wait_for_success_timeout_seconds is read in "
-        "resourceAssociationCreate only: an update returns without waiting for its runs",
+        "resourceAssociationCreate only: an update returns without waiting for its runs (so the "
+        "program's model-server and staging associations replace on parameters and targets)",
     ),
     # --- bare metal -------------------------------------------------------------------------
     Rule(
@@ -236,7 +237,9 @@ _RULES: tuple[Rule, ...] = (
         "every configured field ForceNew (name, image, command, entrypoint, env, labels, upload, "
         "volumes, devices, gpus, network_mode, ipc_mode, ulimit, capabilities...) except those "
         "resourceDockerContainerUpdate changes (resource_docker_container_funcs.go: restart, "
-        "max_retry_count, cpu_shares, memory*, cpu_set, device_*_bps/iops, must_run); "
+        "max_retry_count, cpu_shares, memory*, cpu_set, device_*_bps/iops, must_run); stop_timeout "
+        "ForceNew; destroy_grace_seconds has no ForceNew and no update (only stored; "
+        "resourceDockerContainerDelete reads it as the stop timeout); "
         "pulumi/pulumi-docker provider/resources.go sets DeleteBeforeReplace: true",
         updates=frozenset(
             {
@@ -252,6 +255,7 @@ _RULES: tuple[Rule, ...] = (
                 "deviceReadIops",
                 "deviceWriteBps",
                 "deviceWriteIops",
+                "destroyGraceSeconds",
             }
         ),
         delete_before_replace=True,

@@ -43,7 +43,10 @@ def alertmanager_args(cluster, *, config_path: str, data_path: str) -> list[str]
     return [
         f"--config.file={config_path}",
         f"--storage.path={data_path}",
-        f"--web.listen-address=0.0.0.0:{alertmanager_port(cluster)}",
+        # The monitoring node's cluster address, as Prometheus (prometheus.server_address). Its
+        # POST /-/reload has no switch (prometheus/alertmanager ui/web.go); the port is reached
+        # only from monitoringCidrs and members, and reload re-reads the rendered file only.
+        f"--web.listen-address={cluster.monitoring_node.ip}:{alertmanager_port(cluster)}",
         # One Alertmanager: no gossip listener on 9094 (a port that is in no table).
         "--cluster.listen-address=",
     ]

@@ -123,7 +123,9 @@ def _aggregator_base(cluster, node_name: str, gpu: bool | None) -> dict:
     return {
         "node": node_name,
         "node_ip": str(node.ip),
-        "listen": f"0.0.0.0:{endpoint_port(cluster)}",
+        # The node's cluster address: Prometheus and monitoringCidrs reach it there; nothing
+        # listens for it on the node's other interfaces.
+        "listen": f"{node.ip}:{endpoint_port(cluster)}",
         "timeout": times.fetch_timeout,
         "sources": sources,
     }

@@ -9,13 +9,19 @@ import yaml
 from qwen_cluster import ports as port_table
 from qwen_cluster.render.monitoring.alertmanager import alertmanager_port
 from qwen_cluster.render.monitoring.clock import duration, timing
-from qwen_cluster.render.monitoring.endpoint import LOOPBACK, endpoint_port
+from qwen_cluster.render.monitoring.endpoint import endpoint_port
 
 JOB = "qwen-node"
 
 
 def prometheus_port(cluster) -> int:
     return port_table.port_of(cluster.ports, port_table.PROMETHEUS)
+
+
+def server_address(cluster) -> str:
+    """Where Prometheus and Alertmanager listen: the monitoring node's cluster address, not every
+    interface (nor loopback: a central Prometheus in monitoringCidrs and doctor reach them there)."""
+    return str(cluster.monitoring_node.ip)
 
 
 def scrape_targets(cluster) -> list[dict]:
@@ -44,6 +50,7 @@ def prometheus_config(cluster, *, rules_path: str = "rules.yml", cluster_name: s
     the pair can be moved together (the lab runs them from its own directory)."""
     times = timing(cluster)
     am_port = alertmanager_port(cluster)
+    here = server_address(cluster)
     config = {
         "global": {
             "scrape_interval": duration(times.scrape),
@@ -52,14 +59,14 @@ def prometheus_config(cluster, *, rules_path: str = "rules.yml", cluster_name: s
             "external_labels": {"cluster": cluster_name},
         },
         "rule_files": [rules_path],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"{LOOPBACK}:{am_port}"]}]}]},
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"{here}:{am_port}"]}]}]},
         "scrape_configs": [
             {"job_name": JOB, "static_configs": scrape_targets(cluster)},
             {
                 "job_name": "prometheus",
-                "static_configs": [{"targets": [f"{LOOPBACK}:{prometheus_port(cluster)}"]}],
+                "static_configs": [{"targets": [f"{here}:{prometheus_port(cluster)}"]}],
             },
-            {"job_name": "alertmanager", "static_configs": [{"targets": [f"{LOOPBACK}:{am_port}"]}]},
+            {"job_name": "alertmanager", "static_configs": [{"targets": [f"{here}:{am_port}"]}]},
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
@@ -69,7 +76,10 @@ def prometheus_args(cluster, *, config_path: str, data_path: str) -> list[str]:
     return [
         f"--config.file={config_path}",
         f"--storage.tsdb.path={data_path}",
-        f"--web.listen-address=0.0.0.0:{prometheus_port(cluster)}",
-        # SIGHUP or POST /-/reload re-reads the rules: a new alert bound needs no restart.
-        "--web.enable-lifecycle",
+        f"--web.listen-address={server_address(cluster)}:{prometheus_port(cluster)}",
+        # No --web.enable-lifecycle: without it POST /-/reload and /-/quit answer 403, so no host
+        # that reaches the port (monitoringCidrs, every member) can stop Prometheus. The config
+        # and rules are re-read on SIGHUP (containers.server_files_script), which needs the
+        # docker socket on this host (prometheus/prometheus web/web.go: the lifecycle handlers
+        # refuse with 403 "Lifecycle API is not enabled." unless the flag is set).
     ]
