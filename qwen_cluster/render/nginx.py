@@ -188,6 +188,9 @@ def _tls_directives(secrets_dir: str) -> str:
         ssl_session_timeout 1d;
         ssl_session_cache shared:QwenTLS:10m;
         ssl_session_tickets off;
+        # Streamed tokens are small: TLS records of at most 4 KB go out as they fill, not at
+        # 16 KB (nginx docs, ssl_buffer_size: smaller values minimise time to first byte).
+        ssl_buffer_size 4k;
 """
 
 
