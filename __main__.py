@@ -7,7 +7,7 @@ from qwen_cluster import config, sdk_fixes, summary
 sdk_fixes.apply()
 
 try:
-    cluster, ssh_private_key = config.from_pulumi()
+    cluster, ssh_private_key, endpoint_secrets = config.from_pulumi()
     ray_auth_token = config.ray_auth_token(cluster)  # an Output secret, or None without Ray
 except config.ConfigError as error:
     # Nothing has been registered yet: a bad config stops here, naming every mistake.
@@ -18,11 +18,11 @@ pulumi.export("summary", summary.summary(cluster))
 if cluster.target is config.Target.AWS:
     from qwen_cluster import aws
 
-    outputs = aws.build(cluster, ray_auth_token=ray_auth_token)
+    outputs = aws.build(cluster, endpoint_secrets, ray_auth_token=ray_auth_token)
 else:
     from qwen_cluster import baremetal
 
-    outputs = baremetal.build(cluster, ssh_private_key, ray_auth_token=ray_auth_token)
+    outputs = baremetal.build(cluster, ssh_private_key, endpoint_secrets, ray_auth_token=ray_auth_token)
 
 for output_name, value in outputs.items():
     pulumi.export(output_name, value)

@@ -332,12 +332,11 @@ def load(stack: str, *, nodes: int | None = None, label: str | None = None, root
     cluster = stackfile.load(stack) if root is None else stackfile.load(stack, root)
     if nodes is not None:
         cluster = with_node_count(cluster, nodes)
-        raw = {
-            **raw,
-            f"{config.NAMESPACE}:nodes": cluster.model_dump(by_alias=True, mode="json", exclude_none=True)[
-                "nodes"
-            ],
-        }
+        # with_nodes keeps bareMetal.hostKeys to the nodes kept: the plan's config validates again
+        # (an upgrade applied to it).
+        raw = stackfile.with_nodes(
+            raw, cluster.model_dump(by_alias=True, mode="json", exclude_none=True)["nodes"]
+        )
     return build(cluster, label or stack, stack_config=raw)
 
 

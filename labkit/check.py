@@ -11,9 +11,11 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from labkit import lifecycle, netns, probes, renderers
+from labkit import lifecycle, modelserver, netns, probes, renderers
 from labkit.blueprint import LabPlan, Member
 from qwen_cluster.ports import SSH_PORT, Vantage
+from qwen_cluster.render import nginx
+from qwen_cluster.render.vllm import HEALTH_PATH
 
 CLOSED_PROBE_TIMEOUT = 0.7  # a DROP costs this much; probes run in parallel
 SPREAD_PER_HEAD = 3
@@ -202,7 +204,8 @@ def load_balancer(plan: LabPlan, options: lifecycle.Options) -> list[Result]:
     heads = [head.node for head in plan.heads]
     results = []
     requests = SPREAD_PER_HEAD * len(heads)
-    spread = netns.call_in(client, probes.spread, lb.ip, port, requests)
+    access = lifecycle.client_access(plan)
+    spread = netns.call_in(client, probes.spread, lb.ip, port, requests, access=access)
     missing = [head for head in heads if not spread.counts.get(head)]
     counts = ", ".join(f"{node} {spread.counts.get(node, 0)}" for node in heads)
     results.append(
@@ -257,7 +260,13 @@ def streaming(plan: LabPlan, options: lifecycle.Options, pause: float | None = N
         )
     ]
     seen = netns.call_in(
-        client, probes.stream, lb.ip, port, headers={"X-Lab-Think": f"{pause:.3f}"}, timeout=pause + 30
+        client,
+        probes.stream,
+        lb.ip,
+        port,
+        headers={"X-Lab-Think": f"{pause:.3f}"},
+        timeout=pause + 30,
+        access=lifecycle.client_access(plan),
     )
     first_ok = seen.first_event is not None and seen.end is not None and seen.first_event < seen.end
     results.append(
@@ -275,6 +284,122 @@ def streaming(plan: LabPlan, options: lifecycle.Options, pause: float | None = N
             _status(seen.ok and first_ok and seen.longest_silence >= pause * 0.9),
         )
     )
+    return results
+
+
+# The endpoint (issue: a locked endpoint): what a client in clientCidrs reaches through the load
+# balancer. Allowed: nginx.API_ROUTES and /health; refused: every other route vLLM serves
+# (modelserver.OTHER_VLLM_ROUTES, /metrics) and odd spellings of them, with a valid key.
+ODD_SPELLINGS = (
+    "/v1/../metrics",
+    "//metrics",
+    "/v1/%2e%2e/metrics",
+    "/%2e%2e/metrics",
+    "/v1/models/../../tokenize",
+    "/v1/chat/completions/../../../collective_rpc",
+    "/V1/models",
+    "/v1/models/",
+    "/v1/chat/completions%2f..%2f..%2fsleep",
+)
+# nginx's refusals: 404 (no such route here), 403 (the route, another method), 400 (a path that
+# climbs above the root once decoded, `/%2e%2e/metrics`: refused while parsing the request line).
+REFUSED = "refused: 404, 403 or 400"
+WRONG_METHODS = (("GET", "/v1/chat/completions"), ("DELETE", "/v1/models"), ("POST", HEALTH_PATH))
+
+
+def _concrete(path: str) -> str:
+    return path.replace("{id}", "resp_lab")
+
+
+def probed_counts(plan: LabPlan) -> dict[str, int]:
+    """Requests marked X-Lab-Probe that reached any replica head's stand-in, by path (asked from
+    the load-balancer node, as nginx reaches them)."""
+    counts: dict[str, int] = {}
+    pattern = re.compile(r'^lab_probe_requests_total\{node="[^"]*",path="((?:[^"\\]|\\.)*)"\} (\d+)$', re.M)
+    for head in plan.heads:
+        reply = netns.call_in(
+            plan.load_balancer.namespace, probes.get, head.ip, plan.cluster.model_port, "/metrics", timeout=3
+        )
+        for path, count in pattern.findall(reply.body.decode(errors="replace")):
+            counts[path] = counts.get(path, 0) + int(count)
+    return counts
+
+
+def with_authorization(plan: LabPlan) -> int:
+    """Requests that reached a stand-in with an Authorization header (nginx strips the key)."""
+    total = 0
+    for head in plan.heads:
+        reply = netns.call_in(
+            plan.load_balancer.namespace, probes.get, head.ip, plan.cluster.model_port, "/metrics", timeout=3
+        )
+        total += sum(int(n) for n in re.findall(r"^lab_requests_with_authorization_total\{[^}]*\} (\d+)$",
+                                                   reply.body.decode(errors="replace"), re.M))
+    return total
+
+
+def refused_requests() -> list[tuple[str, str]]:
+    """What the endpoint must refuse even with a valid key: every other route of vLLM, odd
+    spellings of them, and the allowed routes with another method."""
+    allowed = {_concrete(route.path) for route in nginx.API_ROUTES}
+    routes = [path for path in (*modelserver.OTHER_VLLM_ROUTES, "/metrics") if path not in allowed]
+    odd = [("GET", path) for path in ODD_SPELLINGS]
+    return [("POST", path) for path in routes] + odd + list(WRONG_METHODS)
+
+
+def endpoint(plan: LabPlan) -> list[Result]:
+    """Every route a client might try, through the load balancer from the client namespace: the
+    allowed ones reach a model server, every other one is refused (403/404) and reaches none;
+    no key and a wrong key are 401 and reach none; TLS 1.0 and 1.1 are refused."""
+    lb, port = plan.load_balancer, plan.cluster.load_balancer.port
+    client = plan.vantage(Vantage.CLIENT).namespace
+    access = lifecycle.client_access(plan)
+    target = f"{lb.node}:{port}"
+    mark = {modelserver.PROBE_HEADER: "endpoint"}
+    results: list[Result] = []
+
+    def row(what: str, expected: str, observed: str, ok: bool, source: str = "client") -> None:
+        results.append(Result("endpoint", source, target, what, expected, observed, _status(ok)))
+
+    def send(method: str, path: str, how: probes.ClientAccess) -> probes.Reply:
+        return netns.call_in(client, probes.request, lb.ip, port, method, path, access=how, headers=mark)
+
+    allowed = [(route.method, _concrete(route.path)) for route in nginx.API_ROUTES] + [("GET", HEALTH_PATH)]
+    for method, path in allowed:
+        before = probed_counts(plan).get(path, 0)
+        reply = send(method, path, access)
+        reached = probed_counts(plan).get(path, 0) - before
+        observed = f"HTTP {reply.status or reply.error}, reached {reached}"
+        row(f"{method} {path} with the key", "reaches a model server", observed, reached == 1)
+    refused = refused_requests()
+    before = probed_counts(plan)
+    for method, path in refused:
+        reply = send(method, path, access)
+        row(f"{method} {path} with the key", REFUSED, f"HTTP {reply.status or reply.error}",
+            reply.status in (400, 403, 404))  # fmt: skip
+    leaked = {path: count - before.get(path, 0) for path, count in probed_counts(plan).items()}
+    leaked = {path: count for path, count in leaked.items() if count}
+    observed = ", ".join(f"{path} x{count}" for path, count in leaked.items()) or "none reached"
+    row(f"{len(refused)} refused requests", "none reaches a model server", observed, not leaked)
+    if not plan.cluster.access.open_endpoint:
+        wrong = probes.ClientAccess(api_key="wrong-" + "0" * 58, ca_file=access.ca_file)
+        nobody = probes.ClientAccess(api_key=None, ca_file=access.ca_file)
+        before_chat = probed_counts(plan).get("/v1/chat/completions", 0)
+        for label, how in (("no key", nobody), ("a wrong key", wrong)):
+            reply = send("POST", "/v1/chat/completions", how)
+            row(f"POST /v1/chat/completions with {label}", "401", f"HTTP {reply.status or reply.error}",
+                reply.status == 401)  # fmt: skip
+        reached = probed_counts(plan).get("/v1/chat/completions", 0) - before_chat
+        row("requests without a valid key", "none reaches a model server", f"{reached} reached", reached == 0)
+        carried = with_authorization(plan)
+        row("Authorization headers received", "0 (nginx strips the key)", str(carried), carried == 0,
+            source="model servers")  # fmt: skip
+    if access.ca_file:
+        for version in probes.TLS_VERSIONS:
+            shake = netns.call_in(client, probes.tls_handshake, lb.ip, port, version)
+            wanted = version in ("TLSv1.2", "TLSv1.3")
+            observed = f"{'accepted' if shake.accepted else 'refused'} ({shake.detail})"
+            expected = "accepted" if wanted else "refused"
+            row(f"{version} handshake", expected, observed, shake.accepted == wanted)
     return results
 
 
@@ -527,6 +652,7 @@ def run(
     results += latency(plan)
     results += bandwidth(plan, strict=strict_bandwidth)
     results += load_balancer(plan, options)
+    results += endpoint(plan)
     results += monitoring(plan)
     return results
 

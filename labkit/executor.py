@@ -80,9 +80,10 @@ def render(
     stack: str,
     clock_scale: float,
     ssh: substitutions.SshIdentity | None = None,
+    endpoint: Any = None,
 ) -> tuple[Render, list[str]]:
     """The program under mocks, with the lab's stack substitutions; fails naming the error."""
-    config, made = substitutions.stack_config(stack_config, clock_scale, ssh)
+    config, made = substitutions.stack_config(stack_config, clock_scale, ssh, endpoint)
     result = offline.render(config, stack)
     if result.error:
         raise ExecutorError(f"the program failed under mocks: {result.error}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import executor, netns, renderers, sshd, standins, substitutions
+from labkit import endpoint, executor, netns, probes, renderers, sshd, standins, substitutions
 from labkit.blueprint import BRIDGE, MEMBER_IF, PREFIX, STATE_ROOT, LabPlan, Member, namespace_prefix
 from labkit.executor import StepResult
 from qwen_cluster.config import NAMESPACE
@@ -150,6 +150,19 @@ def ssh_identity(plan: LabPlan, options: Options) -> substitutions.SshIdentity:
         private_key=keys.private_key(),
         host_keys={**pinned, **options.host_key_overrides},
     )
+
+
+def endpoint_identity(plan: LabPlan) -> endpoint.Identity:
+    """The lab's API keys and its CA's certificate for the load balancer, made once per lab."""
+    return endpoint.ensure(state_dir(plan) / "endpoint", plan.load_balancer.ip)
+
+
+def client_access(plan: LabPlan, key_index: int | None = 0) -> probes.ClientAccess:
+    """How the lab's clients reach its load balancer: the lab's key `key_index` (None: no key;
+    an open endpoint takes none) over TLS from the lab's CA."""
+    access = plan.cluster.access
+    index = None if access.open_endpoint else key_index
+    return endpoint_identity(plan).client(index)
 
 
 def ssh_client(plan: LabPlan) -> sshd.Client:
@@ -346,7 +359,7 @@ def apply(
     report = UpReport(steps=machines(plan, options))
     config = stack_config(plan) if config is None else config
     rendered, report.notes = executor.render(
-        config, plan.label, options.clock_scale, ssh_identity(plan, options)
+        config, plan.label, options.clock_scale, ssh_identity(plan, options), endpoint_identity(plan)
     )
     for member in plan.nodes:
         report.steps.append(holder(plan, member, rendered))

@@ -1,10 +1,15 @@
 """A stand-in for vLLM's OpenAI-compatible server: small, deterministic, stdlib only.
 
 Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (JSON, or SSE with
-`"stream": true`), GET /metrics (Prometheus text). Every answer names the node that served
-it (`X-Lab-Node` header, `system_fingerprint`), so the lab can see how the load balancer
-spreads requests. A streamed answer sends its first chunk at once, then stays silent for
-the "thinking" pause (Qwen3's thinking mode), then sends one token per `token_delay`.
+`"stream": true`), GET /metrics (Prometheus text), and every other route vLLM serves
+(OTHER_VLLM_ROUTES: tokenizer, admin and control routes), answered 200 with `{"served": path}`
+so that a request the load balancer should have refused shows up here: every request is
+counted by path and status (`lab_requests_total`), and one that carries an Authorization header
+is counted apart (`lab_requests_with_authorization_total`: the load balancer strips the key).
+Every answer names the node that served it (`X-Lab-Node` header, `system_fingerprint`), so
+the lab can see how the load balancer spreads requests. A streamed answer sends its first
+chunk at once, then stays silent for the "thinking" pause (Qwen3's thinking mode), then sends
+one token per `token_delay`.
 Requests may override both with `X-Lab-Think` / `X-Lab-Token-Delay` headers (seconds).
 Like vLLM loading its weights, it answers 503 (`/health` and completions) for `load_delay`
 seconds after it starts; `image` (the container image it stands in for) is in every answer's
@@ -64,6 +69,56 @@ TTFT_BUCKETS = (
     40.0,
     80.0,
 )
+# vLLM's routes besides /health, /metrics, /v1/models and /v1/chat/completions, across the v0.11
+# line and later releases (vllm/entrypoints/openai/api_server.py and the routers it registers):
+# the stand-in serves them all, so that a leak through the load balancer is seen.
+OTHER_VLLM_ROUTES = (
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/score",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v1/messages",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/tokenize",
+    "/detokenize",
+    "/get_tokenizer_info",
+    "/invocations",
+    "/ping",
+    "/load",
+    "/version",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/rerank",
+    "/server_info",
+    "/reset_prefix_cache",
+    "/reset_mm_cache",
+    "/sleep",
+    "/wake_up",
+    "/is_sleeping",
+    "/pause",
+    "/resume",
+    "/is_paused",
+    "/update_weights",
+    "/collective_rpc",
+    "/start_profile",
+    "/stop_profile",
+    "/scale_elastic_ep",
+    "/is_scaling_elastic_ep",
+    "/docs",
+    "/openapi.json",
+    "/redoc",
+)
+# The lab's endpoint check marks its requests with this header: a marked request that reaches a
+# stand-in is counted by path (`lab_probe_requests_total`), whatever else scrapes the server.
+PROBE_HEADER = "x-lab-probe"
 # The stand-in's "KV cache": this many concurrent requests fill it.
 KV_SLOTS = 64
 WORDS = ("the", "cluster", "answers", "every", "prompt", "token", "by", "token", "through", "nginx")
@@ -86,6 +141,8 @@ class Stats:
     requests: Counter = field(default_factory=Counter)  # (path, status) -> count
     tokens: int = 0
     running: int = 0
+    with_authorization: int = 0  # requests that carried an Authorization header
+    probed: Counter = field(default_factory=Counter)  # path -> requests marked X-Lab-Probe
     # Time to first token, as vLLM's histogram: cumulative counts per bucket bound, sum, count.
     ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
     ttft_sum: float = 0.0
@@ -154,6 +211,10 @@ class ModelServer:
         body = await reader.readexactly(length) if length else b""
         keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
         path = path.split("?", 1)[0]
+        if "authorization" in headers:
+            self.stats.with_authorization += 1
+        if PROBE_HEADER in headers:
+            self.stats.probed[path] += 1
         if api and not self.loaded and path in (HEALTH_PATH, "/v1/chat/completions", "/v1/models"):
             loading = {"status": "loading", "node": self.settings.node}
             await self._send_json(writer, 503, loading, keep_alive, path)
@@ -209,6 +270,8 @@ class ModelServer:
                 await self._complete(writer, request, think, delay, keep_alive)
             finally:
                 self.stats.running -= 1
+        elif path in OTHER_VLLM_ROUTES:
+            await self._send_json(writer, 200, {"served": path, "node": self.settings.node}, keep_alive, path)
         else:
             await self._send_json(
                 writer, 404, {"error": {"message": f"no route {method} {path}"}}, keep_alive, path
@@ -329,7 +392,19 @@ class ModelServer:
             "# TYPE lab_requests_total counter",
         ]
         for (path, status), count in sorted(self.stats.requests.items()):
-            lines.append(f'lab_requests_total{{node="{node}",path="{path}",status="{status}"}} {count}')
+            labels = f'node="{node}",path="{_label(path)}",status="{status}"'
+            lines.append(f"lab_requests_total{{{labels}}} {count}")
+        lines += [
+            "# HELP lab_probe_requests_total Requests marked X-Lab-Probe.",
+            "# TYPE lab_probe_requests_total counter",
+        ]
+        for path, count in sorted(self.stats.probed.items()):
+            lines.append(f'lab_probe_requests_total{{node="{node}",path="{_label(path)}"}} {count}')
+        lines += [
+            "# HELP lab_requests_with_authorization_total Requests that carried an Authorization header.",
+            "# TYPE lab_requests_with_authorization_total counter",
+            f'lab_requests_with_authorization_total{{node="{node}"}} {self.stats.with_authorization}',
+        ]
         # vLLM's own names and types (docs.vllm.ai, "Production Metrics"), so the cluster's
         # alert rules read the stand-in as they read vLLM.
         model = f'model_name="{self.settings.model}"'
@@ -361,6 +436,12 @@ class ModelServer:
             f"process_start_time_seconds {self.stats.started:.3f}",
         ]
         return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: a client's path may hold quotes, backslashes, anything."""
+    printable = "".join(char if char.isprintable() else "?" for char in value)
+    return printable.replace("\\", "\\\\").replace('"', '\\"')
 
 
 async def serve(settings: Settings, host: str, port: int | None, hold: list[int]) -> None:

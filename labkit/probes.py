@@ -11,10 +11,33 @@ import http.client
 import json
 import re
 import socket
+import ssl
 import subprocess
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ClientAccess:
+    """How a client reaches the endpoint: the API key it sends (None: none) and the CA it trusts
+    for TLS (None: plain HTTP). The key is never in a repr or a report."""
+
+    api_key: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def connection(self, ip: str, port: int, timeout: float) -> http.client.HTTPConnection:
+        if self.ca_file is None:
+            return http.client.HTTPConnection(ip, port, timeout=timeout)
+        context = ssl.create_default_context(cafile=self.ca_file)
+        return http.client.HTTPSConnection(ip, port, timeout=timeout, context=context)
+
+
+PLAIN = ClientAccess()
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,41 @@ def tcp_connect(ip: str, port: int, timeout: float = 1.0) -> Connect:
         sock.close()
 
 
+@dataclass(frozen=True)
+class Handshake:
+    accepted: bool
+    detail: str  # the version agreed, or OpenSSL's reason for the failure
+
+
+TLS_VERSIONS = {
+    "TLSv1": ssl.TLSVersion.TLSv1,
+    "TLSv1.1": ssl.TLSVersion.TLSv1_1,
+    "TLSv1.2": ssl.TLSVersion.TLSv1_2,
+    "TLSv1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
+def tls_handshake(ip: str, port: int, version: str, timeout: float = 3.0) -> Handshake:
+    """A TLS handshake offering `version` alone. The client's own floor is lowered
+    (SECLEVEL=0) so that it really offers TLS 1.0/1.1: a refusal is then the server's
+    (`TLSV1_ALERT_PROTOCOL_VERSION`, `UNSUPPORTED_PROTOCOL`), not this client's
+    (`NO_PROTOCOLS_AVAILABLE`)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with warnings.catch_warnings():  # TLS 1.0/1.1 are deprecated: that is what is tested
+        warnings.simplefilter("ignore", DeprecationWarning)
+        context.minimum_version = context.maximum_version = TLS_VERSIONS[version]
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")
+    try:
+        with socket.create_connection((ip, port), timeout=timeout) as raw, context.wrap_socket(raw) as tls:
+            return Handshake(True, str(tls.version()))
+    except ssl.SSLError as exc:
+        return Handshake(False, str(exc.reason or exc))
+    except OSError as exc:
+        return Handshake(False, f"{type(exc).__name__}: {exc}")
+
+
 @dataclass
 class Reply:
     status: int
@@ -60,10 +118,17 @@ class Reply:
 
 
 def _request(
-    ip: str, port: int, method: str, path: str, body: str | None, headers: dict[str, str], timeout: float
+    ip: str,
+    port: int,
+    method: str,
+    path: str,
+    body: str | None,
+    headers: dict[str, str],
+    timeout: float,
+    access: ClientAccess = PLAIN,
 ) -> Reply:
     started = time.monotonic()
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    conn = access.connection(ip, port, timeout)
     try:
         conn.request(method, path, body, headers)
         response = conn.getresponse()
@@ -82,16 +147,40 @@ def _request(
 
 
 def chat(
-    ip: str, port: int, prompt: str = "hello", *, timeout: float = 10.0, headers: dict[str, str] | None = None
+    ip: str,
+    port: int,
+    prompt: str = "hello",
+    *,
+    timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
+    access: ClientAccess = PLAIN,
 ) -> Reply:
     """One non-streaming chat completion."""
     body = json.dumps({"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": prompt}]})
-    headers = {"Content-Type": "application/json", **(headers or {})}
-    return _request(ip, port, "POST", "/v1/chat/completions", body, headers, timeout)
+    headers = {"Content-Type": "application/json", **access.headers(), **(headers or {})}
+    return _request(ip, port, "POST", "/v1/chat/completions", body, headers, timeout, access)
 
 
-def get(ip: str, port: int, path: str, *, timeout: float = 5.0) -> Reply:
-    return _request(ip, port, "GET", path, None, {}, timeout)
+def get(ip: str, port: int, path: str, *, timeout: float = 5.0, access: ClientAccess = PLAIN) -> Reply:
+    return _request(ip, port, "GET", path, None, access.headers(), timeout, access)
+
+
+def request(
+    ip: str,
+    port: int,
+    method: str,
+    path: str,
+    *,
+    timeout: float = 5.0,
+    access: ClientAccess = PLAIN,
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    """Any method and path, sent as written (no normalisation: `/v1/../metrics` goes as is)."""
+    body = json.dumps({"messages": [{"role": "user", "content": "probe"}]}) if method == "POST" else None
+    sent = {**access.headers(), **(headers or {})}
+    if body:
+        sent["Content-Type"] = "application/json"
+    return _request(ip, port, method, path, body, sent, timeout, access)
 
 
 def post(ip: str, port: int, path: str, *, timeout: float = 5.0) -> Reply:
@@ -124,6 +213,7 @@ def stream(
     timeout: float = 30.0,
     headers: dict[str, str] | None = None,
     max_tokens: int | None = None,
+    access: ClientAccess = PLAIN,
 ) -> Stream:
     """A streamed chat completion read event by event: when did the first one arrive, did
     [DONE] arrive, and how long was the longest silence in between."""
@@ -132,11 +222,14 @@ def stream(
         request["max_tokens"] = max_tokens
     body = json.dumps(request)
     started = time.monotonic()
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    conn = access.connection(ip, port, timeout)
     result = Stream(0, None, None, None, 0, 0.0, False)
     try:
         conn.request(
-            "POST", "/v1/chat/completions", body, {"Content-Type": "application/json", **(headers or {})}
+            "POST",
+            "/v1/chat/completions",
+            body,
+            {"Content-Type": "application/json", **access.headers(), **(headers or {})},
         )
         response = conn.getresponse()
         result.status, result.node = response.status, response.getheader("X-Lab-Node")
@@ -179,11 +272,13 @@ class Spread:
         return sum(self.counts.values()) + len(self.failures)
 
 
-def spread(ip: str, port: int, requests: int, *, timeout: float = 10.0) -> Spread:
+def spread(
+    ip: str, port: int, requests: int, *, timeout: float = 10.0, access: ClientAccess = PLAIN
+) -> Spread:
     """Send `requests` chat completions and count which node answered each."""
     result = Spread()
     for index in range(requests):
-        reply = chat(ip, port, f"request {index}", timeout=timeout)
+        reply = chat(ip, port, f"request {index}", timeout=timeout, access=access)
         if reply.ok:
             result.counts[reply.node or "?"] += 1
         else:

@@ -4,7 +4,8 @@ The lab runs the program's own commands and containers. A namespace on this mach
 a host, though, so a few things are substituted, each for the reason given beside it:
 
 1. Stack config (before the render): the lab's clock, the hosts the lab has, and how it
-   reaches them (its SSH user, key and the host keys it generated, labkit/sshd.py).
+   reaches them (its SSH user, key and the host keys it generated, labkit/sshd.py); the
+   endpoint's secrets (API keys, the TLS certificate of the lab's CA: labkit/endpoint.py).
 2. Script text (after the render): paths that would land on this machine's disk, and the
    health gates' timeout where the lab's clock goes below the config's floor (`gate_clock`).
 3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
@@ -25,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen_cluster.config import NAMESPACE
+from qwen_cluster.config import NAMESPACE, REDACTED
 from qwen_cluster.config.sections import MIN_HEALTH_TIMEOUT_SECONDS
 from qwen_cluster.render.rollout import HEALTH_TIMEOUT_VARIABLE
+from tooling import stackfile
 
 # -------------------------------------------------------------- 1. stack config
 
@@ -74,12 +76,47 @@ class SshIdentity:
     host_keys: dict[str, str] = field(default_factory=dict)
 
 
+def _is_lab_secret(value: Any) -> bool:
+    """A key the lab itself wrote (plain text, or `{secure: <plain>}`), not a stack's ciphertext
+    or the offline tools' throwaway key."""
+    text = value.get("secure") if isinstance(value, dict) and set(value) == {"secure"} else value
+    offline = (stackfile.OFFLINE_API_KEY, REDACTED)  # the offline key; a validated config's mark
+    return isinstance(text, str) and not text.startswith("v1:") and text not in offline
+
+
+def endpoint_secrets(config: dict[str, Any], endpoint: Any) -> list[str]:
+    """The lab's own API keys and TLS files in place of the stack's (which no lab can decrypt),
+    handed over as `secure:` values, as the engine would: the program refuses plain-text keys.
+    Keys the lab already wrote (a rotation test's) are kept; an open endpoint stays open."""
+    made = []
+    access = config.get(f"{NAMESPACE}:access")
+    if isinstance(access, dict) and not access.get("openEndpoint"):
+        keys = access.get("apiKeys") or []
+        if keys and all(_is_lab_secret(key) for key in keys):
+            chosen = [key.get("secure") if isinstance(key, dict) else key for key in keys]
+        else:
+            chosen = [endpoint.api_keys[0]]
+            made.append("access.apiKeys: the lab's own key")
+        access["apiKeys"] = [{"secure": key} for key in chosen]
+    balancer = config.setdefault(f"{NAMESPACE}:loadBalancer", {})
+    if isinstance(balancer, dict):
+        balancer["tls"] = {
+            "certificate": {"secure": endpoint.certificate},
+            "privateKey": {"secure": endpoint.private_key},
+        }
+        made.append("loadBalancer.tls: a certificate of the lab's own CA")
+    return made
+
+
 def stack_config(
-    raw: dict[str, Any], clock_scale: float, ssh: SshIdentity | None = None
+    raw: dict[str, Any], clock_scale: float, ssh: SshIdentity | None = None, endpoint: Any = None
 ) -> tuple[dict[str, Any], list[str]]:
-    """The stack config the lab renders, and one line per substitution made."""
+    """The stack config the lab renders, and one line per substitution made. `endpoint`:
+    labkit.endpoint.Identity, the lab's keys and certificate."""
     config = copy.deepcopy(raw)
     made: list[str] = []
+    if endpoint is not None:
+        made += endpoint_secrets(config, endpoint)
 
     def section(name: str) -> dict[str, Any] | None:
         value = config.get(f"{NAMESPACE}:{name}")

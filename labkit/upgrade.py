@@ -39,6 +39,7 @@ class LoadSettings:
     stream_every: int = 3  # every third request is streamed
     stream_tokens: int = 20
     stream_token_delay: float = 0.05  # a streamed answer lasts about a second
+    access: probes.ClientAccess | None = None  # None: the lab's own key (lifecycle.client_access)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class ClientLoad:
         self._t0 = time.monotonic()
         self.ip = lab_plan.load_balancer.ip
         self.port = lab_plan.cluster.load_balancer.port
+        # The lab's key over TLS from its CA, unless the test says otherwise (a key rotation).
+        self.access = settings.access or lifecycle.client_access(lab_plan)
         client = lab_plan.vantage(Vantage.CLIENT).namespace
         self.threads = [
             threading.Thread(target=netns.call_in, args=(client, self._worker), daemon=True)
@@ -91,6 +94,7 @@ class ClientLoad:
                     timeout=60,
                     headers={"X-Lab-Token-Delay": f"{self.settings.stream_token_delay}"},
                     max_tokens=self.settings.stream_tokens,
+                    access=self.access,
                 )
                 began = seen.status == 200
                 outcome = Outcome(
@@ -105,7 +109,7 @@ class ClientLoad:
                     seen.error,
                 )
             else:
-                reply = probes.chat(self.ip, self.port, f"upgrade {ticket}", timeout=60)
+                reply = probes.chat(self.ip, self.port, f"upgrade {ticket}", timeout=60, access=self.access)
                 outcome = Outcome(
                     False,
                     reply.ok,

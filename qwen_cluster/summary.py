@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from qwen_cluster.config import ClusterConfig
+from qwen_cluster.render import nginx
+from qwen_cluster.render.vllm import HEALTH_PATH
 
 
 def summary(cluster: ClusterConfig) -> dict[str, Any]:
@@ -52,4 +54,11 @@ def summary(cluster: ClusterConfig) -> dict[str, Any]:
             "pinnedPorts": {name: str(span) for name, span in topology.ports.named().items()},
         },
         "model": {"name": cluster.model.name, "image": cluster.model.image},
+        # What a client reaches (docs/endpoint.md); the keys themselves are never here.
+        "endpoint": {
+            "apiKeys": len(cluster.access.api_keys),
+            "open": cluster.access.open_endpoint,
+            "tls": cluster.load_balancer.tls is not None,
+            "routes": [f"{route.method} {route.path}" for route in nginx.API_ROUTES] + [f"GET {HEALTH_PATH}"],
+        },
     }

@@ -122,6 +122,7 @@ def test_setting_aws_ami_id_replaces_every_node_one_at_a_time_delete_before_repl
         expected[f"gpu-nodes-{node}"] = ("replace", "delete-before-replace")
         expected[f"model-lb-{node}"] = ("replace", "create-before-delete")
         expected[f"gpu-nodes-{node}-server"] = ("replace", "create-before-delete")
+        expected[f"node-proxy-{node}"] = ("replace", "create-before-delete")  # the new instance's proxy
         expected[f"gpu-nodes-{node}-stage"] = ("replace", "create-before-delete")  # new targets
         expected[f"monitoring-{node}"] = ("update", None)  # its targets: the new instance id
     assert touched(found) == expected
@@ -146,6 +147,7 @@ def test_adding_a_node_touches_only_that_node():
         "gpu-nodes-worker-2": ("create", None),
         "model-lb-worker-2": ("create", None),
         "gpu-nodes-worker-2-server": ("create", None),
+        "node-proxy-worker-2": ("create", None),
         "gpu-nodes-worker-2-stage": ("create", None),
         # Monitoring: the new node's, and the others' probes and scrape targets (issue 12).
         "monitoring-worker-2": ("create", None),
@@ -163,6 +165,7 @@ def test_removing_a_node_touches_only_that_node():
         "gpu-nodes-worker-2": ("delete", None),
         "model-lb-worker-2": ("delete", None),
         "gpu-nodes-worker-2-server": ("delete", None),
+        "node-proxy-worker-2": ("delete", None),
         "gpu-nodes-worker-2-stage": ("delete", None),
         "monitoring-worker-2": ("delete", None),
         "monitoring-master": ("update", None),
@@ -188,14 +191,21 @@ def test_each_replica_waits_for_the_previous_replicas_health_gate():
     for before, after in zip(order, order[1:], strict=False):
         gate = f"gpu-nodes-{before}-server"
         assert result.named(f"gpu-nodes-{after}").depends_on == [gate]
-        assert result.named(f"gpu-nodes-{after}-server").depends_on == [gate, f"gpu-nodes-{after}-stage"]
+        # ... for its own node's staging, and for its proxy, through which the NLB checks it.
+        assert result.named(f"gpu-nodes-{after}-server").depends_on == [
+            gate,
+            f"gpu-nodes-{after}-stage",
+            f"node-proxy-{after}",
+        ]
     first = result.named("gpu-nodes-master-server")
-    # May drain, register and (prod's weights are in S3) read, once every node has staged.
+    # May drain, register and (prod's weights are in S3) read, once every node has staged, its
+    # own node too, and its proxy answers.
     assert first.depends_on == [
         "model-server-drain",
         "model-server-weights",
         "gpu-nodes-stage",
         "gpu-nodes-master-stage",
+        "node-proxy-master",
     ]
 
 
@@ -210,7 +220,8 @@ def test_associations_replace_on_any_change_and_wait_for_the_run():
     assert association["name"] == render_stack("dev").named("model-server-document").outputs["name"]
     parameters = association["parameters"]
     assert ssm.decoded(parameters["ServerScript"]) == vllm.server_script(cluster, "master")
-    assert parameters["HealthUrl"] == "http://10.42.1.100:5000/health"
+    # vLLM's own /health on loopback, behind the node's proxy.
+    assert parameters["HealthUrl"] == "http://127.0.0.1:5000/health"
     assert parameters["TargetGroupArn"] == "arn:aws:mock:::targetgroup/model-lb-heads"
 
 

@@ -81,7 +81,9 @@ def _wait_for_rejoin(lab_plan, node: str) -> float:
     """Seconds until `node` answers again among 8 requests through the load balancer, none failing."""
     started = time.monotonic()
     wait_until(
-        lambda: netns.call_in(_client(lab_plan), probes.spread, *_lb(lab_plan), 8),
+        lambda: netns.call_in(
+            _client(lab_plan), probes.spread, *_lb(lab_plan), 8, access=lifecycle.client_access(lab_plan)
+        ),
         what=f"{node} back in the load balancer's rotation",
         timeout=REJOIN_SECONDS,
         interval=0.5,
@@ -107,10 +109,11 @@ class Load:
         self.replies: list[probes.Reply] = []
         self.stop = threading.Event()
         ip, port = _lb(lab_plan)
+        access = lifecycle.client_access(lab_plan)
 
         def body():
             while not self.stop.is_set():
-                self.replies.append(probes.chat(ip, port, "under load", timeout=20))
+                self.replies.append(probes.chat(ip, port, "under load", timeout=20, access=access))
 
         self.threads = [
             threading.Thread(target=netns.call_in, args=(_client(lab_plan), body)) for _ in range(workers)
@@ -188,6 +191,7 @@ def test_check_is_green_from_every_vantage_and_speaks_json(running, capsys):
         "latency",
         "bandwidth",
         "load balancer",
+        "endpoint",
         "monitoring",
     }
     sources = {r["source"] for r in document["results"] if r["group"] == "ports"}
@@ -332,7 +336,14 @@ def test_a_cut_link_costs_at_most_the_connect_timeout(running):
     netns.run(["ip", "-n", lab_plan.switch, "link", "set", victim.switch_port, "down"])
     try:
         replies = [
-            netns.call_in(_client(lab_plan), probes.chat, *_lb(lab_plan), f"cut {i}", timeout=30)
+            netns.call_in(
+                _client(lab_plan),
+                probes.chat,
+                *_lb(lab_plan),
+                f"cut {i}",
+                timeout=30,
+                access=lifecycle.client_access(lab_plan),
+            )
             for i in range(8)
         ]
     finally:
@@ -349,7 +360,14 @@ def test_all_replicas_down_gives_a_prompt_502_or_503_and_recovers(running):
         lifecycle.stop_model_server(lab_plan, head)
     try:
         replies = [
-            netns.call_in(_client(lab_plan), probes.chat, *_lb(lab_plan), timeout=15) for _ in range(3)
+            netns.call_in(
+                _client(lab_plan),
+                probes.chat,
+                *_lb(lab_plan),
+                timeout=15,
+                access=lifecycle.client_access(lab_plan),
+            )
+            for _ in range(3)
         ]
     finally:
         for head in lab_plan.heads:

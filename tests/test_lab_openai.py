@@ -41,12 +41,19 @@ def seen():
         client = lab_plan.vantage(Vantage.CLIENT).namespace
         contained = [r for r in check.containment(lab_plan) if r.source in ("client", "host")]
         assert contained and all(r.ok for r in contained), contained
-        base_url = f"http://{lab_plan.load_balancer.ip}:{lab_plan.cluster.load_balancer.port}/v1"
-        # A bare environment: no proxy or OPENAI_* variable can point the client anywhere else.
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "NO_PROXY": "*"}
+        # The lab's endpoint is locked: its key, over TLS from the lab's CA.
+        access = lifecycle.client_access(lab_plan)
+        base_url = f"https://{lab_plan.load_balancer.ip}:{lab_plan.cluster.load_balancer.port}/v1"
+        # A bare environment: no proxy or other OPENAI_* variable can point the client elsewhere.
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": "/nonexistent",
+            "NO_PROXY": "*",
+            "OPENAI_API_KEY": access.api_key,
+        }
         result = subprocess.run(
             ["ip", "netns", "exec", client, sys.executable, str(CLIENT), base_url,
-             lab_plan.cluster.model.name, str(THINK_SECONDS)],
+             lab_plan.cluster.model.name, str(THINK_SECONDS), access.ca_file],
             capture_output=True, text=True, timeout=120, env=env,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]

@@ -88,6 +88,7 @@ def test_plain_string_values_and_whole_node_lists(capsys):
         "gpu-nodes-worker-2-template",
         "model-lb-worker-2",
         "monitoring-worker-2",
+        "node-proxy-worker-2",
     ]
     # Without aws.amiId the new node launches from that day's DLAMI: the plan says so.
     assert report["notes"] and "pin aws.amiId" in report["notes"][0]

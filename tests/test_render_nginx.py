@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from labkit import probes
 from qwen_cluster.render import nginx
 from tests.helpers.baremetal import ONPREM
+from tests.helpers.configs import TEST_API_KEY
+from tests.helpers.nginx_loopback import locked_nginx
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,7 @@ def test_passes_nginx_t_under_a_temporary_prefix(tmp_path):
         (tmp_path / directory).mkdir()
     conf = nginx.for_cluster(ONPREM, runtime_dir="state", log_dir="logs", pid_file="nginx.pid", user=None)
     (tmp_path / "nginx.conf").write_text(conf)
+    (tmp_path / nginx.KEYS_FILE).write_text(nginx.keys_conf([TEST_API_KEY]))
     result = subprocess.run(
         ["nginx", "-t", "-e", "stderr", "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf")],
         capture_output=True,
@@ -113,3 +117,97 @@ def test_gixy_ng_finds_nothing_for_the_pinned_nginx(tmp_path, paths):
     findings = json.loads(result.stdout or "null")
     assert findings == [], json.dumps(findings, indent=2) + result.stderr
     assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------- the locked endpoint
+
+
+def _locked(**paths) -> str:
+    return nginx.render(
+        [("10.0.0.1", 5000), ("10.0.0.2", 5000)],
+        listen_port=443,
+        idle_timeout_seconds=3600,
+        api_keys=True,
+        tls=True,
+        **paths,
+    )
+
+
+def test_only_the_openai_routes_health_and_nginx_health_have_a_location_besides_the_404():
+    locations = re.findall(r"^\s*location (.+?) \{", _locked(), re.MULTILINE)
+    routes = [route.location for route in nginx.API_ROUTES]
+    assert sorted(locations) == sorted([*routes, "= /health", "= /nginx-health", "/"])
+    catch_all = _locked().split("location / {", 1)[1].split("}", 1)[0]
+    assert "return 404" in catch_all and "proxy_pass" not in catch_all
+
+
+def test_the_allowlist_names_no_admin_or_tokenizer_route():
+    paths = {route.path for route in nginx.API_ROUTES}
+    assert paths == {
+        "/v1/models",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/responses/{id}",
+        "/v1/responses/{id}/cancel",
+    }
+
+
+def test_every_api_route_checks_the_key_and_health_does_not():
+    conf = _locked()
+    for route in nginx.API_ROUTES:
+        block = conf.split(f"location {route.location} {{", 1)[1].split("proxy_pass", 1)[0]
+        assert f"if ({nginx.KEY_VARIABLE} = 0)" in block and "return 401" in block
+    health = conf.split("location = /health {", 1)[1].split("}", 2)[1]
+    assert nginx.KEY_VARIABLE not in health
+
+
+def test_an_open_endpoint_renders_no_key_check():
+    conf = nginx.render([("10.0.0.1", 5000)], listen_port=80, idle_timeout_seconds=60)
+    assert nginx.KEY_VARIABLE not in conf and nginx.KEYS_FILE not in conf
+
+
+def test_the_key_is_stripped_before_any_model_server():
+    assert 'proxy_set_header Authorization "";' in _locked()
+
+
+def test_tls_is_1_2_and_1_3_with_mozilla_intermediate_ciphers_only():
+    conf = _locked()
+    assert "listen 443 ssl;" in conf
+    assert re.search(r"^\s*ssl_protocols TLSv1\.2 TLSv1\.3;$", conf, re.MULTILINE)
+    (ciphers,) = re.findall(r"^\s*ssl_ciphers (\S+);$", conf, re.MULTILINE)
+    suites = ciphers.split(":")
+    assert all(suite.startswith("ECDHE-") and ("GCM" in suite or "CHACHA20" in suite) for suite in suites)
+
+
+def test_keys_are_whole_headers_matched_case_sensitively():
+    text = nginx.keys_conf(["abc.def+ghi/jkl=" + "x" * 20])
+    assert '"~^Bearer abc\\.def\\+ghi/jkl=xxxxxxxxxxxxxxxxxxxx$" 1;' in text
+
+
+def test_gixy_ng_finds_nothing_in_the_locked_tls_endpoint(tmp_path):
+    gixy = shutil.which("gixy", path=str(Path(sys.executable).parent))
+    (tmp_path / "nginx.conf").write_text(_locked())
+    result = subprocess.run(
+        [gixy, "-f", "json", "--nginx-version", pinned_nginx_version(), str(tmp_path / "nginx.conf")],
+        capture_output=True,
+        text=True,
+    )
+    findings = json.loads(result.stdout or "null")
+    assert findings == [], json.dumps(findings, indent=2) + result.stderr
+
+
+def test_through_a_real_nginx_only_keyed_openai_routes_reach_the_model_server(tmp_path):
+    """nginx (the Debian binary) on loopback in front of the stand-in, with a key and TLS."""
+    with locked_nginx(tmp_path) as (port, access, server):
+        def status(method: str, path: str, how=access) -> int:
+            return probes.request("127.0.0.1", port, method, path, access=how).status
+
+        assert status("GET", "/v1/models") == 200
+        assert status("GET", "/v1/models", probes.ClientAccess(None, access.ca_file)) == 401
+        assert status("GET", "/v1/models", probes.ClientAccess("x" * 40, access.ca_file)) == 401
+        for path in ("/metrics", "/tokenize", "/v1/../metrics", "//metrics", "/v1/%2e%2e/metrics"):
+            assert status("POST", path) == 404, path
+        assert status("GET", "/v1/chat/completions") == 403
+        reached = {path for (path, _), count in server.stats.requests.items() if count}
+        assert reached == {"/v1/models"} and server.stats.with_authorization == 0

@@ -56,7 +56,7 @@ class Replica:
                         self._answer(503, b"")
                     else:
                         self._answer(replica.health, b"")
-                elif self.path.startswith("/slow"):
+                elif self.path.startswith(SLOW):
                     self.send_response(200)
                     self.send_header("X-Replica", replica.name)
                     self.send_header("Transfer-Encoding", "chunked")
@@ -90,6 +90,10 @@ class Replica:
     @property
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
+
+
+# A long GET that nginx lets through (an allowed route: nginx.API_ROUTES): a replica streams it.
+SLOW = "/v1/responses/slow"
 
 
 class LoadBalancer:
@@ -163,7 +167,7 @@ class LoadBalancer:
             self.process.terminate()
             self.process.wait(timeout=10)
 
-    def get(self, path: str = "/") -> tuple[int, str]:
+    def get(self, path: str = "/v1/models") -> tuple[int, str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as answer:
             return answer.status, answer.headers["X-Replica"]
 
@@ -257,7 +261,7 @@ def test_drain_takes_the_replica_out_and_waits_for_its_stream_to_finish(cluster)
     streams: list[tuple[int, str, int]] = []
 
     def stream():
-        with urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/slow?s=3", timeout=30) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{lb.port}{SLOW}?s=3", timeout=30) as answer:
             streams.append((answer.status, answer.headers["X-Replica"], len(answer.read())))
 
     reader = threading.Thread(target=stream)
@@ -339,7 +343,7 @@ def test_drain_gives_up_waiting_after_the_drain_timeout(cluster):
     assert lb.install([a.address]).returncode == 0
     lb.start()
     reader = threading.Thread(
-        target=lambda: urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/slow?s=6").read()
+        target=lambda: urllib.request.urlopen(f"http://127.0.0.1:{lb.port}{SLOW}?s=6").read()
     )
     reader.start()
     assert stream_holder(a) is a

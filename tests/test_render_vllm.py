@@ -39,13 +39,24 @@ def test_qwen3_defaults_separate_thinking_and_bound_the_context():
 def test_owned_flags_come_from_the_config():
     argv = vllm.serve_argv(stackfile.load("prod"))
     assert argv[3:8] == [
-        "--host=0.0.0.0",
+        "--host=127.0.0.1",
         "--port=5000",
         "--tensor-parallel-size=8",
         "--pipeline-parallel-size=1",
         "--gpu-memory-utilization=0.9",
     ]
     assert not any(arg.startswith("--distributed-executor-backend") for arg in argv)
+
+
+def test_on_aws_vllm_listens_on_loopback_behind_the_node_proxy():
+    cluster = stackfile.load("dev")
+    assert {vllm.listen_address(cluster, node.name) for node in cluster.nodes} == {"127.0.0.1"}
+
+
+def test_on_bare_metal_vllm_listens_on_the_node_address_only():
+    cluster = stackfile.load("onprem")
+    for node in cluster.nodes:
+        assert f"--host={node.ip}" in vllm.serve_argv(cluster, node.name)
 
 
 def test_stack_flags_override_defaults_add_switches_and_drop_with_false():

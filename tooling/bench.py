@@ -262,12 +262,21 @@ def _wrk_ms(text: str) -> float:
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def _throughput(namespace: str, ip: str, port: int, *, clients: int, seconds: float) -> dict[str, Any]:
-    """wrk (C, so the load generator is not what is measured) from inside `namespace`."""
+def _throughput(
+    namespace: str, ip: str, port: int, *, clients: int, seconds: float, access=None
+) -> dict[str, Any]:
+    """wrk (C, so the load generator is not what is measured) from inside `namespace`; through
+    the load balancer with the lab's key over TLS (`access`: labkit.probes.ClientAccess). wrk
+    does not check the certificate; the key goes in its script file, never on its command line."""
     import tempfile
 
+    scheme = "https" if access is not None and access.ca_file else "http"
+    key_line = ""
+    if access is not None and access.api_key:
+        key_line = f'\nwrk.headers["Authorization"] = "Bearer {access.api_key}"\n'
+
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
-        script.write(WRK_SCRIPT)
+        script.write(WRK_SCRIPT + key_line)
         script.flush()
         result = subprocess.run(
             [
@@ -282,7 +291,7 @@ def _throughput(namespace: str, ip: str, port: int, *, clients: int, seconds: fl
                 "--latency",
                 "-s",
                 script.name,
-                f"http://{ip}:{port}/v1/chat/completions",
+                f"{scheme}://{ip}:{port}/v1/chat/completions",
             ],
             capture_output=True,
             text=True,
@@ -301,12 +310,14 @@ def _throughput(namespace: str, ip: str, port: int, *, clients: int, seconds: fl
     }
 
 
-def _first_byte(namespace: str, ip: str, port: int, samples: int) -> float:
+def _first_byte(namespace: str, ip: str, port: int, samples: int, access=None) -> float:
     from labkit import netns, probes
 
     firsts = []
     for _ in range(samples):
-        result = netns.call_in(namespace, probes.stream, ip, port, timeout=10.0)
+        result = netns.call_in(
+            namespace, probes.stream, ip, port, timeout=10.0, access=access or probes.PLAIN
+        )
         if not result.ok:
             raise RuntimeError(f"stream from {ip}:{port} failed: {result.error}")
         firsts.append(result.first_event)
@@ -327,6 +338,7 @@ def load_balancer_vs_direct(
     try:
         lifecycle.up(lab_plan, lifecycle.Options(token_delay=token_delay))
         lb = lab_plan.load_balancer
+        access = lifecycle.client_access(lab_plan)
         source = next(node for node in lab_plan.nodes if node.ip != lb.ip)
         backend = next(head for head in lab_plan.heads if head.ip != source.ip)
         listener, model_port = lab_plan.cluster.load_balancer.port, lab_plan.cluster.model_port
@@ -339,8 +351,10 @@ def load_balancer_vs_direct(
             },
             "load_balancer": {
                 "to": f"{lb.node}:{listener}",
-                **_throughput(source.namespace, lb.ip, listener, clients=clients, seconds=seconds),
-                "ttfb_ms": _first_byte(source.namespace, lb.ip, listener, samples),
+                **_throughput(
+                    source.namespace, lb.ip, listener, clients=clients, seconds=seconds, access=access
+                ),
+                "ttfb_ms": _first_byte(source.namespace, lb.ip, listener, samples, access),
             },
         }
     finally:

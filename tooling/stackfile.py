@@ -14,20 +14,47 @@ from qwen_cluster import config
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STACKS = ("dev", "prod", "onprem")
+# The committed stacks hold no API key (a real one is set with `pulumi config set --secret`, and
+# a stack without one is refused). Offline, where nothing is served, they get this throwaway one.
+OFFLINE_API_KEY = "offline-throwaway-key-never-served-anywhere-0000"
+# What the program gets offline for a nested `secure:` value (nothing here can decrypt a real
+# stack's ciphertext): a placeholder of the right shape, by where the value sits.
+OFFLINE_SECRETS: dict[tuple[str, ...], str] = {
+    (f"{config.NAMESPACE}:access", "apiKeys"): OFFLINE_API_KEY,
+    (f"{config.NAMESPACE}:loadBalancer", "tls", "certificate"): (
+        "-----BEGIN CERTIFICATE-----\noffline placeholder\n-----END CERTIFICATE-----\n"
+    ),
+    (f"{config.NAMESPACE}:loadBalancer", "tls", "privateKey"): (
+        "-----BEGIN PRIVATE KEY-----\noffline placeholder\n-----END PRIVATE KEY-----\n"
+    ),
+}
 
 
 def stack_path(stack: str, root: Path = PROJECT_ROOT) -> Path:
     return root / f"Pulumi.{stack}.yaml"
 
 
-def read(stack: str, root: Path = PROJECT_ROOT) -> dict[str, Any]:
-    """The stack file's `config:` map, keys as written (`qwen-cluster:nodes`, `aws:region`)."""
+def read(stack: str, root: Path = PROJECT_ROOT, *, offline_keys: bool = True) -> dict[str, Any]:
+    """The stack file's `config:` map, keys as written (`qwen-cluster:nodes`, `aws:region`);
+    with `offline_keys`, a stack without API keys (and not explicitly open) gets the throwaway
+    OFFLINE_API_KEY, as a secret, so that it renders offline (with_offline_keys)."""
     path = stack_path(stack, root)
     if not path.exists():
         known = ", ".join(sorted(p.name[7:-5] for p in root.glob("Pulumi.*.yaml")))
         raise FileNotFoundError(f"no stack file {path.name} (stacks here: {known})")
     document = yaml.safe_load(path.read_text()) or {}
-    return dict(document.get("config") or {})
+    stack_config = dict(document.get("config") or {})
+    return with_offline_keys(stack_config) if offline_keys else stack_config
+
+
+def with_offline_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
+    """The stack config with OFFLINE_API_KEY when it has no `access.apiKeys` and does not say
+    `access.openEndpoint`, written as a stack file holds a secret (`{secure: ...}`)."""
+    key = f"{config.NAMESPACE}:access"
+    access = stack_config.get(key)
+    if not isinstance(access, dict) or access.get("apiKeys") or access.get("openEndpoint"):
+        return stack_config
+    return {**stack_config, key: {**access, "apiKeys": [{"secure": OFFLINE_API_KEY}]}}
 
 
 def cluster_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
@@ -51,16 +78,37 @@ def load(stack: str, root: Path = PROJECT_ROOT) -> config.ClusterConfig:
 
 
 def as_pulumi_config(stack_config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """The stack config as the Pulumi engine hands it to a program: every value a string
-    (objects as JSON), and the list of secret keys (`secure:` values)."""
+    """The stack config as the Pulumi engine hands it to a program: every value a string (objects as
+    JSON), secure values decrypted, and the list of secret keys: a key whose value, or any value
+    inside it, is `secure:` (pulumi/pulumi sdk/go/common/resource/config/value.go: an object
+    holding a secure value is a secure object value, and map.go SecureKeys lists its key).
+    Offline nothing can decrypt a real stack's ciphertext, so a nested one becomes its
+    OFFLINE_SECRETS placeholder."""
     values: dict[str, str] = {}
-    secrets: list[str] = []
+    secret_keys: list[str] = []
     for key, value in stack_config.items():
-        if isinstance(value, dict) and set(value) == {"secure"}:
-            secrets.append(key)
-            value = value["secure"]
-        values[key] = value if isinstance(value, str) else json.dumps(value)
-    return values, secrets
+        plain, secure = _decrypted(value, (key,))
+        if secure:
+            secret_keys.append(key)
+        values[key] = plain if isinstance(plain, str) else json.dumps(plain)
+    return values, secret_keys
+
+
+def _decrypted(value: Any, path: tuple[str, ...]) -> tuple[Any, bool]:
+    """`value` with every `{secure: x}` inside replaced, and whether there was one."""
+    if isinstance(value, dict) and set(value) == {"secure"}:
+        text = value["secure"]
+        placeholder = OFFLINE_SECRETS.get(path)
+        # Pulumi's ciphertext starts `v1:`; anything else was handed over in plain text (the
+        # offline key, the lab's own secrets).
+        return (placeholder if placeholder and text.startswith("v1:") else text), True
+    if isinstance(value, dict):
+        pairs = {key: _decrypted(item, (*path, key)) for key, item in value.items()}
+        return {key: plain for key, (plain, _) in pairs.items()}, any(s for _, s in pairs.values())
+    if isinstance(value, list):
+        items = [_decrypted(item, path) for item in value]
+        return [plain for plain, _ in items], any(secure for _, secure in items)
+    return value, False
 
 
 def placeholder_host_key(name: str) -> str:

@@ -8,7 +8,7 @@ import pulumi
 import pulumi_aws as aws
 
 from qwen_cluster import summary
-from qwen_cluster.config import ClusterConfig
+from qwen_cluster.config import ClusterConfig, EndpointSecrets
 from qwen_cluster.render import sg_rules, ssm, vpc_plan
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 from qwen_cluster.render.sg_rules import Group
@@ -18,6 +18,7 @@ from .loadbalancer import ModelLoadBalancer, ModelLoadBalancerArgs
 from .monitoring import Monitoring, MonitoringArgs
 from .network import Network, NetworkArgs
 from .nodes import GpuNodeGroup, GpuNodeGroupArgs
+from .proxy import NodeProxy, NodeProxyArgs
 from .security import SecurityGroups, SecurityGroupsArgs
 from .serving import ModelServerDocument, ModelServerDocumentArgs, NodeRole, NodeRoleArgs
 
@@ -38,8 +39,11 @@ def check_existing_vpc(vpc_id: str, plan: vpc_plan.VpcPlan) -> None:
         )
 
 
-def build(cluster: ClusterConfig, *, ray_auth_token: Any = None) -> dict[str, Any]:
-    """Register the AWS resources for a validated cluster; return the stack outputs."""
+def build(
+    cluster: ClusterConfig, secrets: EndpointSecrets | None = None, *, ray_auth_token: Any = None
+) -> dict[str, Any]:
+    """Register the AWS resources for a validated cluster; return the stack outputs. `secrets`:
+    the endpoint's API keys and TLS files, Output secrets (config.EndpointSecrets)."""
     aws_target = cluster.aws
     if aws_target is None:
         raise ValueError("qwen_cluster.aws.build needs target aws")
@@ -78,6 +82,8 @@ def build(cluster: ClusterConfig, *, ray_auth_token: Any = None) -> dict[str, An
             model_port=cluster.model_port,
             idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
             deregistration_delay_seconds=cluster.rollout.drain_timeout_seconds,
+            # The node proxy terminates TLS: the NLB's health check speaks it too.
+            health_check_protocol="HTTPS" if cluster.load_balancer.tls else "HTTP",
             tags=tags,
         ),
     )
@@ -90,6 +96,12 @@ def build(cluster: ClusterConfig, *, ray_auth_token: Any = None) -> dict[str, An
             tags=tags,
             weights=cluster.model.weights,
             ray_auth_token=ray_auth_token,
+        ),
+    )
+    node_proxy = NodeProxy(
+        "node-proxy",
+        NodeProxyArgs(
+            cluster=cluster, secrets=secrets or EndpointSecrets(), role_name=role.role_name, tags=tags
         ),
     )
     nodes = GpuNodeGroup(
@@ -107,6 +119,7 @@ def build(cluster: ClusterConfig, *, ray_auth_token: Any = None) -> dict[str, An
             ready=serving.ready,
             ray_token_parameter=serving.ray_token_parameter,
             ray_token_version=serving.ray_token_version,
+            front=node_proxy.front,
         ),
     )
     if cluster.monitoring.exporters or cluster.monitoring.prometheus:

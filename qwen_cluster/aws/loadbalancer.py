@@ -24,6 +24,9 @@ class ModelLoadBalancerArgs:
     # same bound the model-server run waits for (qwen_cluster/render/ssm.py). One fact.
     deregistration_delay_seconds: int
     tags: dict[str, str]
+    # HTTP, or HTTPS when the node proxy terminates TLS (loadBalancer.tls). A health-check change
+    # updates the target group in place (elbv2/target_group.go: health_check is not ForceNew).
+    health_check_protocol: str = "HTTP"
 
     def validate(self) -> None:
         if not self.subnet_ids:
@@ -75,7 +78,9 @@ class ModelLoadBalancer(pulumi.ComponentResource):
             preserve_client_ip="false",
             health_check={
                 "enabled": True,
-                "protocol": "HTTP",
+                "protocol": args.health_check_protocol,
+                # Through the node's proxy to vLLM's own /health (the proxy lets it through
+                # without a key: a health check sends none).
                 "path": vllm.HEALTH_PATH,
                 "port": "traffic-port",
                 "matcher": "200",
@@ -101,7 +106,8 @@ class ModelLoadBalancer(pulumi.ComponentResource):
         self.target_group_arn = target_group.arn
         self.dns_name = load_balancer.dns_name
         self.arn = load_balancer.arn
-        self.endpoint = load_balancer.dns_name.apply(lambda dns: f"http://{dns}:{args.listener_port}")
+        scheme = "https" if args.health_check_protocol == "HTTPS" else "http"
+        self.endpoint = load_balancer.dns_name.apply(lambda dns: f"{scheme}://{dns}:{args.listener_port}")
         self.register_outputs({"dnsName": self.dns_name, "endpoint": self.endpoint})
 
     def attach(self, node_name: str, instance_id: pulumi.Input[str]) -> aws.lb.TargetGroupAttachment:

@@ -75,6 +75,9 @@ class GpuNodeGroupArgs:
     attach: Callable[[str, pulumi.Input[str]], Any]
     # What the first association needs in place (the drain permission, the weights read).
     ready: list[pulumi.Resource] = field(default_factory=list)
+    # Starts what stands in front of a replica head's vLLM (the node proxy): (node name,
+    # instance id) -> what the head's model-server run waits for.
+    front: Callable[[str, pulumi.Input[str]], list[pulumi.Resource]] | None = None
     # With Ray: the SecureString holding rayAuthToken and its version (ModelServerDocument).
     ray_token_parameter: pulumi.Input[str] = ""
     ray_token_version: pulumi.Input[str] = ""
@@ -168,6 +171,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                     instances[member.name] = self._instance(self._node(member.name), [gates[before]])
             head_id = instances[replica.head.name].id
             args.attach(replica.head.name, head_id)
+            fronts = args.front(replica.head.name, head_id) if args.front else []
             for member in replica.members:
                 self.stage_resources[member.name] = self._stage(member.name, instances[member.name])
             # Pipeline workers first (their run drains the replica's head, then their Ray worker
@@ -196,7 +200,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
                             parent=self,
                             # Waited for on create only (association.go): every change replaces.
                             replace_on_changes=["parameters", "targets"],
-                            depends_on=[*server_after, *started, self.stage_resources[member.name]],
+                            depends_on=[
+                                *server_after,
+                                *started,
+                                self.stage_resources[member.name],
+                                *(fronts if is_head else []),
+                            ],
                         ),
                     )
                 )

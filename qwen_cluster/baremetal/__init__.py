@@ -1,6 +1,7 @@
 """The bare-metal target: hosts configured over SSH, vLLM and nginx as containers.
 
-    build(cluster: ClusterConfig, ssh_private_key: Output[str] | None, *,
+    build(cluster: ClusterConfig, ssh_private_key: Output[str] | None,
+          secrets: EndpointSecrets | None = None, *,
           ray_auth_token: Output[str] | None = None) -> dict[str, Any]
 
 Registers one `qwen-cluster:baremetal:Cluster` with, per node, a HostSetup chain and a
@@ -22,14 +23,20 @@ from qwen_cluster.baremetal import monitoring as node_monitoring
 from qwen_cluster.baremetal.host import HostSetup, HostSetupArgs
 from qwen_cluster.baremetal.rollout import Rollout, RolloutArgs
 from qwen_cluster.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
-from qwen_cluster.config import ClusterConfig
+from qwen_cluster.config import ClusterConfig, EndpointSecrets
 from qwen_cluster.render import verify
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 
 
 class Cluster(pulumi.ComponentResource):
     def __init__(
-        self, name: str, cluster: ClusterConfig, ssh_private_key: Any, ray_auth_token: Any = None, opts=None
+        self,
+        name: str,
+        cluster: ClusterConfig,
+        ssh_private_key: Any,
+        secrets: EndpointSecrets | None = None,
+        ray_auth_token: Any = None,
+        opts=None,
     ):
         super().__init__("qwen-cluster:baremetal:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -76,7 +83,11 @@ class Cluster(pulumi.ComponentResource):
         self.load_balancer = LoadBalancer(
             "load-balancer",
             LoadBalancerArgs(
-                cluster, self.servers[lb_node.name].provider, connections[lb_node.name], setup_done
+                cluster,
+                self.servers[lb_node.name].provider,
+                connections[lb_node.name],
+                setup_done,
+                secrets or EndpointSecrets(),
             ),
             opts=child,
         )
@@ -151,14 +162,21 @@ def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi
     return built
 
 
-def build(cluster: ClusterConfig, ssh_private_key: Any, *, ray_auth_token: Any = None) -> dict[str, Any]:
+def build(
+    cluster: ClusterConfig,
+    ssh_private_key: Any,
+    secrets: EndpointSecrets | None = None,
+    *,
+    ray_auth_token: Any = None,
+) -> dict[str, Any]:
     connection.check_credentials(ssh_private_key)
     connection.check_host_keys(cluster, dry_run=pulumi.runtime.is_dry_run())
-    built = Cluster("bare-metal", cluster, ssh_private_key, ray_auth_token)
+    built = Cluster("bare-metal", cluster, ssh_private_key, secrets, ray_auth_token)
     lb_node = cluster.load_balancer_node
     settings = cluster.rollout
+    scheme = "https" if cluster.load_balancer.tls else "http"
     return {
-        "endpoint": f"http://{lb_node.ip}:{cluster.load_balancer.port}",
+        "endpoint": f"{scheme}://{lb_node.ip}:{cluster.load_balancer.port}",
         "loadBalancerNode": lb_node.name,
         "modelServers": [f"{head.ip}:{cluster.model_port}" for head in cluster.topology.heads],
         "firewall": cluster.bare_metal.firewall,

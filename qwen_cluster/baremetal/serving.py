@@ -12,13 +12,10 @@ from pulumi_command import remote
 
 from qwen_cluster import tags, topology
 from qwen_cluster.baremetal import connection
-from qwen_cluster.config import ClusterConfig, Node
+from qwen_cluster.config import ClusterConfig, EndpointSecrets, Node
 from qwen_cluster.render import nginx, vllm, weights
 
-# Pinned: a moving tag would change the load balancer on the next `pulumi up`. 1.30 is nginx's
-# stable line (1.31 mainline); 1.27 and 1.28 get no more fixes. gixy-ng checks the rendered config
-# against its CVE table for this version (tests/test_render_nginx.py).
-NGINX_IMAGE = "nginx:1.30.6"
+NGINX_IMAGE = nginx.IMAGE  # pinned (qwen_cluster/render/nginx.py)
 UNLIMITED = -1
 
 # Finds the NIC that holds VLLM_HOST_IP when bareMetal.interface is not set (host network:
@@ -245,12 +242,23 @@ class ModelServer(pulumi.ComponentResource):
         return self.container
 
 
+def secret_stdin(secrets: EndpointSecrets) -> pulumi.Output[str] | None:
+    """The install script's stdin (nginx.secrets_bundle), a secret; None without any secret."""
+    parts = (secrets.api_keys, secrets.tls_certificate, secrets.tls_private_key)
+    if all(part is None for part in parts):
+        return None
+    bundle = pulumi.Output.all(*parts).apply(lambda values: nginx.secrets_bundle(*values))
+    return pulumi.Output.secret(bundle)
+
+
 @dataclass(frozen=True)
 class LoadBalancerArgs:
     cluster: ClusterConfig
     provider: docker.Provider
     connection: remote.ConnectionArgs  # to bareMetal.loadBalancerNode
     depends_on: list[pulumi.Resource] = field(default_factory=list)
+    # API keys and TLS files, Output secrets (config.EndpointSecrets).
+    secrets: EndpointSecrets = field(default_factory=EndpointSecrets)
 
 
 class LoadBalancer(pulumi.ComponentResource):
@@ -273,6 +281,12 @@ class LoadBalancer(pulumi.ComponentResource):
             connection=args.connection,
             create=nginx.install_script(self.config_text, nginx.upstream_servers(args.cluster)),
             delete=nginx.remove_script(),
+            # The keys and TLS files travel on stdin, a secret input (pulumi-command marks the
+            # state secret and the plan shows [secret]); the script stays plain text. A changed
+            # stdin is an update, which runs `create` again (pulumi-command remote
+            # commandController.go `Update`; only `triggers` replace, common/inputs.go): the
+            # files are rewritten and nginx reloads; no container is touched.
+            stdin=secret_stdin(args.secrets),
             triggers=[str(args.cluster.load_balancer_node.ip)],
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )

@@ -21,6 +21,7 @@ from qwen_cluster.config.limits import (
 )
 from qwen_cluster.config.loading import decode_value, from_pulumi, ray_auth_token, validate
 from qwen_cluster.config.rules import complete_ports, cross_errors, monitoring_rows
+from qwen_cluster.config.secrets import REDACTED, EndpointSecrets
 from qwen_cluster.config.sections import (
     DEFAULT_IMAGE,
     DEFAULT_MODEL,
@@ -40,6 +41,7 @@ from qwen_cluster.config.sections import (
     Node,
     Rollout,
     Target,
+    Tls,
     Tuning,
     VllmFlagValue,
     Weights,
@@ -64,6 +66,7 @@ __all__ = [
     "NLB_IDLE_TIMEOUT_SECONDS",
     "OWNED_VLLM_FLAGS",
     "RECOMMENDED_NODES",
+    "REDACTED",
     "SECRET_KEYS",
     "SECTIONS",
     "Access",
@@ -73,6 +76,7 @@ __all__ = [
     "Cidr",
     "ClusterConfig",
     "ConfigError",
+    "EndpointSecrets",
     "IPv4",
     "IPv4Net",
     "LoadBalancer",
@@ -82,6 +86,7 @@ __all__ = [
     "Node",
     "Rollout",
     "Target",
+    "Tls",
     "Tuning",
     "VllmFlagValue",
     "Weights",

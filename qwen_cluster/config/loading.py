@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from qwen_cluster.config.cluster import KNOWN_KEYS, NAMESPACE, SECRET_KEYS, SECTIONS, ClusterConfig
 from qwen_cluster.config.errors import ConfigError, format_error
 from qwen_cluster.config.rules import complete_ports, cross_errors
+from qwen_cluster.config.secrets import EndpointSecrets, plain_text_secrets, read_secrets
 from qwen_cluster.config.sections import Target
 
 _ADAPTERS = {key: TypeAdapter(kind) for key, (_, kind, _) in SECTIONS.items()}
@@ -59,10 +60,11 @@ def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> Cluste
     return ClusterConfig.model_validate(chosen_raw)
 
 
-def from_pulumi() -> tuple[ClusterConfig, Any]:
+def from_pulumi() -> tuple[ClusterConfig, Any, EndpointSecrets]:
     """Read and validate `qwen-cluster:*` from the running Pulumi program.
 
-    Returns the config and the SSH private key as an Output secret (or None)."""
+    Returns the config, the SSH private key as an Output secret (or None), and the endpoint's
+    secrets (API keys, TLS), Output secrets too (qwen_cluster/config/secrets.py)."""
     import pulumi
     import pulumi.runtime
 
@@ -77,8 +79,11 @@ def from_pulumi() -> tuple[ClusterConfig, Any]:
         if key in SECRET_KEYS:
             continue
         raw[key] = decode_value(config.get(key))
+    plain = plain_text_secrets(raw, lambda key: pulumi.runtime.is_config_secret(f"{prefix}{key}"))
+    if plain:
+        raise ConfigError(plain)
     cluster = validate(raw, aws_region=pulumi.Config("aws").get("region"))
-    return cluster, config.get_secret("sshPrivateKey")
+    return cluster, config.get_secret("sshPrivateKey"), read_secrets(raw)
 
 
 def decode_value(value: str | None) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 from qwen_cluster import catalog, topology, world
 from qwen_cluster import ports as port_table
+from qwen_cluster.config import secrets
 from qwen_cluster.config.limits import (
     AWS_RESERVED_HEAD,
     AWS_SUBNET_PREFIX,
@@ -78,6 +79,7 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
     if table is not None:
         errors += port_table.table_errors(table)
     if access is not None:
+        errors += _endpoint_errors(access)
         errors += _world_errors(access)
 
     for chosen, own, other in ((Target.AWS, "aws", "bareMetal"), (Target.BARE_METAL, "bareMetal", "aws")):
@@ -149,6 +151,22 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
         except topology.TopologyError as exc:
             errors.append(str(exc))
     return errors
+
+
+def _endpoint_errors(access: Access) -> list[str]:
+    """Keys, or an endpoint explicitly open: a stack never serves without keys by omission."""
+    if access.open_endpoint and access.api_keys:
+        return [
+            f"access.openEndpoint is true but access.apiKeys holds {len(access.api_keys)} keys: "
+            "remove one or the other"
+        ]
+    if not access.open_endpoint and not access.api_keys:
+        return [
+            "access.apiKeys is empty: clients would reach the model without a key. Set one with "
+            f"`{secrets.set_command(secrets.API_KEYS_PATH)} \"$(openssl rand -hex 32)\"`, or say the "
+            "endpoint is open with access.openEndpoint: true"
+        ]
+    return []
 
 
 def _node_errors(nodes: list[Node], network: Network | None, target: Target | None) -> list[str]:

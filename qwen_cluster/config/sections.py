@@ -26,6 +26,7 @@ from qwen_cluster.config.limits import (
     NGINX_IDLE_TIMEOUT_SECONDS,
     NLB_IDLE_TIMEOUT_SECONDS,
 )
+from qwen_cluster.config.secrets import API_KEY_RULE, ApiKey, PemCertificate, PemPrivateKey
 from qwen_cluster.config.values import Cidr, IPv4, IPv4Net, Section, computed_default
 
 DEFAULT_SYSCTL: dict[str, int | str] = {
@@ -67,7 +68,7 @@ DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
 # table, the topology or the memory plan (value: where the program takes it from).
 OWNED_VLLM_FLAGS: dict[str, str] = {
     "--model": "model.name",
-    "--host": "the program (all interfaces; the firewall and security groups decide who reaches it)",
+    "--host": "the program (bare metal: the node's address; AWS: loopback, behind the node's proxy)",
     "--port": "ports (the clients entry)",
     "--tensor-parallel-size": "model.tensorParallel",
     "--pipeline-parallel-size": "model.pipelineParallel",
@@ -160,6 +161,35 @@ class Access(Section):
         "metal: the default-deny host firewall would lock SSH out, "
         "pulumi's own connection included.",
     )
+    api_keys: list[ApiKey] = Field(
+        default=[],
+        description="The API keys clients send as `Authorization: Bearer <key>`, checked by the "
+        "load balancer's nginx (bare metal) or each node's proxy (AWS) before a request reaches a "
+        "model server. A secret: set each with `pulumi config set --secret --path "
+        "'qwen-cluster:access.apiKeys[0]' \"$(openssl rand -hex 32)\"` (`[1]`, ... for more); one "
+        f"written in plain text is refused. Each key: {API_KEY_RULE}. Adding or removing a key "
+        "reloads the proxy and restarts no model server. Required unless `openEndpoint`.",
+    )
+    open_endpoint: bool = Field(
+        default=False,
+        description="Serve without API keys: anyone in `clientCidrs` may use the model. An explicit "
+        "choice; without it a stack with no `apiKeys` is refused.",
+    )
+
+
+class Tls(Section):
+    """TLS on the client listener, terminated by nginx (bare metal: the load balancer; AWS: each
+    node's proxy behind the NLB's TCP listener, so the listener's idle timeout stays
+    `idleTimeoutSeconds`; an NLB TLS listener's is fixed at 350 s)."""
+
+    certificate: PemCertificate = Field(
+        description="The PEM certificate chain, server certificate first. Set with `pulumi config set "
+        "--secret --path 'qwen-cluster:loadBalancer.tls.certificate' < chain.pem`.",
+    )
+    private_key: PemPrivateKey = Field(
+        description="The certificate's PEM private key, a secret: `pulumi config set --secret --path "
+        "'qwen-cluster:loadBalancer.tls.privateKey' < key.pem`.",
+    )
 
 
 class LoadBalancer(Section):
@@ -182,6 +212,11 @@ class LoadBalancer(Section):
         description="How long a connection may stay silent: long enough for streamed, thinking-mode "
         f"answers. AWS NLB: {_span(NLB_IDLE_TIMEOUT_SECONDS)}; bare metal (nginx "
         f"proxy_read_timeout / proxy_send_timeout): {_span(NGINX_IDLE_TIMEOUT_SECONDS)}.",
+    )
+    tls: Tls | None = Field(
+        default=None,
+        description="Serve HTTPS on `port` (TLS 1.2 and 1.3 only, Mozilla's intermediate ciphers); "
+        "without it the listener speaks plain HTTP.",
     )
 
 

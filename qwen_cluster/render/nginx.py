@@ -1,11 +1,18 @@
-"""nginx.conf for the bare-metal load balancer, done right for streamed LLM responses.
+"""nginx.conf for the client endpoint, done right for streamed LLM responses: the bare-metal
+load balancer, and (server_block, the same text) each AWS node's proxy. The endpoint is locked:
+the API key check (access.apiKeys), the route allowlist (API_ROUTES and /health, nothing else of
+vLLM) and TLS (loadBalancer.tls: 1.2 and 1.3, Mozilla's intermediate ciphers).
 
 Signatures:
     upstream_servers(cluster: ClusterConfig) -> list[tuple[str, int]]   replica heads' model port
     render(servers: list[tuple[str, int]], *, listen_port: int, idle_timeout_seconds: int,
            runtime_dir: str = "/var/cache/nginx", log_dir: str = "/var/log/nginx",
            pid_file: str = "/var/run/nginx.pid", user: str | None = "nginx",
-           upstream_file: str | None = None) -> str
+           upstream_file: str | None = None, api_keys: bool = False, tls: bool = False,
+           secrets_dir: str = CONTAINER_CONF_DIR) -> str
+    server_block(*, listen, upstream, idle_timeout_seconds, tries, api_keys, tls, secrets_dir) -> str
+    keys_conf(api_keys) -> str         the map entries of KEYS_FILE (a secret)
+    secrets_bundle(api_keys, tls_certificate, tls_private_key) -> str   install_script's stdin
     for_cluster(cluster: ClusterConfig, **paths) -> str
     upstream_conf(servers, down=frozenset()) -> str       the `server` lines of UPSTREAM_FILE
     control_function() -> str          bash `nginx_ctl test|reload` (exit 3: nginx is not running)
@@ -13,9 +20,10 @@ Signatures:
         writes nginx.conf and the upstream file on the host, tests, reloads; a server that is
         marked down stays down, and a new one enters down when there was a file before
 
-The file is self-contained (no includes), so `nginx -t -p <dir> -c <dir>/nginx.conf` checks
-it anywhere. Relative `runtime_dir`/`log_dir`/`pid_file` resolve against nginx's prefix (`-p`),
-which lets a lab run it unprivileged in a namespace; `user=None` leaves the directive out.
+The file includes only files beside it (the upstream, the keys), so `nginx -t -p <dir> -c
+<dir>/nginx.conf` checks it anywhere they are. Relative `runtime_dir`/`log_dir`/`pid_file`
+resolve against nginx's prefix (`-p`), which lets a lab run it unprivileged in a namespace;
+`user=None` leaves the directive out.
 
 On bare metal the files live on the load-balancer host in CONF_DIR, which the nginx container
 mounts read-only at CONTAINER_CONF_DIR: a membership change rewrites UPSTREAM_FILE and reloads
@@ -27,11 +35,19 @@ it was given, and the atomic rename that replaces the file would never reach the
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from qwen_cluster.render.shell import container_state_function, quote, script
 from qwen_cluster.render.vllm import HEALTH_PATH
 
+# Pinned: a moving tag would change the load balancer (and every AWS node's proxy) on the next
+# `pulumi up`. 1.30 is nginx's stable line (1.31 mainline); 1.27 and 1.28 get no more fixes.
+# gixy-ng checks the rendered config against its CVE table for this version
+# (tests/test_render_nginx.py).
+IMAGE = "nginx:1.30.6"
 MAX_FAILS = 3
 FAIL_TIMEOUT_SECONDS = 30
 CONNECT_TIMEOUT_SECONDS = 5
@@ -55,6 +71,220 @@ def upstream_servers(cluster) -> list[tuple[str, int]]:
     return [(head.ip, cluster.model_port) for head in cluster.topology.heads]
 
 
+@dataclass(frozen=True)
+class Route:
+    """A route clients may reach through the load balancer: its method and path (`{id}`: one
+    path segment of letters, digits, `_` and `-`)."""
+
+    method: str
+    path: str
+
+    @property
+    def location(self) -> str:
+        if "{id}" not in self.path:
+            return f"= {self.path}"
+        return "~ ^" + self.path.replace("{id}", "[A-Za-z0-9_-]+") + "$"
+
+    @property
+    def upstream_uri(self) -> str:
+        """The path sent on. A fixed route sends its own path, never the client's spelling of
+        it (nginx matched the normalised one). A route with `{id}` sends the request as the
+        client wrote it (proxy_pass without a URI): nginx's normalised path matched the route,
+        and a spelling that normalises to it but differs (`%2F..%2F`) reaches vLLM's router
+        undecoded-dot-segments and matches no route there (a path parameter holds no `/`)."""
+        return "" if "{id}" in self.path else self.path
+
+
+# What a client reaches through the load balancer: the OpenAI routes vLLM serves for a generative
+# model, listed one by one, and HEALTH_PATH. Everything else vLLM serves (/metrics, /tokenize,
+# /detokenize, /invocations, /pooling, /score, /rerank, /ping, /load, /version, /server_info,
+# /reset_prefix_cache, /sleep, /wake_up, /collective_rpc, /pause, /resume, /start_profile, ...) and
+# /v1 routes that are not inference (/v1/load_lora_adapter, /v1/unload_lora_adapter,
+# /v1/chat/completions/render, /v1/messages) is refused by nginx with 404 before any model server.
+# From vLLM's own routers (vllm-project/vllm): vllm/entrypoints/openai/api_server.py of the
+# v0.11 line holds them all in one file (`@router.get("/v1/models")`, `@router.post(
+# "/v1/chat/completions")`, `@router.post("/v1/completions")`, `@router.post("/v1/responses")`,
+# `@router.get("/v1/responses/{response_id}")`, `@router.post("/v1/responses/{response_id}/cancel")`);
+# later releases split them into vllm/entrypoints/openai/{models,chat_completion,completion,
+# responses}/api_router.py with the same paths, registered for the "generate" task by
+# vllm/entrypoints/openai/generate/api_router.py. A method other than the route's is 403.
+API_ROUTES: tuple[Route, ...] = (
+    Route("GET", "/v1/models"),
+    Route("POST", "/v1/chat/completions"),
+    Route("POST", "/v1/completions"),
+    Route("POST", "/v1/responses"),
+    Route("GET", "/v1/responses/{id}"),
+    Route("POST", "/v1/responses/{id}/cancel"),
+)
+# The client keys, as nginx map entries (keys_conf), beside nginx.conf; TLS files likewise.
+KEYS_FILE = "keys.conf"
+TLS_CERTIFICATE_FILE = "tls-certificate.pem"
+TLS_PRIVATE_KEY_FILE = "tls-private-key.pem"
+SECRET_FILES = (KEYS_FILE, TLS_CERTIFICATE_FILE, TLS_PRIVATE_KEY_FILE)
+# Mozilla's intermediate configuration (ssl-config.mozilla.org, "Intermediate", guideline 5.7):
+# TLS 1.2 and 1.3; for 1.2 only AEAD suites with forward secrecy. The DHE suites of the profile
+# are left out: they need an ssl_dhparam file and no current client needs them.
+TLS_PROTOCOLS = "TLSv1.2 TLSv1.3"
+TLS_CIPHERS = ":".join(
+    (
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+    )
+)
+# The JSON bodies of nginx's own refusals, shaped like vLLM's errors.
+AUTH_ERROR = (
+    '{"error": {"message": "a valid API key is required", "type": "authentication_error", "code": 401}}'
+)
+NOT_FOUND_ERROR = '{"error": {"message": "not found", "type": "not_found", "code": 404}}'
+# Mozilla's intermediate profile: HSTS for two years once a client has seen HTTPS here.
+HSTS = """
+        add_header Strict-Transport-Security "max-age=63072000" always;"""
+WWW_AUTHENTICATE = """
+        add_header WWW-Authenticate $qwen_www_authenticate always;"""
+# The map variable that is 1 when the request carries a configured key.
+KEY_VARIABLE = "$qwen_client_key"
+
+
+def keys_conf(api_keys: Iterable[str]) -> str:
+    """The `map` entries of KEYS_FILE: the whole Authorization header, compared case-sensitively
+    (a `~` regex; plain map strings are compared ignoring case). Keys hold only characters of
+    config.secrets.API_KEY_PATTERN, of which `.` and `+` need escaping. The text is a secret:
+    it is rendered only inside an Output.apply of the keys, and never logged."""
+    lines = ["# Managed by qwen-cluster: the client API keys (a secret; mode 0600)."]
+    for key in api_keys:
+        escaped = re.sub(r"([.+])", r"\\\1", key)
+        lines.append(f'"~^Bearer {escaped}$" 1;')
+    return "\n".join(lines) + "\n"
+
+
+def _auth_map() -> str:
+    return f"""
+    # Client keys (access.apiKeys): {KEY_VARIABLE} is 1 for `Authorization: Bearer <a key>`. The
+    # keys are a file of their own, rewritten and reloaded when they change (no model server
+    # restarts).
+    map $http_authorization {KEY_VARIABLE} {{
+        default 0;
+        include {KEYS_FILE};
+    }}
+    # RFC 6750: a 401 names the scheme it wants (an empty value sends no header).
+    map {KEY_VARIABLE} $qwen_www_authenticate {{
+        0 "Bearer";
+        default "";
+    }}
+"""
+
+
+def _tls_directives(secrets_dir: str) -> str:
+    return f"""
+        ssl_certificate {secrets_dir}/{TLS_CERTIFICATE_FILE};
+        ssl_certificate_key {secrets_dir}/{TLS_PRIVATE_KEY_FILE};
+        ssl_protocols {TLS_PROTOCOLS};
+        ssl_ciphers {TLS_CIPHERS};
+        ssl_prefer_server_ciphers off;
+        ssl_session_timeout 1d;
+        ssl_session_cache shared:QwenTLS:10m;
+        ssl_session_tickets off;
+        # Streamed tokens are small: TLS records of at most 4 KB go out as they fill, not at
+        # 16 KB (nginx docs, ssl_buffer_size: smaller values minimise time to first byte).
+        ssl_buffer_size 4k;
+"""
+
+
+def _api_location(route: Route, *, upstream: str, auth: bool) -> str:
+    check = (
+        f"""
+            if ({KEY_VARIABLE} = 0) {{
+                return 401 '{AUTH_ERROR}';
+            }}"""
+        if auth
+        else ""
+    )
+    return f"""
+        location {route.location} {{
+            limit_except {route.method} {{
+                deny all;
+            }}{check}
+            proxy_pass http://{upstream}{route.upstream_uri + "$is_args$args" if route.upstream_uri else ""};
+        }}
+"""
+
+
+def server_block(
+    *,
+    listen: str,
+    upstream: str,
+    idle_timeout_seconds: int,
+    tries: int,
+    api_keys: bool,
+    tls: bool,
+    secrets_dir: str = CONTAINER_CONF_DIR,
+) -> str:
+    """The client-facing `server`, shared by the bare-metal load balancer and each AWS node's
+    proxy: TLS (optional), the API key check, the route allowlist, streaming-safe proxying.
+    The proxy settings are the server's, inherited by every location."""
+    timeout = f"{idle_timeout_seconds}s"
+    locations = "".join(_api_location(route, upstream=upstream, auth=api_keys) for route in API_ROUTES)
+    return f"""
+    server {{
+        listen {listen}{" ssl" if tls else ""};
+{_tls_directives(secrets_dir) if tls else ""}
+        # HTTP/1.1: vLLM streams with chunked transfer encoding.
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_set_header X-Real-IP $remote_addr;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        proxy_set_header X-Forwarded-Proto $scheme;
+        # The client's key stops here: no model server sees (or logs) it.
+        proxy_set_header Authorization "";{WWW_AUTHENTICATE if api_keys else ""}{HSTS if tls else ""}
+        # Streamed tokens go to the client as they come, not when a buffer fills.
+        proxy_buffering off;
+        # Request bodies stay buffered (the default): nginx can replay a prompt on another
+        # replica only if it has not started streaming the body to the one that died
+        # (nginx docs, proxy_request_buffering; found by the lab's kill-under-load test).
+        proxy_cache off;
+        # Qwen3's thinking mode can stay silent for minutes (loadBalancer.idleTimeoutSeconds).
+        proxy_connect_timeout {CONNECT_TIMEOUT_SECONDS}s;
+        proxy_read_timeout {timeout};
+        proxy_send_timeout {timeout};
+        # Inference is stateless: a POST that failed before any byte reached the client
+        # can be replayed on another replica without side effects, hence non_idempotent.
+        # nginx never retries once the response has started streaming.
+        proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+        proxy_next_upstream_tries {tries};
+
+        # The OpenAI routes (API_ROUTES), each behind the key check when keys are configured.{locations}
+        # Healthy when at least one replica's vLLM answers its own /health. No key: load
+        # balancer health checks send none, and the answer says only up or down.
+        location = {HEALTH_PATH} {{
+            limit_except GET {{
+                deny all;
+            }}
+            proxy_pass http://{upstream}{HEALTH_PATH};
+            proxy_read_timeout 10s;
+            proxy_next_upstream error timeout http_502 http_503;
+            access_log off;
+        }}
+
+        # nginx itself is up (for liveness probes that must not depend on the model).
+        location = /nginx-health {{
+            access_log off;
+            return 200 "ok\\n";
+        }}
+
+        # Every other route of vLLM (metrics, tokenizer, admin and control routes) and every
+        # other spelling: refused here, never proxied.
+        location / {{
+            return 404 '{NOT_FOUND_ERROR}';
+        }}
+    }}
+"""
+
+
 def render(
     servers: list[tuple[str, int]],
     *,
@@ -65,7 +295,14 @@ def render(
     pid_file: str = "/var/run/nginx.pid",
     user: str | None = "nginx",
     upstream_file: str | None = None,
+    api_keys: bool = False,
+    tls: bool = False,
+    secrets_dir: str = CONTAINER_CONF_DIR,
+    listen_address: str | None = None,
 ) -> str:
+    """`api_keys`: check the client keys of KEYS_FILE (beside nginx.conf); `tls`: serve HTTPS with
+    the certificate and key in `secrets_dir` (where the container sees CONF_DIR);
+    `listen_address`: one address instead of every one (an AWS node's proxy)."""
     if not servers:
         raise ValueError("nginx needs at least one upstream server")
     if upstream_file is None:
@@ -75,7 +312,15 @@ def render(
         # rollout's drain (rollout.py): this file changes only with the listener or timeouts.
         upstream = f"        include {upstream_file};"
     user_line = f"user {user};\n" if user else ""
-    timeout = f"{idle_timeout_seconds}s"
+    server = server_block(
+        listen=f"{listen_address}:{listen_port}" if listen_address else str(listen_port),
+        upstream="qwen_model",
+        idle_timeout_seconds=idle_timeout_seconds,
+        tries=min(len(servers), 3),
+        api_keys=api_keys,
+        tls=tls,
+        secrets_dir=secrets_dir,
+    )
     return f"""# Managed by qwen-cluster: load balancer over the replica heads' model port.
 {user_line}worker_processes auto;
 worker_rlimit_nofile {WORKER_RLIMIT_NOFILE};
@@ -97,7 +342,7 @@ http {{
     server_tokens off;
     # Prompts with long contexts are large request bodies.
     client_max_body_size 64m;
-
+{_auth_map() if api_keys else ""}
     upstream qwen_model {{
         # A generation holds its connection for its whole length: balance on open requests.
         least_conn;
@@ -107,54 +352,7 @@ http {{
         # proxy_connect_timeout; nginx cannot tell a dead link from a thinking pause
         # (found by the lab's link-cut test). A handshake per generation costs nothing.
     }}
-
-    server {{
-        listen {listen_port};
-
-        location / {{
-            proxy_pass http://qwen_model;
-            # HTTP/1.1: vLLM streams with chunked transfer encoding.
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host $host;
-            proxy_set_header X-Real-IP $remote_addr;
-            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-            proxy_set_header X-Forwarded-Proto $scheme;
-            # Streamed tokens go to the client as they come, not when a buffer fills.
-            proxy_buffering off;
-            # Request bodies stay buffered (the default): nginx can replay a prompt on another
-            # replica only if it has not started streaming the body to the one that died
-            # (nginx docs, proxy_request_buffering; found by the lab's kill-under-load test).
-            proxy_cache off;
-            # Qwen3's thinking mode can stay silent for minutes (loadBalancer.idleTimeoutSeconds).
-            proxy_connect_timeout {CONNECT_TIMEOUT_SECONDS}s;
-            proxy_read_timeout {timeout};
-            proxy_send_timeout {timeout};
-            # Inference is stateless: a POST that failed before any byte reached the client
-            # can be replayed on another replica without side effects, hence non_idempotent.
-            # nginx never retries once the response has started streaming.
-            proxy_next_upstream error timeout http_502 http_503 non_idempotent;
-            proxy_next_upstream_tries {min(len(servers), 3)};
-        }}
-
-        # Healthy when at least one replica's vLLM answers its own /health.
-        location = {HEALTH_PATH} {{
-            proxy_pass http://qwen_model{HEALTH_PATH};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_connect_timeout {CONNECT_TIMEOUT_SECONDS}s;
-            proxy_read_timeout 10s;
-            proxy_next_upstream error timeout http_502 http_503;
-            access_log off;
-        }}
-
-        # nginx itself is up (for liveness probes that must not depend on the model).
-        location = /nginx-health {{
-            access_log off;
-            return 200 "ok\\n";
-        }}
-    }}
-}}
+{server}}}
 """
 
 
@@ -208,10 +406,29 @@ server_flag() {
 """
 
 
+def secrets_bundle(
+    api_keys: Iterable[str] | None, tls_certificate: str | None, tls_private_key: str | None
+) -> str:
+    """What the install script reads on its standard input: one line `<file> <base64>` per
+    secret file (KEYS_FILE, the TLS pair). Called inside an Output.apply of the secrets: the
+    text is a secret, handed to the command as its `stdin` (a secret input), never its script,
+    and so never in a process list, a log or the plan."""
+    files = []
+    if api_keys:
+        files.append((KEYS_FILE, keys_conf(api_keys)))
+    if tls_certificate and tls_private_key:
+        files += [(TLS_CERTIFICATE_FILE, tls_certificate), (TLS_PRIVATE_KEY_FILE, tls_private_key)]
+    return "".join(f"{name} {base64.b64encode(text.encode()).decode()}\n" for name, text in files)
+
+
 def install_script(conf: str, servers: list[tuple[str, int]], *, conf_dir: str = CONF_DIR) -> str:
     """Write the load balancer's files on its host, test them with the running nginx and reload
     it (a config nginx refuses is rolled back and fails the step). Before nginx runs (day 0)
-    the files are written only; the container reads them when it starts."""
+    the files are written only; the container reads them when it starts.
+
+    The secret files (keys, TLS) come on standard input (secrets_bundle), mode 0600: a key added
+    or removed re-runs this script alone, and nginx reloads; no model server restarts. A secret
+    file the bundle does not name is removed."""
     wanted = "\n".join(f"{ip}:{port}" for ip, port in servers)
     body = f"""
 conf_dir={quote(conf_dir)}
@@ -224,9 +441,22 @@ had_upstream=no
 [ -e "$upstream" ] && had_upstream=yes
 backup=$(mktemp -d)
 trap 'rm -rf "$backup"' EXIT
-for file in {CONF_FILE} {UPSTREAM_FILE}; do
+for file in {CONF_FILE} {UPSTREAM_FILE} {" ".join(SECRET_FILES)}; do
   [ -e "$conf_dir/$file" ] && cp -p "$conf_dir/$file" "$backup/$file"
 done
+
+# The secrets, from standard input (never echoed): written beside nginx.conf, root's, 0600.
+umask 077
+given=" "
+while read -r name value; do
+  case "$name" in
+    {"|".join(SECRET_FILES)}) ;;
+    *) echo "nginx: unknown secret file on stdin" >&2; exit 1 ;;
+  esac
+  printf '%s' "$value" | base64 -d >"$conf_dir/$name.new"
+  given="$given$name "
+done
+umask 022
 
 # The upstream: a server drained by an unfinished rollout stays down (its rollout step puts it
 # back once healthy); a server that is new while nginx already serves enters down, and its
@@ -251,8 +481,15 @@ cat >"$conf_dir/{CONF_FILE}.new" <<'QWEN_NGINX_CONF_EOF'
 QWEN_NGINX_CONF_EOF
 # Renames, so nginx never reads a half-written file.
 mv -f "$upstream.new" "$upstream"
+for file in {" ".join(SECRET_FILES)}; do
+  case "$given" in
+    *" $file "*) mv -f "$conf_dir/$file.new" "$conf_dir/$file" ;;
+    *) rm -f "$conf_dir/$file" ;;
+  esac
+done
 mv -f "$conf_dir/{CONF_FILE}.new" "$conf_dir/{CONF_FILE}"
 cat "$upstream"
+echo "nginx: secret files: ${{given# }}"
 
 status=0
 nginx_ctl test || status=$?
@@ -262,7 +499,7 @@ if [ "$status" = 3 ]; then
 elif [ "$status" != 0 ]; then
   echo "nginx: the new configuration was not taken (its test failed, or docker did not" \\
     "answer: see above); the previous files are back" >&2
-  for file in {CONF_FILE} {UPSTREAM_FILE}; do
+  for file in {CONF_FILE} {UPSTREAM_FILE} {" ".join(SECRET_FILES)}; do
     if [ -e "$backup/$file" ]; then cp -p "$backup/$file" "$conf_dir/$file"; else rm -f "$conf_dir/$file"; fi
   done
   exit 1
@@ -282,5 +519,7 @@ def for_cluster(cluster, **paths) -> str:
         upstream_servers(cluster),
         listen_port=cluster.load_balancer.port,
         idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
+        api_keys=bool(cluster.access.api_keys),
+        tls=cluster.load_balancer.tls is not None,
         **paths,
     )

@@ -297,7 +297,12 @@ def parameters(
         "StopSeconds": str(vllm.stop_grace_seconds(cluster)),
         "RayTokenParameter": ray_token_parameter if topology.pipeline_parallel > 1 else "",
         "RayTokenVersion": ray_token_version if topology.pipeline_parallel > 1 else "",
-        "HealthUrl": f"http://{replica.head.ip}:{topology.model_port}{vllm.HEALTH_PATH}" if head else "",
+        # vLLM's own /health where it listens (loopback, behind the node's proxy).
+        "HealthUrl": (
+            f"http://{vllm.listen_address(cluster, node_name)}:{topology.model_port}{vllm.HEALTH_PATH}"
+            if head
+            else ""
+        ),
     }
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import shlex
 
 from qwen_cluster import catalog
-from qwen_cluster.config import DEFAULT_VLLM_FLAGS, ClusterConfig, VllmFlagValue
+from qwen_cluster.config import DEFAULT_VLLM_FLAGS, ClusterConfig, Target, VllmFlagValue
 from qwen_cluster.render import weights
 
-# vLLM binds every interface; the security groups / host firewall decide who reaches it.
-LISTEN_ADDRESS = "0.0.0.0"
+# On AWS vLLM listens on loopback only, behind the node's proxy (qwen_cluster/render/proxy.py),
+# which holds the node address and the model port, checks keys and routes and terminates TLS.
+LOOPBACK = "127.0.0.1"
 # vLLM's health route, the one definition of it here: `GET /health` in
 # vllm/entrypoints/openai/api_server.py (vllm-project/vllm, the release of config.DEFAULT_IMAGE)
 # answers 200 while the engine serves and 503 once it is dead (EngineDeadError); before the
@@ -49,11 +50,21 @@ def _argument(flag: str, value: VllmFlagValue) -> str:
     return f"{flag}={value}"
 
 
-def serve_argv(cluster: ClusterConfig) -> list[str]:
-    """`vllm serve MODEL ...` for a replica head."""
+def listen_address(cluster: ClusterConfig, node_name: str) -> str:
+    """Where a head's vLLM listens (`--host`). Bare metal: the node's cluster address, never every
+    interface; nginx on the load-balancer node reaches it there, and the host firewall admits the
+    model port from that node only. AWS: loopback, behind the node's proxy on the node address."""
+    if cluster.target is Target.AWS:
+        return LOOPBACK
+    return str(next(node.ip for node in cluster.nodes if node.name == node_name))
+
+
+def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str]:
+    """`vllm serve MODEL ...` for a replica head (default: the first)."""
     topology = cluster.topology
+    node_name = node_name or topology.heads[0].name
     owned = [
-        f"--host={LISTEN_ADDRESS}",
+        f"--host={listen_address(cluster, node_name)}",
         f"--port={topology.model_port}",
         f"--tensor-parallel-size={topology.tensor_parallel}",
         f"--pipeline-parallel-size={topology.pipeline_parallel}",
@@ -93,9 +104,10 @@ def server_script(cluster: ClusterConfig, node_name: str, prelude: str = "") -> 
     `prelude` runs first (a target's own setup, e.g. finding the cluster interface)."""
     topology = cluster.topology
     if topology.pipeline_parallel == 1:
-        command = f"exec {shlex.join(serve_argv(cluster))}"
+        command = f"exec {shlex.join(serve_argv(cluster, node_name))}"
     elif topology.is_head(node_name):
-        command = f"{shlex.join(ray_argv(cluster, node_name))} && exec {shlex.join(serve_argv(cluster))}"
+        serve = shlex.join(serve_argv(cluster, node_name))
+        command = f"{shlex.join(ray_argv(cluster, node_name))} && exec {serve}"
     else:
         command = f"exec {shlex.join(ray_argv(cluster, node_name))}"
     return prelude + command

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# A well-formed key for configs that need one; no endpoint anywhere accepts it.
+TEST_API_KEY = "test-key-0123456789abcdef0123456789abcdef"
+
 BASE_AWS = {
     "target": "aws",
     "nodes": [
@@ -15,6 +18,7 @@ BASE_AWS = {
         "clientCidrs": ["10.0.0.0/8"],
         "monitoringCidrs": ["10.20.0.0/16"],
         "adminCidrs": ["203.0.113.10/32"],
+        "apiKeys": [TEST_API_KEY],
     },
     "aws": {"instanceType": "g6e.12xlarge", "availabilityZone": "us-west-2a", "efa": True},
 }

@@ -1,15 +1,19 @@
 """The real `openai` client, run inside a lab namespace by tests/test_lab_openai.py.
 
-    python tests/helpers/lab_openai_client.py BASE_URL MODEL THINK_SECONDS
+    OPENAI_API_KEY=<key> python tests/helpers/lab_openai_client.py BASE_URL MODEL THINK_SECONDS [CA_FILE]
 
 Streams one chat completion (usage included, a thinking pause), asks for one plain completion,
 lists the models and asks for a model nobody serves; prints what the client made of each as one
-JSON document. The client is given BASE_URL and nothing else (no retries, no environment).
+JSON document. The client is given BASE_URL, its key (OPENAI_API_KEY, the client's own variable,
+so that the key is in no command line) and the CA to trust for an https BASE_URL; nothing else
+(no retries, no other environment).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import ssl
 import sys
 import time
 
@@ -18,8 +22,18 @@ import openai
 MAX_TOKENS = 6
 
 
-def main(base_url: str, model: str, think: str) -> dict:
-    client = openai.OpenAI(base_url=base_url, api_key="lab-needs-no-key", max_retries=0, timeout=30)
+def main(base_url: str, model: str, think: str, ca_file: str | None = None) -> dict:
+    http_client = None
+    if ca_file:
+        # Only the lab's CA: the system's roots could not vouch for the lab's load balancer.
+        http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca_file))
+    client = openai.OpenAI(
+        base_url=base_url,
+        api_key=os.environ.get("OPENAI_API_KEY") or "no-key",
+        max_retries=0,
+        timeout=30,
+        http_client=http_client,
+    )
     messages = [{"role": "user", "content": "how many nodes answer this prompt"}]
     report: dict = {"openai": openai.__version__}
 
@@ -54,4 +68,4 @@ def main(base_url: str, model: str, think: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:4])))
+    print(json.dumps(main(*sys.argv[1:5])))

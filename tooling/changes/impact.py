@@ -199,7 +199,10 @@ def is_health_gate(resource: RecordedResource) -> bool:
     """A resource whose change (see `_gates` for which) waits until its replica serves again:
     the day-2 chain is counted in these (`make bench`, Render.critical_path)."""
     if resource.type == "aws:ssm/association:Association":
-        return bool(resource.inputs.get("waitForSuccessTimeoutSeconds"))
+        # Only the model server's runs wait for a replica's health; the node proxy's (no
+        # ConfigHash) waits for nginx alone and gates nothing.
+        serves = _SERVER_CONFIG_PARAMETER in (resource.inputs.get("parameters") or {})
+        return serves and bool(resource.inputs.get("waitForSuccessTimeoutSeconds"))
     if resource.type == "docker:index/container:Container":
         return bool(resource.inputs.get("wait"))
     if resource.type == "command:remote:Command":

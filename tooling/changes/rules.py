@@ -210,7 +210,8 @@ _RULES: tuple[Rule, ...] = (
         frozenset({"name", "dataType"}),
         f"{_TF_AWS} internal/service/ssm/parameter.go: name, data_type ForceNew (and tier Advanced -> "
         "Standard); value, type, description update in place (PutParameter with Overwrite), and a "
-        "new value raises the computed version",
+        "new value raises the computed version, which inputs following it see",
+        new_version_on_update=True,
     ),
     Rule(
         "aws:ssm/association:Association",

@@ -35,6 +35,7 @@ from urllib.parse import urlencode
 import yaml
 
 from qwen_cluster import ports as port_table
+from qwen_cluster.render import vllm
 from qwen_cluster.render.monitoring.clock import duration, timing
 
 LOOPBACK = "127.0.0.1"
@@ -116,7 +117,9 @@ def _aggregator_base(cluster, node_name: str, gpu: bool | None) -> dict:
     if gpu:
         sources.append({"name": "gpu", "url": f"http://{LOOPBACK}:{DCGM_PORT}/metrics"})
     if cluster.topology.is_head(node_name):
-        sources.append({"name": "vllm", "url": f"http://{LOOPBACK}:{cluster.model_port}/metrics"})
+        # Where vLLM listens (render/vllm.py): the node address on bare metal, loopback on AWS.
+        address = vllm.listen_address(cluster, node_name)
+        sources.append({"name": "vllm", "url": f"http://{address}:{cluster.model_port}/metrics"})
     return {
         "node": node_name,
         "node_ip": str(node.ip),

@@ -1,0 +1,93 @@
+"""The endpoint's secrets in the stack config: required unless the endpoint is open, validated
+without being shown, never in the validated config, never committed; a key rotation on bare
+metal rewrites the load balancer's files and replaces no container."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from qwen_cluster import config
+from qwen_cluster.config import NAMESPACE, REDACTED, ConfigError
+from tests.helpers.aws_stacks import render
+from tests.helpers.configs import BASE_BARE_METAL, TEST_API_KEY
+from tooling import changes, offline, stackfile
+
+KEY = "rotation-key-" + "1" * 40
+NEXT_KEY = "rotation-key-" + "2" * 40
+
+
+def with_access(**access) -> dict:
+    raw = copy.deepcopy(BASE_BARE_METAL)
+    raw["access"] = {key: value for key, value in {**raw["access"], **access}.items() if value is not None}
+    return raw
+
+
+def errors(raw: dict) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        config.validate(raw)
+    return caught.value.errors
+
+
+def test_a_stack_without_keys_is_refused_naming_the_command_to_set_one():
+    (error,) = errors(with_access(apiKeys=None))
+    assert error.startswith("access.apiKeys is empty")
+    assert "pulumi config set --secret --path 'qwen-cluster:access.apiKeys[0]'" in error
+
+
+def test_an_explicitly_open_endpoint_needs_no_key():
+    assert config.validate(with_access(apiKeys=None, openEndpoint=True)).access.open_endpoint
+
+
+def test_keys_and_an_open_endpoint_together_are_refused():
+    (error,) = errors(with_access(openEndpoint=True))
+    assert error.startswith("access.openEndpoint is true but access.apiKeys holds 1 keys")
+
+
+def test_a_malformed_key_is_refused_without_being_shown():
+    (error,) = errors(with_access(apiKeys=[TEST_API_KEY, "short-secret"]))
+    assert error.startswith("access.apiKeys[1] is not valid") and "short-secret" not in error
+
+
+def test_the_validated_config_holds_only_the_redacted_mark():
+    cluster = config.validate(with_access(apiKeys=[TEST_API_KEY, KEY]))
+    assert cluster.access.api_keys == [REDACTED, REDACTED]
+    assert TEST_API_KEY not in cluster.model_dump_json()
+
+
+def test_the_committed_stacks_hold_no_key():
+    for stack in stackfile.STACKS:
+        raw = yaml.safe_load(stackfile.stack_path(stack).read_text())["config"]
+        assert "apiKeys" not in raw[f"{NAMESPACE}:access"], stack
+
+
+def test_the_offline_tools_give_a_keyless_stack_a_throwaway_secret_key():
+    values, secret_keys = stackfile.as_pulumi_config(stackfile.read("onprem"))
+    assert f"{NAMESPACE}:access" in secret_keys
+    assert stackfile.OFFLINE_API_KEY in values[f"{NAMESPACE}:access"]
+
+
+def test_a_key_written_in_plain_text_in_the_stack_file_stops_the_program_without_showing_it():
+    stack_config = stackfile.read("onprem", offline_keys=False)
+    stack_config[f"{NAMESPACE}:access"] = {**stack_config[f"{NAMESPACE}:access"], "apiKeys": [KEY]}
+    result = offline.render(stack_config, "onprem")
+    assert result.error and "access.apiKeys is in plain text in the stack file" in result.error
+    assert KEY not in result.error and not result.resources
+
+
+def _onprem(*keys: str) -> dict:
+    stack_config = stackfile.read("onprem", offline_keys=False)
+    access = {**stack_config[f"{NAMESPACE}:access"], "apiKeys": [{"secure": key} for key in keys]}
+    return {**stack_config, f"{NAMESPACE}:access": access}
+
+
+def test_on_bare_metal_a_key_rotation_updates_the_nginx_files_and_restarts_nothing():
+    old, new = render(_onprem(KEY), "onprem"), render(_onprem(KEY, NEXT_KEY), "onprem")
+    found = changes.diff(old, new)
+    assert {(c.name, c.action, tuple(c.keys)) for c in found if c.action != "same"} == {
+        ("load-balancer-config", "update", ("stdin",))
+    }
+    summary = changes.rollout(old, new, found)
+    assert summary.servers_restarted == [] and summary.max_replicas_out_of_service == 0

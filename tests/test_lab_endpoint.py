@@ -1,0 +1,125 @@
+"""The locked endpoint in the lab: through the load balancer from the client namespace, only the
+OpenAI routes and /health reach a model server, only with a valid key, only over TLS 1.2/1.3;
+keys rotate under load with no failed request and no model server restarted.
+
+One lab (onprem, two nodes) for the whole module. Needs root and the lab's binaries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from labkit import blueprint, check, lifecycle, netns, probes, standins, upgrade
+from qwen_cluster.config import NAMESPACE
+from qwen_cluster.ports import Vantage
+
+LABEL = f"e{os.getpid() % 100000}"
+BINARIES = ("ip", "nginx", "nft", "ufw", "sysctl", "openssl")
+MISSING = netns.missing_requirements() + [f"{b} not installed" for b in BINARIES if not shutil.which(b)]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.load("onprem", nodes=2, label=LABEL)
+    options = lifecycle.Options(token_delay=0.01)
+    try:
+        up = lifecycle.up(lab_plan, options)
+        assert up.ok, [(step.node, step.step, step.detail[-300:]) for step in up.steps if not step.ok]
+        yield lab_plan, options, {result.what: result for result in check.endpoint(lab_plan)}
+    finally:
+        lifecycle.down(LABEL)
+
+
+def _failed(results) -> list:
+    return [(r.what, r.observed) for r in results if not r.ok]
+
+
+def test_the_default_rehearsal_runs_with_the_endpoint_locked(lab):
+    lab_plan, _, _ = lab
+    assert lab_plan.cluster.access.api_keys and not lab_plan.cluster.access.open_endpoint
+    assert lifecycle.client_access(lab_plan).api_key and lifecycle.client_access(lab_plan).ca_file
+
+
+def test_no_key_and_a_wrong_key_get_401_and_reach_no_model_server(lab):
+    _, _, seen = lab
+    wanted = (
+        "POST /v1/chat/completions with no key",
+        "POST /v1/chat/completions with a wrong key",
+        "requests without a valid key",
+    )
+    assert _failed([seen[what] for what in wanted]) == []
+
+
+def test_every_openai_route_and_health_reach_a_model_server_with_the_key(lab):
+    _, _, seen = lab
+    allowed = [result for what, result in seen.items() if result.expected == "reaches a model server"]
+    assert len(allowed) == 7 and _failed(allowed) == []
+
+
+def test_every_other_route_and_spelling_is_refused_and_reaches_no_model_server(lab):
+    _, _, seen = lab
+    refused = [result for result in seen.values() if result.expected == check.REFUSED]
+    assert len(refused) == len(check.refused_requests())
+    assert _failed(refused) == []
+    assert seen[f"{len(refused)} refused requests"].ok, seen[f"{len(refused)} refused requests"].observed
+
+
+def test_the_key_never_reaches_a_model_server(lab):
+    _, _, seen = lab
+    assert seen["Authorization headers received"].ok, seen["Authorization headers received"].observed
+
+
+def test_tls_1_0_and_1_1_handshakes_are_refused_by_the_server(lab):
+    _, _, seen = lab
+    for version in ("TLSv1", "TLSv1.1"):
+        result = seen[f"{version} handshake"]
+        # The server's alert, not this client declining to offer the version.
+        assert not result.ok or "ALERT" in result.observed or "UNSUPPORTED" in result.observed, result
+        assert result.ok, result.observed
+    assert seen["TLSv1.2 handshake"].ok and seen["TLSv1.3 handshake"].ok
+
+
+def _config_with_keys(lab_plan, keys: list[str]) -> dict:
+    config = lifecycle.stack_config(lab_plan)
+    access = dict(config[f"{NAMESPACE}:access"])
+    access["apiKeys"] = list(keys)
+    return {**config, f"{NAMESPACE}:access": access}
+
+
+def _model_pids(lab_plan) -> dict[str, int]:
+    return {
+        record.host["node"]: record.pid
+        for record in standins.all_records(lifecycle.state_dir(lab_plan))
+        if record.kind == "model"
+    }
+
+
+def test_rotating_keys_under_load_fails_no_request_restarts_no_model_server_and_refuses_the_old_key(lab):
+    lab_plan, options, _ = lab
+    identity = lifecycle.endpoint_identity(lab_plan)
+    old, new = identity.api_keys[0], identity.api_keys[1]
+    pids = _model_pids(lab_plan)
+    load = upgrade.LoadSettings(max_requests=60, rate=20.0, workers=2, stream_every=3, stream_tokens=5)
+
+    def rotate(keys: list[str], client_key: int) -> list[upgrade.Outcome]:
+        settings = upgrade.LoadSettings(**{**load.__dict__, "access": identity.client(client_key)})
+        with upgrade.ClientLoad(lab_plan, settings) as clients:
+            report = lifecycle.apply(lab_plan, options, config=_config_with_keys(lab_plan, keys))
+            assert report.ok, [(s.node, s.step, s.detail[-300:]) for s in report.steps if not s.ok]
+        return clients.outcomes
+
+    # Add the new key while clients use the old one, then move them and remove the old key.
+    during_add = rotate([old, new], client_key=0)
+    during_remove = rotate([new], client_key=1)
+    for outcomes in (during_add, during_remove):
+        assert outcomes and [o.error or o.status for o in outcomes if not o.ok] == []
+    assert _model_pids(lab_plan) == pids
+    client = lab_plan.vantage(Vantage.CLIENT).namespace
+    ip, port = lab_plan.load_balancer.ip, lab_plan.cluster.load_balancer.port
+    assert netns.call_in(client, probes.chat, ip, port, access=identity.client(0)).status == 401
+    assert netns.call_in(client, probes.chat, ip, port, access=identity.client(1)).status == 200
