@@ -34,7 +34,12 @@ def cluster() -> config.ClusterConfig:
                 {"name": "worker-1", "ip": WORKER_IP},
             ],
             "network": {"cidr": "10.231.0.0/24", "minBandwidthGbps": 10, "maxLatencyMs": 1.0},
-            "access": {"clientCidrs": ["10.0.0.0/8"], "adminCidrs": ["203.0.113.10/32"]},
+            # Monitoring only: no client goes through a load balancer here.
+            "access": {
+                "clientCidrs": ["10.0.0.0/8"],
+                "adminCidrs": ["203.0.113.10/32"],
+                "openEndpoint": True,
+            },
             "monitoring": {"scrapeIntervalSeconds": 1},
             "bareMetal": {"nicSpeedGbps": 10, "gpusPerNode": 8, "gpuMemoryGb": 80},
         }
