@@ -232,40 +232,32 @@ class GpuNodeGroup(pulumi.ComponentResource):
         launched later match the tags and stage through their own `<node>-stage` first. On a
         change of image or weights its parameters change, so it is replaced, and its create
         runs on every node in parallel (max_concurrency 100 %) before any lane drains."""
-        args = self._args
-        tags = {**args.tags, ROLE_TAG: GPU_NODE}
-        return aws.ssm.Association(
-            f"{self._name}-stage",
-            name=args.stage_document_name,
-            targets=[{"key": f"tag:{key}", "values": [value]} for key, value in sorted(tags.items())],
-            parameters=ssm.stage_parameters(args.cluster),
-            max_concurrency="100%",
-            max_errors="0",
-            wait_for_success_timeout_seconds=ssm.STAGE_TIMEOUT_SECONDS,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                # Waited for on create only (association.go): every change replaces.
-                replace_on_changes=["parameters", "targets"],
-                depends_on=[*args.ready, *first_turn],
-            ),
-        )
+        tags = {**self._args.tags, ROLE_TAG: GPU_NODE}
+        targets = [{"key": f"tag:{key}", "values": [value]} for key, value in sorted(tags.items())]
+        return self._staging(f"{self._name}-stage", targets, "100%", first_turn)
 
     def _stage(self, node_name: str, instance: aws.ec2.Instance) -> aws.ssm.Association:
         """One node's staging association: image and weights onto the node, waited for."""
+        targets = [{"key": "InstanceIds", "values": [instance.id]}]
+        return self._staging(f"{self._name}-{node_name}-stage", targets, "1", [])
+
+    def _staging(
+        self, name: str, targets: list[dict[str, Any]], concurrency: str, after: list[pulumi.Resource]
+    ) -> aws.ssm.Association:
         args = self._args
         return aws.ssm.Association(
-            f"{self._name}-{node_name}-stage",
+            name,
             name=args.stage_document_name,
-            targets=[{"key": "InstanceIds", "values": [instance.id]}],
+            targets=targets,
             parameters=ssm.stage_parameters(args.cluster),
-            max_concurrency="1",
+            max_concurrency=concurrency,
             max_errors="0",
             wait_for_success_timeout_seconds=ssm.STAGE_TIMEOUT_SECONDS,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 # Waited for on create only (association.go): every change replaces.
                 replace_on_changes=["parameters", "targets"],
-                depends_on=list(args.ready),
+                depends_on=[*args.ready, *after],
             ),
         )
 
