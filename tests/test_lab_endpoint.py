@@ -15,6 +15,7 @@ import pytest
 from labkit import blueprint, check, lifecycle, netns, probes, standins, upgrade
 from qwen_cluster.config import NAMESPACE
 from qwen_cluster.ports import Vantage
+from tests.helpers.wait import wait_until
 
 LABEL = f"e{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "nft", "ufw", "sysctl", "openssl")
@@ -115,11 +116,24 @@ def test_rotating_keys_under_load_fails_no_request_restarts_no_model_server_and_
 
     # Add the new key while clients use the old one, then move them and remove the old key.
     during_add = rotate([old, new], client_key=0)
+    # As an operator does before moving the clients: the new key answers. nginx's reload is a
+    # signal: for a moment after `pulumi up` returns, an old worker may still take a connection.
+    client = lab_plan.vantage(Vantage.CLIENT).namespace
+    ip, port = lab_plan.load_balancer.ip, lab_plan.cluster.load_balancer.port
+
+    def five_with_the_new_key() -> list[int]:
+        access = identity.client(1)
+        return [netns.call_in(client, probes.chat, ip, port, access=access).status for _ in range(5)]
+
+    wait_until(
+        five_with_the_new_key,
+        what="five requests in a row with the new key answered 200",
+        timeout=10,
+        done=lambda statuses: statuses == [200] * 5,
+    )
     during_remove = rotate([new], client_key=1)
     for outcomes in (during_add, during_remove):
         assert outcomes and [o.error or o.status for o in outcomes if not o.ok] == []
     assert _model_pids(lab_plan) == pids
-    client = lab_plan.vantage(Vantage.CLIENT).namespace
-    ip, port = lab_plan.load_balancer.ip, lab_plan.cluster.load_balancer.port
     assert netns.call_in(client, probes.chat, ip, port, access=identity.client(0)).status == 401
     assert netns.call_in(client, probes.chat, ip, port, access=identity.client(1)).status == 200
