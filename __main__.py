@@ -16,11 +16,11 @@ except config.ConfigError as error:
 pulumi.export("summary", summary.summary(cluster))
 
 if cluster.target is config.Target.AWS:
-    from qwen_cluster import aws
+    from components import aws
 
     outputs = aws.build(cluster, endpoint_secrets, ray_auth_token=ray_auth_token)
 else:
-    from qwen_cluster import baremetal
+    from components import baremetal
 
     outputs = baremetal.build(cluster, ssh_private_key, endpoint_secrets, ray_auth_token=ray_auth_token)
 

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.baremetal import connection
 from labkit import netns
-from qwen_cluster.baremetal import connection
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 22

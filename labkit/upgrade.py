@@ -339,7 +339,7 @@ def run(
         for step in ran
         if not step.ok
     ]
-    # A replica is reached when its rollout began: its drain ran (qwen_cluster/baremetal/rollout.py).
+    # A replica is reached when its rollout began: its drain ran (components/baremetal/rollout.py).
     drained = {step.resource for step in ran}
     not_reached = [
         head.node

@@ -219,7 +219,7 @@ def test_rule_count_does_not_grow_with_nodes():
 
 
 def test_at_most_seven_resources_per_node_besides_interfaces():
-    # The seventh: a replica head's endpoint proxy (qwen_cluster/aws/proxy.py).
+    # The seventh: a replica head's endpoint proxy (components/aws/proxy.py).
     two, three = render(variant("dev", nodes=2)), render(variant("dev", nodes=3))
     assert len(three.resources) - len(two.resources) <= 7
 

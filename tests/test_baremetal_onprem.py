@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from components.baremetal import connection
+from components.baremetal.host import steps_for
 from qwen_cluster import config
-from qwen_cluster.baremetal import connection
-from qwen_cluster.baremetal.host import steps_for
 from qwen_cluster.render import privilege
 from tooling import offline, stackfile
 

@@ -214,7 +214,7 @@ def test_a_replaced_load_balancer_container_is_an_endpoint_outage():
 
 
 def drain_chain(drain_timeout: int, *, triggers=("10.0.0.10",)):
-    """A bare-metal rollout chain over two replicas, as qwen_cluster/baremetal/rollout.py
+    """A bare-metal rollout chain over two replicas, as components/baremetal/rollout.py
     registers it: `<head>-drain` (update only), then `<head>-ready` (the health gate), then the
     next replica's drain."""
     items = []

@@ -543,7 +543,7 @@ NLB_LOW, NLB_HIGH = config.NLB_IDLE_TIMEOUT_SECONDS
     [(NLB_LOW - 1, False), (NLB_LOW, True), (NLB_HIGH, True), (NLB_HIGH + 1, False)],
 )
 def test_the_nlb_component_refuses_exactly_what_the_config_refuses(aws_raw, seconds, inside):
-    from qwen_cluster.aws.loadbalancer import ModelLoadBalancerArgs
+    from components.aws.loadbalancer import ModelLoadBalancerArgs
 
     aws_raw["loadBalancer"] = {"idleTimeoutSeconds": seconds}
     args = ModelLoadBalancerArgs(

@@ -14,7 +14,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Local, untracked or generated (see .gitignore): never a documented path's home.
 LOCAL = {".git", ".venv", "out", ".pytest_cache", ".ruff_cache", "__pycache__"}
 TOP_LEVEL = {entry.name for entry in ROOT.iterdir()} - LOCAL
-PACKAGES = ("qwen_cluster", "tooling", "labkit", "policies", "tests")
+PACKAGES = ("components", "qwen_cluster", "tooling", "labkit", "policies", "tests")
 FILE_SUFFIXES = (".py", ".md", ".yaml", ".yml", ".json", ".sh", ".toml", ".txt")
 # Files in other projects' sources that the docs cite (firewalld), not paths of this repository.
 EXTERNAL = {"core/fw.py"}

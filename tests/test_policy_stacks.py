@@ -2,7 +2,7 @@
 and under each mutation, the exact set of policies that fail and the exact set that pass.
 
 The same mutations run over the fixture stacks (shaped like what the targets build) and over
-the real renders of dev, prod (qwen_cluster/aws) and onprem (qwen_cluster/baremetal), with the
+the real renders of dev, prod (components/aws) and onprem (components/baremetal), with the
 stack config and without it (as `pulumi policy analyze` starts the pack).
 """
 

@@ -69,7 +69,7 @@ def test_without_ray_no_container_carries_a_token():
 
 
 def test_aws_keeps_the_token_in_a_securestring_the_nodes_alone_may_read(prod_pipeline):
-    # (The endpoint's API keys are SecureStrings of their own: qwen_cluster/aws/proxy.py.)
+    # (The endpoint's API keys are SecureStrings of their own: components/aws/proxy.py.)
     (parameter,) = [
         p for p in prod_pipeline.of_type("aws:ssm/parameter:Parameter") if p.name.endswith("ray-auth-token")
     ]

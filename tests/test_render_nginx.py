@@ -92,7 +92,7 @@ def test_workers_may_open_twice_as_many_files_as_connections(conf):
 
 
 def pinned_nginx_version() -> str:
-    from qwen_cluster.baremetal.serving import NGINX_IMAGE
+    from components.baremetal.serving import NGINX_IMAGE
 
     version = NGINX_IMAGE.removeprefix("nginx:")
     assert re.fullmatch(r"\d+\.\d+\.\d+", version), f"NGINX_IMAGE {NGINX_IMAGE} is not a pinned release"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from qwen_cluster.baremetal import serving
+from components.baremetal import serving
 from qwen_cluster.render import preflight, rdma, selinux, shell, verify
 from qwen_cluster.render.verify import Pair, Probe
 from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck

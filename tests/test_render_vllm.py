@@ -6,8 +6,8 @@ import shlex
 
 import pytest
 
+from components.baremetal import serving
 from qwen_cluster import config
-from qwen_cluster.baremetal import serving
 from qwen_cluster.config import ConfigError
 from qwen_cluster.render import ssm, vllm
 from tests.helpers.aws_stacks import variant

@@ -1,5 +1,5 @@
 """Monitoring on AWS by the model server's means: an SSM Command document, and per node an
-association whose parameters carry that node's containers (pure; qwen_cluster/aws/monitoring.py
+association whose parameters carry that node's containers (pure; components/aws/monitoring.py
 registers them).
 
 The containers are the same ContainerSpecs bare metal registers with the Docker provider

@@ -63,7 +63,7 @@ WORKER_CONNECTIONS = 4096
 # A proxied request holds two descriptors (client and upstream connection), and worker_connections
 # counts both, plus log and temp files: twice worker_connections per worker (gixy-ng's
 # worker_rlimit_nofile_vs_connections). The container's nofile ulimit must allow it too
-# (qwen_cluster/baremetal/serving.py): without CAP_SYS_RESOURCE nginx cannot raise its hard limit.
+# (components/baremetal/serving.py): without CAP_SYS_RESOURCE nginx cannot raise its hard limit.
 WORKER_RLIMIT_NOFILE = 2 * WORKER_CONNECTIONS
 
 

@@ -11,7 +11,7 @@ https://docs.aws.amazon.com/elasticloadbalancing/latest/network/update-idle-time
 Why not an ALB: docs/decisions.md.
 
 The proxy runs apart from the model server, as its own SSM document and association per head
-(qwen_cluster/aws/proxy.py): its configuration and the secrets change without touching vLLM.
+(components/aws/proxy.py): its configuration and the secrets change without touching vLLM.
 The secrets (keys, certificate, private key) are SecureString parameters the run reads with the
 node's role; the association names them and carries their versions, so a changed key is a new
 association run that rewrites the files and reloads nginx (docker kill --signal=HUP), never a

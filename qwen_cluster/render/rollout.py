@@ -1,6 +1,6 @@
 """The rolling model upgrade on bare metal, as scripts the load-balancer host runs: take a
 replica out of nginx and let its streams finish (drain), and once its new container answers
-`/health`, put it back (ready). Pure: the chain itself is qwen_cluster/baremetal/rollout.py.
+`/health`, put it back (ready). Pure: the chain itself is components/baremetal/rollout.py.
 
 Signatures:
     fingerprint(specs: Iterable[Mapping]) -> str

@@ -81,7 +81,7 @@ os_family() {{
 
 # The rule every target uses to find the cluster interface: the first interface, in the order
 # the kernel lists addresses (`ip -o -4 addr show`, an RTM_GETADDR dump), that holds the node's
-# IPv4 address. qwen_cluster/baremetal/serving.py asks the same from inside the vLLM container,
+# IPv4 address. components/baremetal/serving.py asks the same from inside the vLLM container,
 # which has Python but no iproute2 (tests/test_render_scripts.py holds the two to one answer).
 INTERFACE_OF = "interface_of"
 

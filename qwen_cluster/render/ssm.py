@@ -4,7 +4,7 @@ Why SSM State Manager and not user data: user data belongs to the launch templat
 change to it is a new template version, which replaces the instance (terraform-provider-aws
 internal/service/ec2/ec2_instance.go, the CustomizeDiff on launch_template.0.version). The
 model server's lifecycle is not the machine's: the document below is applied to one node by
-one association (qwen_cluster/aws/nodes.py), and a change to the image, the vLLM flags, the
+one association (components/aws/nodes.py), and a change to the image, the vLLM flags, the
 serving environment or sysctl changes only the association's parameters.
 
 What one run does on a node (idempotent, so re-running it on an unchanged node is harmless):

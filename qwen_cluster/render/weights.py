@@ -18,7 +18,7 @@ Sources (`model.weights.source`):
   constants.py reads HF_ENDPOINT for every request). vLLM then resolves `model.name` from the
   cache offline.
 - s3 (AWS): `aws s3 sync` of the prefix into the host cache, through the VPC's S3 gateway
-  endpoint (qwen_cluster/aws/network.py); vLLM loads that directory (`model_path`) and serves it
+  endpoint (components/aws/network.py); vLLM loads that directory (`model_path`) and serves it
   as model.name (`--served-model-name`). Why a sync and not vLLM's streaming loader reading s3://
   at start: docs/decisions.md "Weights".
 """

@@ -30,10 +30,10 @@ from qwen_cluster.render import ssm
 from tooling.changes.compare import Change, diff
 from tooling.offline import RecordedResource, Render, references, strings
 
-# qwen_cluster/baremetal/rollout.py: `<head>-ready` waits for the replica's /health (create only
+# components/baremetal/rollout.py: `<head>-ready` waits for the replica's /health (create only
 # for a server marked down, update always) before the next replica's drain starts.
 HEALTH_GATE_SUFFIXES: tuple[str, ...] = ("-ready",)
-# qwen_cluster/baremetal/rollout.py: `<head>-drain` has only an `update` (out of rotation, wait
+# components/baremetal/rollout.py: `<head>-drain` has only an `update` (out of rotation, wait
 # for the streams in flight). pulumi-command runs it on every update, whatever input changed
 # (provider/pkg/provider/remote/commandController.go Update), and nothing on create or delete: a
 # replaced drain (new `triggers`) runs nothing either.
@@ -46,7 +46,7 @@ _ENDPOINT_TYPES = (
     "aws:lb/listener:Listener",
     "aws:lb/targetGroup:TargetGroup",
 )
-# Values of tags.CONTAINER_ROLE_LABEL on bare metal (qwen_cluster/baremetal/serving.py).
+# Values of tags.CONTAINER_ROLE_LABEL on bare metal (components/baremetal/serving.py).
 _SERVER_LABELS = ("head", "pipeline-worker")
 _LOAD_BALANCER_LABEL = "load-balancer"
 # The model-server document's parameters (qwen_cluster/render/ssm.py): a run restarts the
@@ -214,7 +214,7 @@ def waits_on_create(resource: RecordedResource) -> bool:
     """A health gate whose creation waits for a model to load, on day 0 too: an association
     (its create waits for the run, association.go) or a container with `wait`. A bare-metal
     `ready` is created waiting only for a server marked down, and on day 0 none is
-    (qwen_cluster/baremetal/rollout.py)."""
+    (components/baremetal/rollout.py)."""
     return is_health_gate(resource) and resource.type != "command:remote:Command"
 
 

@@ -22,8 +22,8 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from components.baremetal import connection
 from qwen_cluster import tags
-from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render.monitoring import containers

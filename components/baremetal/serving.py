@@ -10,8 +10,8 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from components.baremetal import connection
 from qwen_cluster import tags, topology
-from qwen_cluster.baremetal import connection
 from qwen_cluster.config import ClusterConfig, EndpointSecrets, Node
 from qwen_cluster.render import nginx, vllm, weights
 

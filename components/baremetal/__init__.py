@@ -18,11 +18,11 @@ from typing import Any
 
 import pulumi
 
-from qwen_cluster.baremetal import connection
-from qwen_cluster.baremetal import monitoring as node_monitoring
-from qwen_cluster.baremetal.host import HostSetup, HostSetupArgs
-from qwen_cluster.baremetal.rollout import Rollout, RolloutArgs
-from qwen_cluster.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
+from components.baremetal import connection
+from components.baremetal import monitoring as node_monitoring
+from components.baremetal.host import HostSetup, HostSetupArgs
+from components.baremetal.rollout import Rollout, RolloutArgs
+from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
 from qwen_cluster.config import ClusterConfig, EndpointSecrets
 from qwen_cluster.render import verify
 from qwen_cluster.render.monitoring import containers as monitoring_containers
@@ -148,7 +148,7 @@ class Cluster(pulumi.ComponentResource):
 
 
 def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi.ComponentResource]:
-    """The monitoring pieces (qwen_cluster/baremetal/monitoring.py), beside the model servers."""
+    """The monitoring pieces (components/baremetal/monitoring.py), beside the model servers."""
     built: list[pulumi.ComponentResource] = []
     if cluster.monitoring.exporters:
         for node in cluster.nodes:

@@ -67,7 +67,7 @@ class Network(pulumi.ComponentResource):
         else:
             # An existing VPC keeps its default SG (other workloads may use it) and its one
             # internet gateway (a VPC takes only one); plan.vpc_cidr must lie inside it.
-            vpc_id = pulumi.Output.from_input(args.vpc_id)  # checked by qwen_cluster.aws.build
+            vpc_id = pulumi.Output.from_input(args.vpc_id)  # checked by components.aws.build
             internet_gateway_id = aws.ec2.get_internet_gateway_output(
                 filters=[{"name": "attachment.vpc-id", "values": [args.vpc_id]}],
                 opts=pulumi.InvokeOutputOptions(parent=self),

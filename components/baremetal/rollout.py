@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
-from qwen_cluster.baremetal import connection
-from qwen_cluster.baremetal.serving import LoadBalancer, ModelServer, replacing_fields
+from components.baremetal import connection
+from components.baremetal.serving import LoadBalancer, ModelServer, replacing_fields
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import rollout
 from qwen_cluster.topology import previous_in_lane

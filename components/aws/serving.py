@@ -2,7 +2,7 @@
 (SSM agent), the model-server and staging SSM documents, the permission to drain a node from the
 NLB, and (model.weights.source s3) the read on exactly the weights' S3 prefix.
 
-One association per node applies the document (qwen_cluster/aws/nodes.py registers them, in a
+One association per node applies the document (components/aws/nodes.py registers them, in a
 chain, next to the instances they target); see qwen_cluster/render/ssm.py for what one run does.
 """
 

@@ -46,7 +46,7 @@ def build(
     the endpoint's API keys and TLS files, Output secrets (config.EndpointSecrets)."""
     aws_target = cluster.aws
     if aws_target is None:
-        raise ValueError("qwen_cluster.aws.build needs target aws")
+        raise ValueError("components.aws.build needs target aws")
     internet_facing = cluster.load_balancer.scheme == "internet-facing"
     tags = {"qwen-cluster:stack": pulumi.get_stack()}
 

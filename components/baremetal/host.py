@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
-from qwen_cluster.baremetal import connection
+from components.baremetal import connection
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import firewall, preflight, privilege, rdma, selinux, sysctl
 
