@@ -1,11 +1,11 @@
-"""`doctor.py`: the guide's troubleshooting steps as one command (tooling/doctor.py)."""
+"""`doctor.py`: the guide's troubleshooting as one command (tooling/doctor.py; `--lab`: labkit/doctor.py)."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tooling.doctor import main  # noqa: E402
+from labkit.doctor import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

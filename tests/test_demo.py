@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tooling import demo
+from labkit import demo
+from tooling import demo as offline_demo
 
 
 def test_lab_is_skipped_without_root_with_the_reason(monkeypatch):
@@ -18,7 +19,7 @@ def test_lab_is_skipped_off_linux(monkeypatch):
 
 def test_demo_without_the_lab_previews_every_stack(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(demo, "lab_unavailable", lambda: "the lab needs root (it creates network namespaces)")
-    monkeypatch.setattr(demo, "OUT", tmp_path)
+    monkeypatch.setattr(offline_demo, "OUT", tmp_path)
     assert demo.main() == 0
     out = capsys.readouterr().out
     assert "3 of 3 stacks valid and free of mandatory policy violations" in out

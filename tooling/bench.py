@@ -1,4 +1,5 @@
-"""Benchmarks that print figures measured in one run (`make bench`).
+"""The render benchmarks of `make bench`: figures measured in one run (the lab's are in
+labkit/bench.py, which runs both; scripts/bench.py).
 
 Each render runs in its own Python process so that its wall time and peak memory are its
 own; ratios compare runs of this one invocation, never a number remembered from elsewhere.
@@ -8,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -166,248 +165,6 @@ def render_benchmarks(stack: str, counts: list[int], repeat: int = 3) -> dict[st
     return figures
 
 
-def lab_up_times(stack: str, counts: list[int]) -> dict[str, Any]:
-    """Wall time of `lab up` (namespaces, links, every node's scripts, servers, nginx) per size."""
-    from labkit import blueprint, lifecycle
-
-    times = {}
-    for count in counts:
-        label = f"bench{count}"
-        lifecycle.down(label)
-        lab_plan = blueprint.load(stack, nodes=count, label=label)
-        started = time.perf_counter()
-        try:
-            report = lifecycle.up(lab_plan)
-            times[count] = time.perf_counter() - started
-            failed = [step for step in report.steps if not step.ok]
-            if failed:
-                raise RuntimeError(f"lab up {count} nodes: {failed[0]}")
-        finally:
-            lifecycle.down(label)
-    return {"seconds": times, "ratio": times[counts[-1]] / times[counts[0]]}
-
-
-# The lane rehearsal: an image bump, a release that never becomes healthy (the stand-in for an
-# image tagged -unhealthy, labkit/modelserver.py), then a good release, in that order.
-LANE_CHANGES = (
-    ("image bump", ["model.image=vllm/vllm-openai:v0.33.1"]),
-    ("never healthy", ["model.image=vllm/vllm-openai:v0.33.2-unhealthy", "rollout.healthTimeoutSeconds=60"]),
-    ("next good change", ["model.image=vllm/vllm-openai:v0.33.2", "rollout.healthTimeoutSeconds=300"]),
-)
-
-
-def lab_lanes(stack: str, count: int, max_requests: int = 1200) -> list[dict[str, Any]]:
-    """`lab.py upgrade --nodes count` of LANE_CHANGES under client load: requests, failed, the
-    most replicas down at once, where a rollout stopped."""
-    from labkit import blueprint, lifecycle, upgrade
-
-    label = f"lanes{count}"
-    lifecycle.down(label)
-    runs = []
-    try:
-        report = lifecycle.up(blueprint.load(stack, nodes=count, label=label))
-        if not report.ok:
-            raise RuntimeError(f"lab up {count} nodes: {next(s for s in report.steps if not s.ok)}")
-        for name, change in LANE_CHANGES:
-            result = upgrade.run(
-                label, change, lifecycle.Options(), load=upgrade.LoadSettings(max_requests=max_requests)
-            )
-            runs.append(
-                {
-                    "rehearsal": name,
-                    "ok": result.ok,
-                    "requests": result.requests,
-                    "failed": result.failed,
-                    "streamsCut": result.streams_cut,
-                    "maxReplicasDown": result.max_replicas_down,
-                    "seconds": round(result.seconds, 1),
-                    "lanes": len(result.lanes),
-                    "stoppedAt": result.stopped_at,
-                    "replicasNotReached": len(result.not_reached),
-                }
-            )
-    finally:
-        lifecycle.down(label)
-    return runs
-
-
-def print_lanes(console, count: int, runs: list[dict[str, Any]]) -> None:
-    from rich.table import Table
-
-    table = Table(
-        "rehearsal", "ok", "requests", "failed", "cut", "most down", "s", "stopped at", "not reached",
-        title=f"lab.py upgrade at {count} nodes ({runs[0]['lanes'] if runs else '?'} lanes)",
-    )
-    for run in runs:
-        table.add_row(
-            run["rehearsal"],
-            str(run["ok"]),
-            *(str(run[key]) for key in ("requests", "failed", "streamsCut", "maxReplicasDown")),
-            f"{run['seconds']:.1f}",
-            str(len(run["stoppedAt"])),
-            str(run["replicasNotReached"]),
-        )
-    console.print(table)
-
-
-WRK_SCRIPT = """wrk.method = "POST"
-wrk.body = '{"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": "hello"}]}'
-wrk.headers["Content-Type"] = "application/json"
-"""
-
-
-def _wrk_ms(text: str) -> float:
-    """wrk's '1.23ms' / '850.00us' / '1.02s' in milliseconds."""
-    number, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()
-    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-
-
-def _throughput(
-    namespace: str, ip: str, port: int, *, clients: int, seconds: float, access=None
-) -> dict[str, Any]:
-    """wrk (C, so the load generator is not what is measured) from inside `namespace`; through
-    the load balancer with the lab's key over TLS (`access`: labkit.probes.ClientAccess). wrk
-    does not check the certificate; the key goes in its script file, never on its command line."""
-    import tempfile
-
-    scheme = "https" if access is not None and access.ca_file else "http"
-    key_line = ""
-    if access is not None and access.api_key:
-        key_line = f'\nwrk.headers["Authorization"] = "Bearer {access.api_key}"\n'
-
-    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
-        script.write(WRK_SCRIPT + key_line)
-        script.flush()
-        result = subprocess.run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                namespace,
-                "wrk",
-                "-t2",
-                f"-c{clients}",
-                f"-d{seconds:g}s",
-                "--latency",
-                "-s",
-                script.name,
-                f"{scheme}://{ip}:{port}/v1/chat/completions",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 30,
-            check=True,
-        )
-    out = result.stdout
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
-    if errors:
-        raise RuntimeError(f"wrk against {ip}:{port}: {errors.group(0)}")
-    return {
-        "requests": int(re.search(r"(\d+) requests in", out).group(1)),
-        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "p50_ms": _wrk_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1)),
-        "p99_ms": _wrk_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1)),
-    }
-
-
-def _first_byte(namespace: str, ip: str, port: int, samples: int, access=None) -> float:
-    from labkit import netns, probes
-
-    firsts = []
-    for _ in range(samples):
-        result = netns.call_in(
-            namespace, probes.stream, ip, port, timeout=10.0, access=access or probes.PLAIN
-        )
-        if not result.ok:
-            raise RuntimeError(f"stream from {ip}:{port} failed: {result.error}")
-        firsts.append(result.first_event)
-    return 1000 * sorted(firsts)[len(firsts) // 2]
-
-
-def load_balancer_vs_direct(
-    stack: str, *, token_delay: float, clients: int = 8, seconds: float = 3.0, samples: int = 30
-) -> dict:
-    """Through nginx vs straight to one replica, from the same node namespace (nodes may
-    reach both). With token_delay 0 the stand-in answers at once, so the proxy's own cost
-    is all that shows; with a delay per token the requests look more like generations."""
-    from labkit import blueprint, lifecycle
-
-    label = "benchlb"
-    lifecycle.down(label)
-    lab_plan = blueprint.load(stack, label=label)
-    try:
-        lifecycle.up(lab_plan, lifecycle.Options(token_delay=token_delay))
-        lb = lab_plan.load_balancer
-        access = lifecycle.client_access(lab_plan)
-        source = next(node for node in lab_plan.nodes if node.ip != lb.ip)
-        backend = next(head for head in lab_plan.heads if head.ip != source.ip)
-        listener, model_port = lab_plan.cluster.load_balancer.port, lab_plan.cluster.model_port
-        figures = {
-            "from": source.node,
-            "direct": {
-                "to": f"{backend.node}:{model_port}",
-                **_throughput(source.namespace, backend.ip, model_port, clients=clients, seconds=seconds),
-                "ttfb_ms": _first_byte(source.namespace, backend.ip, model_port, samples),
-            },
-            "load_balancer": {
-                "to": f"{lb.node}:{listener}",
-                **_throughput(
-                    source.namespace, lb.ip, listener, clients=clients, seconds=seconds, access=access
-                ),
-                "ttfb_ms": _first_byte(source.namespace, lb.ip, listener, samples, access),
-            },
-        }
-    finally:
-        lifecycle.down(label)
-    figures["token_delay_ms"] = 1000 * token_delay
-    figures["throughput_ratio"] = figures["load_balancer"]["rps"] / figures["direct"]["rps"]
-    figures["ttfb_added_ms"] = figures["load_balancer"]["ttfb_ms"] - figures["direct"]["ttfb_ms"]
-    return figures
-
-
-def lab_available() -> str | None:
-    """Why the lab benchmarks cannot run here, or None."""
-    import os
-
-    from labkit import netns
-
-    if os.geteuid() != 0:
-        return "not root"
-    missing = netns.missing_requirements()
-    if shutil.which("wrk") is None:
-        missing.append("wrk is not installed (make system installs it)")
-    return "; ".join(missing) if missing else None
-
-
-def print_lab(console, up: dict[str, Any], lbs: list[dict[str, Any]]) -> None:
-    from rich.table import Table
-
-    counts = list(up["seconds"])
-    console.print(
-        "lab up: "
-        + ", ".join(f"{n} nodes {s:.2f} s" for n, s in up["seconds"].items())
-        + f"; {counts[-1]}/{counts[0]}: {up['ratio']:.2f}x (target <= 2x)"
-    )
-    for lb in lbs:
-        title = f"load balancer vs direct (wrk from {lb['from']}, stand-in {lb['token_delay_ms']:g} ms/token)"
-        table = Table("path", "requests", "req/s", "p50 ms", "p99 ms", "first byte ms", title=title)
-        for key in ("direct", "load_balancer"):
-            row = lb[key]
-            table.add_row(
-                f"{key.replace('_', ' ')} ({row['to']})",
-                str(row["requests"]),
-                f"{row['rps']:.0f}",
-                f"{row['p50_ms']:.2f}",
-                f"{row['p99_ms']:.2f}",
-                f"{row['ttfb_ms']:.2f}",
-            )
-        console.print(table)
-        console.print(
-            f"LB throughput / direct: {lb['throughput_ratio']:.0%} (target >= 70%); first byte through "
-            f"the LB: {lb['ttfb_added_ms']:+.2f} ms (target <= +5 ms)"
-        )
-
-
 RATIO_TARGET = 4.5  # a 256-node render takes at most about 4.5x a 64-node one
 
 
@@ -483,21 +240,17 @@ def print_render(console, figures: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
-
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The render benchmarks' options (labkit/bench.py adds the lab's)."""
     parser.add_argument("--stacks", default="onprem,prod", help="stacks to render, comma-separated")
     parser.add_argument("--nodes", default="4,64,256", help="node counts to render, comma-separated")
     parser.add_argument("--repeat", type=int, default=3, help="renders per size; the least CPU counts")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--lab-stack", default="onprem", help="the bare-metal stack the lab rehearses")
-    parser.add_argument("--lab-nodes", default="4,16", help="node counts for `lab up`, comma-separated")
-    parser.add_argument("--no-lab", action="store_true", help="the render figures only")
-    parser.add_argument("--lanes-nodes", type=int, default=16, help="nodes of the lane rehearsal (0: none)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, console) -> dict[str, Any]:
+    """The render figures of every stack of `args`, printed as they come unless --json."""
     counts = [int(n) for n in args.nodes.split(",")]
-    console = Console(width=None if sys.stdout.isatty() else 200, stderr=args.json)
     figures: dict[str, Any] = {"machine": machine(), "render": {}}
     if not args.json:
         console.print(f"machine: {figures['machine']}")
@@ -505,25 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["render"][stack] = render_benchmarks(stack, counts, args.repeat)
         if not args.json:
             print_render(console, figures["render"][stack])
-    skipped = "--no-lab given" if args.no_lab else lab_available()
-    if skipped:
-        figures["lab"] = {"skipped": skipped}
-        console.print(f"lab benchmarks skipped: {skipped} (they need root and network namespaces)")
-    else:
-        up = lab_up_times(args.lab_stack, [int(n) for n in args.lab_nodes.split(",")])
-        # Instant answers expose the proxy's cost; 5 ms per token (8 tokens) is closer to a
-        # generation, where a connection per request is noise.
-        lbs = [load_balancer_vs_direct(args.lab_stack, token_delay=delay) for delay in (0.0, 0.005)]
-        figures["lab"] = {"up": up, "load_balancer": lbs}
-        if not args.json:
-            print_lab(console, up, lbs)
-        if args.lanes_nodes:
-            figures["lab"]["lanes"] = lab_lanes(args.lab_stack, args.lanes_nodes)
-            if not args.json:
-                print_lanes(console, args.lanes_nodes, figures["lab"]["lanes"])
-    if args.json:
-        print(json.dumps(figures, indent=2))
-    return 0
+    return figures
 
 
 def machine() -> str:

@@ -1,24 +1,21 @@
-"""The main job: the offline preview of every stack (validated config, topology, resources, policy
-report, diagram in out/), then the lab rehearsal of onprem where this machine allows it."""
+"""The offline half of the main job (`make demo`): the preview of every stack (validated config,
+topology, resources, policy report, diagram in out/). labkit/demo.py runs it, then the lab
+rehearsal of onprem where this machine allows it."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from pathlib import Path
 
 import graphviz
 from rich.console import Console
 from rich.table import Table
 
-from labkit import cli as lab_cli
 from qwen_cluster import config, summary
 from tooling import preview, stackfile
 from tooling.diagram import diagram
 
 OUT = Path(__file__).resolve().parent.parent / "out"
-LAB_STACK = "onprem"
 
 
 def print_summary(console: Console, stack: str, data: dict) -> None:
@@ -49,8 +46,9 @@ def print_summary(console: Console, stack: str, data: dict) -> None:
     console.print(pinned)
 
 
-def main() -> int:
-    console = Console(width=None if sys.stdout.isatty() else 160)
+def preview_stacks(console: Console) -> tuple[int, str]:
+    """Every stack previewed offline and drawn in OUT: the exit code (tooling/preview.py
+    exit_code) and a line saying how many stacks are clean."""
     OUT.mkdir(exist_ok=True)
     reports = []
     for stack in stackfile.STACKS:
@@ -71,32 +69,4 @@ def main() -> int:
     passed = sum(1 for r in reports if r["valid"] and not r["mandatory"])
     console.rule("offline preview")
     console.print(f"{passed} of {len(reports)} stacks valid and free of mandatory policy violations")
-    status = preview.exit_code(reports)
-
-    console.rule(f"lab rehearsal of {LAB_STACK}")
-    why_not = lab_unavailable()
-    if why_not:
-        console.print(
-            f"[yellow]lab skipped:[/] {why_not}. On a Linux machine as root: make lab STACK={LAB_STACK}"
-        )
-        lab_status = None
-    else:
-        lab_status = lab_cli.main(["run", LAB_STACK])
-    console.rule("demo")
-    lab_word = "skipped" if lab_status is None else ("green" if lab_status == 0 else "FAILED")
-    console.print(
-        f"offline preview: {passed}/{len(reports)} stacks clean; lab rehearsal of {LAB_STACK}: {lab_word}"
-    )
-    return status or (lab_status or 0)
-
-
-def lab_unavailable() -> str | None:
-    """Why the lab cannot run here, or None: it needs Linux, root and network namespaces."""
-    if sys.platform != "linux":
-        return f"the lab needs Linux network namespaces (this is {sys.platform})"
-    if os.geteuid() != 0:
-        return "the lab needs root (it creates network namespaces)"
-    from labkit import netns
-
-    missing = netns.missing_requirements()
-    return "; ".join(missing) if missing else None
+    return preview.exit_code(reports), f"{passed}/{len(reports)} stacks clean"

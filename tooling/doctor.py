@@ -159,22 +159,6 @@ def configured_url(cluster: ClusterConfig) -> str | None:
     return f"http://{where.ip}:{prometheus.prometheus_port(cluster)}"
 
 
-def lab_fetch(stack: str, label: str | None) -> tuple[Fetch, str]:
-    """Ask the lab's Prometheus from inside the lab (its namespaces have no route to the host)."""
-    from labkit import blueprint, netns
-
-    lab_plan = blueprint.load(stack, label=label)
-    cluster = lab_plan.cluster
-    if cluster.monitoring_node is None:
-        raise Unreachable(f"stack {stack} has monitoring.prometheus off: no Prometheus in its lab")
-    member = lab_plan.node(cluster.monitoring_node.name)
-    if not netns.exists(member.namespace):
-        raise Unreachable(f"lab {lab_plan.label} is not up (no namespace {member.namespace})")
-    url = configured_url(cluster)
-    inner = http_fetch(url)
-    return (lambda path: netns.call_in(member.namespace, inner, path)), f"{url} (lab {lab_plan.label})"
-
-
 def print_human(stack: str, url: str, found: list[Finding]) -> None:
     if not found:
         print(f"doctor {stack}: healthy ({url}: every rule loaded, no alert firing)")
@@ -190,7 +174,12 @@ def print_human(stack: str, url: str, found: list[Finding]) -> None:
             print(f"  check: {finding.fix}")
 
 
-def main(argv: list[str] | None = None) -> int:
+# The lab's Prometheus, reached inside the lab: labkit/doctor.py passes it (the tooling never
+# imports the lab; scripts/doctor.py goes through labkit).
+LabFetch = Callable[[str, str | None], tuple[Fetch, str]]
+
+
+def main(argv: list[str] | None = None, lab_fetch: LabFetch | None = None) -> int:
     parser = argparse.ArgumentParser(prog="doctor.py", description=__doc__.splitlines()[0])
     parser.add_argument("stack", help="a stack name (Pulumi.<stack>.yaml)")
     parser.add_argument("--lab", action="store_true", help="ask the lab's Prometheus (root)")
@@ -207,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.prometheus:
             fetch, url = http_fetch(args.prometheus), args.prometheus
         elif args.lab:
+            if lab_fetch is None:
+                raise Unreachable("--lab needs the lab library: run scripts/doctor.py")
             fetch, url = lab_fetch(args.stack, args.label)
         else:
             url = stack_output_url(args.stack) or configured_url(cluster)

@@ -376,7 +376,7 @@ def render(
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="qwen-cluster", stack=stack, preview=preview, monitor=monitor)
 
-    lineage: dict[tuple[str, str], tuple[str | None, str | None, list[str]]] = {}
+    lineage: dict[tuple[str, str], tuple[str | None, str | None, list[Any]]] = {}
     options: dict[tuple[str, str], tuple[bool, list[str], list[str]]] = {}
 
     def remember(args: pulumi.ResourceTransformationArgs):
@@ -385,10 +385,11 @@ def render(
         depends = opts.depends_on if opts is not None and opts.depends_on else []
         if not isinstance(depends, list):
             depends = [depends]
+        # An item may be an Input that resolves later (pulumi.deferred_output): named after the run.
         lineage[(args.type_, args.name)] = (
             getattr(parent, "_name", None),
             getattr(parent, "_type", None),
-            [getattr(d, "_name", str(d)) for d in depends],
+            depends,
         )
         if opts is not None:
             options[(args.type_, args.name)] = (
@@ -426,7 +427,8 @@ def render(
             outputs[name] = _resolve(value)
     for resource in mocks.resources:
         parent, parent_type, depends = lineage.get((resource.type, resource.name), (None, None, []))
-        resource.parent, resource.parent_type, resource.depends_on = parent, parent_type, depends
+        resource.parent, resource.parent_type = parent, parent_type
+        resource.depends_on = [_dependency_name(d) for d in depends]
         dbr, ignored, replaced = options.get((resource.type, resource.name), (False, [], []))
         resource.delete_before_replace, resource.ignore_changes, resource.replace_on_changes = (
             dbr,
@@ -438,6 +440,13 @@ def render(
             key: [monitor.names[urn] for urn in deps if urn in monitor.names] for key, deps in urns.items()
         }
     return Render(stack, mocks.resources, outputs, mocks.invokes, error)
+
+
+def _dependency_name(dependency: Any) -> str:
+    """The name of a `depends_on` item: a resource, or an Input of one resolved by now."""
+    if isinstance(dependency, pulumi.Output):
+        dependency = _sync_await(dependency.future())
+    return getattr(dependency, "_name", str(dependency))
 
 
 def _await_plain(awaitable: Any) -> Any:

@@ -58,12 +58,24 @@ class Cluster(pulumi.ComponentResource):
             opts=child,
         )
         setup_done: list[pulumi.Resource] = [self.set_up]
+        # Each model container waits for its replica's drain, which the Rollout below registers
+        # after the servers (a drain waits for every node's staging): one deferred Input per
+        # replica, resolved once the Rollout is built.
+        drained = {replica.head.name: pulumi.deferred_output() for replica in cluster.topology.replicas}
+        head_of = {m.name: r.head.name for r in cluster.topology.replicas for m in r.members}
         for node in cluster.nodes:
             docker_host, ssh_opts = connection.docker_host(cluster, node)
             self.servers[node.name] = ModelServer(
                 f"{node.name}-model",
                 ModelServerArgs(
-                    cluster, node, docker_host, ssh_opts, connections[node.name], setup_done, ray_auth_token
+                    cluster,
+                    node,
+                    docker_host,
+                    ssh_opts,
+                    connections[node.name],
+                    setup_done,
+                    ray_auth_token,
+                    drained=drained[head_of[node.name]][0],
                 ),
                 opts=child,
             )
@@ -93,25 +105,33 @@ class Cluster(pulumi.ComponentResource):
         )
         # The model containers start through the rollout lanes: in each lane one replica after
         # another, drained before its containers are replaced and healthy before the next starts.
-        self.rollout = Rollout(
-            "rollout",
-            RolloutArgs(
-                cluster,
-                self.servers,
-                self.load_balancer,
-                connections[lb_node.name],
-                setup_done,
-                staged=[self.staged],
-            ),
-            opts=child,
-        )
+        try:
+            self.rollout = Rollout(
+                "rollout",
+                RolloutArgs(
+                    cluster,
+                    self.servers,
+                    self.load_balancer,
+                    connections[lb_node.name],
+                    setup_done,
+                    staged=[self.staged],
+                ),
+                opts=child,
+            )
+        except BaseException as error:
+            # The containers would wait for their drains forever, and the SDK for them.
+            for _, resolve in drained.values():
+                resolve(pulumi.Output.from_input(_raise(error)))
+            raise
+        for head, (_, resolve) in drained.items():
+            resolve(pulumi.Output.from_input(self.rollout.drains[head]))
         # Every check runs once everything is started: one barrier again, not N x N edges.
         self.started = connection.barrier(
             "cluster-started",
             connection=connections[lb_node.name],
             after=[
                 *setup_done,
-                *(s.container for s in self.servers.values() if s.container is not None),
+                *(s.container for s in self.servers.values()),
                 self.load_balancer.container,
                 *self.rollout.gates.values(),
             ],
@@ -145,6 +165,10 @@ class Cluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.started, *worker_checks]),
         )
         self.register_outputs({"verify": self.verify.stdout})
+
+
+async def _raise(error: BaseException) -> pulumi.Resource:
+    raise error
 
 
 def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi.ComponentResource]:

@@ -57,7 +57,9 @@ from qwen_cluster.topology import previous_in_lane
 @dataclass(frozen=True)
 class RolloutArgs:
     cluster: ClusterConfig
-    servers: dict[str, ModelServer]  # by node name, not started yet
+    # By node name; each container waits for its replica's drain (ModelServerArgs.drained), which
+    # the caller resolves from `drains` once this component is built.
+    servers: dict[str, ModelServer]
     load_balancer: LoadBalancer
     connection: remote.ConnectionArgs  # to the load balancer's host
     setup_done: list[pulumi.Resource]
@@ -100,7 +102,7 @@ class Rollout(pulumi.ComponentResource):
             )
             after = [args.load_balancer.config, args.load_balancer.container]
             drain = connection.command(
-                f"{head.name}-drain",
+                f"{head.name}{rollout.DRAIN_SUFFIX}",
                 connection=args.connection,
                 update=_with(
                     fingerprint,
@@ -114,10 +116,10 @@ class Rollout(pulumi.ComponentResource):
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, *waits_for]),
             )
-            containers = [args.servers[member.name].start([drain]) for member in replica.members]
+            containers = [args.servers[member.name].container for member in replica.members]
             gate = dict(replica=label, health_timeout_seconds=settings.health_timeout_seconds)
             ready = connection.command(
-                f"{head.name}-ready",
+                f"{head.name}{rollout.READY_SUFFIX}",
                 connection=args.connection,
                 create=_with(
                     fingerprint,

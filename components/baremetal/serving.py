@@ -121,6 +121,12 @@ class ModelServerArgs:
     depends_on: list[pulumi.Resource] = field(default_factory=list)
     # qwen-cluster:rayAuthToken (an Output secret) when the replica spans nodes, else None.
     ray_auth_token: pulumi.Input[str] | None = None
+    # What the container's (re)placement waits for besides `depends_on`: its replica's drain. The
+    # Rollout registers the drain after this component (the drain waits for every node's staging,
+    # registered here), so it arrives as an Input that resolves later (pulumi.deferred_output,
+    # public since pulumi 3.x: sdk/python/lib/pulumi/output.py deferred_output); `depends_on`
+    # awaits Inputs among its items (sdk/python/lib/pulumi/runtime/_depends_on.py).
+    drained: pulumi.Input[pulumi.Resource] | None = None
 
 
 def container_envs(spec: dict[str, Any], ray_auth_token: pulumi.Input[str] | None) -> pulumi.Input[list[str]]:
@@ -153,10 +159,10 @@ def token_tag(ray_auth_token: pulumi.Input[str] | None) -> pulumi.Output[str] | 
 class ModelServer(pulumi.ComponentResource):
     """One node's vLLM container (a replica head, or a pipeline worker running Ray).
 
-    Built in two steps: the staging command, the Docker provider and the image at once (they
-    start right after host setup, on every node in parallel, on day 0 and before a rolling
-    upgrade reaches the node), the container with `start(depends_on)` once the rollout chain
-    has its drain.
+    The staging command, the Docker provider and the image start right after host setup, on every
+    node in parallel, on day 0 and before a rolling upgrade reaches the node; the container waits
+    besides for `args.drained`, its replica's drain in the rollout chain (components/baremetal/
+    rollout.py), which the Rollout registers after this component.
 
     `stage` (`<node>-model-stage`) pulls the image and fetches the weights into
     bareMetal.weightsCache while the old container still serves (weights.stage_script). Its
@@ -185,7 +191,6 @@ class ModelServer(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ModelServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:ModelServer", name, None, opts)
-        self._name, self._args = name, args
         self.token_tag = token_tag(args.ray_auth_token)
         self.spec = model_container_spec(args.cluster, args.node)
         self.provider = docker.Provider(
@@ -207,17 +212,15 @@ class ModelServer(pulumi.ComponentResource):
         self.image = docker.RemoteImage(
             f"{name}-image", name=args.cluster.model.image, keep_locally=True, opts=on_host
         )
-        self.container: docker.Container | None = None
-
-    def start(self, depends_on: list[pulumi.Resource]) -> docker.Container:
         spec = self.spec
+        drained = [args.drained] if args.drained is not None else []
         self.container = docker.Container(
-            f"{self._name}-vllm",
+            f"{name}-vllm",
             name=spec["name"],
             image=self.image.name,  # the pinned tag (spec["image"]); the Output orders the pull first
             entrypoints=spec["entrypoints"],
             command=spec["command"],
-            envs=container_envs(spec, self._args.ray_auth_token),
+            envs=container_envs(spec, args.ray_auth_token),
             network_mode=spec["network_mode"],
             ipc_mode=spec["ipc_mode"],
             gpus=spec["gpus"],
@@ -234,12 +237,11 @@ class ModelServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.provider,
-                depends_on=[*self._args.depends_on, self.stage, *depends_on],
+                depends_on=[*args.depends_on, self.stage, *drained],
                 delete_before_replace=True,
             ),
         )
         self.register_outputs({"container": self.container.id})
-        return self.container
 
 
 def secret_stdin(secrets: EndpointSecrets) -> pulumi.Output[str] | None:

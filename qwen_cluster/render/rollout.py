@@ -30,6 +30,10 @@ from qwen_cluster.render.shell import quote, script, sha256
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 HEALTH_CONNECT_SECONDS = 5
+# The rollout steps' resource names, `<head><suffix>` (components/baremetal/rollout.py registers
+# them; the change plan and the lab recognise the steps by these).
+DRAIN_SUFFIX = "-drain"
+READY_SUFFIX = "-ready"
 # How long a lane waits for another lane's mark (a file rewrite, `nginx -t` and a reload).
 LOCK_WAIT_SECONDS = 120
 # The shell variable holding rollout.healthTimeoutSeconds in the gate (the lab puts it on its

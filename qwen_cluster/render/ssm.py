@@ -58,6 +58,9 @@ PULL_MARGIN_SECONDS = 900
 RUN_TIMEOUT_SECONDS = 4 * 3600
 
 _B64 = "^[A-Za-z0-9+/=]*$"
+# The parameter whose value changes exactly when what the container runs does (the change plan
+# tells a restarting run by it: tooling/changes/impact.py).
+CONFIG_HASH_PARAMETER = "ConfigHash"
 PARAMETERS: dict[str, tuple[str, str]] = {
     # name: (allowedPattern, description)
     "Image": ("^[A-Za-z0-9./:@_-]+$", "the pinned vLLM image"),
@@ -66,7 +69,7 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "DockerOptions": (_B64, "base64: one `docker run` option per line"),
     "Sysctl": (_B64, "base64: the sysctl drop-in (tuning.sysctl)"),
     "NodeIp": ("^[0-9.]+$", "the node's static IP (finds the cluster interface)"),
-    "ConfigHash": ("^[0-9a-f]{64}$", "sha256 of what the container runs; equal means no restart"),
+    CONFIG_HASH_PARAMETER: ("^[0-9a-f]{64}$", "sha256 of what the container runs; equal means no restart"),
     "TargetGroupArn": ("^[A-Za-z0-9:/._-]*$", "the NLB target group"),
     "TargetId": ("^[A-Za-z0-9-]*$", "the replica head's instance id in the target group"),
     "Port": ("^[0-9]+$", "the model port"),
@@ -286,7 +289,7 @@ def parameters(
         "DockerOptions": _encode("\n".join(docker_options(cluster)) + "\n"),
         "Sysctl": _encode(dropin(cluster.tuning.sysctl)),
         "NodeIp": str(node.ip),
-        "ConfigHash": config_hash(cluster, node_name),
+        CONFIG_HASH_PARAMETER: config_hash(cluster, node_name),
         # Every member: a pipeline worker drains its replica's head before it restarts.
         "TargetGroupArn": target_group_arn,
         "TargetId": target_id,

@@ -27,17 +27,18 @@ from typing import Any
 
 from qwen_cluster import tags
 from qwen_cluster.render import ssm
+from qwen_cluster.render.rollout import DRAIN_SUFFIX, READY_SUFFIX
 from tooling.changes.compare import Change, diff
 from tooling.offline import RecordedResource, Render, references, strings
 
 # components/baremetal/rollout.py: `<head>-ready` waits for the replica's /health (create only
 # for a server marked down, update always) before the next replica's drain starts.
-HEALTH_GATE_SUFFIXES: tuple[str, ...] = ("-ready",)
+HEALTH_GATE_SUFFIXES: tuple[str, ...] = (READY_SUFFIX,)
 # components/baremetal/rollout.py: `<head>-drain` has only an `update` (out of rotation, wait
 # for the streams in flight). pulumi-command runs it on every update, whatever input changed
 # (provider/pkg/provider/remote/commandController.go Update), and nothing on create or delete: a
 # replaced drain (new `triggers`) runs nothing either.
-DRAIN_SUFFIXES: tuple[str, ...] = ("-drain",)
+DRAIN_SUFFIXES: tuple[str, ...] = (DRAIN_SUFFIX,)
 # Rollout steps run on the load balancer's host but belong to the replica named by their head.
 ROLLOUT_STEP_SUFFIXES: tuple[str, ...] = (*DRAIN_SUFFIXES, *HEALTH_GATE_SUFFIXES)
 
@@ -47,11 +48,11 @@ _ENDPOINT_TYPES = (
     "aws:lb/targetGroup:TargetGroup",
 )
 # Values of tags.CONTAINER_ROLE_LABEL on bare metal (components/baremetal/serving.py).
-_SERVER_LABELS = ("head", "pipeline-worker")
-_LOAD_BALANCER_LABEL = "load-balancer"
+_SERVER_LABELS = (tags.HEAD_CONTAINER, tags.PIPELINE_WORKER_CONTAINER)
+_LOAD_BALANCER_LABEL = tags.LOAD_BALANCER_CONTAINER
 # The model-server document's parameters (qwen_cluster/render/ssm.py): a run restarts the
 # container only when the hash of what it runs changed, or on a new instance (targets).
-_SERVER_CONFIG_PARAMETER = "ConfigHash"
+_SERVER_CONFIG_PARAMETER = ssm.CONFIG_HASH_PARAMETER
 
 
 @dataclass
