@@ -27,6 +27,7 @@ PACK_NAME = "qwen-cluster-guard"
 
 DECLARED: tuple[Declared, ...] = (
     bandwidth.bandwidth_class,
+    bandwidth.bandwidth_recommended,
     exposure.port_exposure,
     paths.required_paths,
     efa.efa_placement,

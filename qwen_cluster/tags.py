@@ -16,6 +16,11 @@ PIPELINE_WORKER_CONTAINER = "pipeline-worker"  # a pipeline-parallel member's Ra
 LOAD_BALANCER_CONTAINER = "load-balancer"  # nginx on bareMetal.loadBalancerNode
 MONITORING_CONTAINER = "monitoring"  # the exporters, the endpoint, Prometheus and Alertmanager
 
+# The model server's container name on every node of both targets (one per node, head or
+# pipeline worker alike: the role is in CONTAINER_ROLE_LABEL). A fixed identity: a new container
+# replaces the old delete-before-replace.
+MODEL_SERVER_CONTAINER = "qwen-vllm"
+
 # Values of ROLE_TAG.
 GPU_NODE = "gpu-node"  # instances and launch templates of the node group; bare-metal hosts
 NODE_SG = "node-sg"  # the GPU nodes' security group (members reach each other on everything)

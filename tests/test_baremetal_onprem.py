@@ -6,8 +6,8 @@ import pytest
 
 from components.baremetal import connection
 from components.baremetal.host import steps_for
-from qwen_cluster import config
-from qwen_cluster.render import privilege
+from qwen_cluster import config, tags
+from qwen_cluster.render import privilege, ssm
 from tooling import offline, stackfile
 
 NODES = {
@@ -233,7 +233,10 @@ def test_pipeline_workers_run_ray_against_their_head():
     assert result.error is None, result.error
     head = result.named("master-model-vllm").inputs
     worker = result.named("worker-1-model-vllm").inputs
-    assert head["name"] == "qwen-head" and worker["name"] == "qwen-pipeline-worker"
+    # One container name on every node (and on AWS); the label says which role it plays.
+    assert head["name"] == worker["name"] == tags.MODEL_SERVER_CONTAINER == ssm.CONTAINER_NAME
+    assert {label["value"] for label in head["labels"]} == {tags.HEAD_CONTAINER}
+    assert {label["value"] for label in worker["labels"]} == {tags.PIPELINE_WORKER_CONTAINER}
     assert "ray start --node-ip-address=192.168.1.100 --head --port=6000" in head["command"][0]
     assert "--distributed-executor-backend=ray" in head["command"][0]
     assert (

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from labkit import blueprint, check, lifecycle, netns, probes
+from qwen_cluster import tags
 from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, port_of
 from tests.test_lab_namespaces import MISSING
 from tooling import changes, doctor, stackfile
@@ -154,7 +155,7 @@ def test_a_new_alert_bound_reloads_prometheus_and_restarts_nothing(running):
     lab_plan, options, _ = running
     before = {
         "prometheus": _pid(lab_plan, "master", "qwen-prometheus"),
-        **{node.name: _pid(lab_plan, node.name, "qwen-head") for node in lab_plan.cluster.nodes},
+        **{n.name: _pid(lab_plan, n.name, tags.MODEL_SERVER_CONTAINER) for n in lab_plan.cluster.nodes},
     }
     config = changes.apply_changes(lifecycle.stack_config(lab_plan), ["monitoring.maxRequestsWaiting=7"])
     report = lifecycle.apply(lab_plan, options, config=config)
@@ -170,7 +171,7 @@ def test_a_new_alert_bound_reloads_prometheus_and_restarts_nothing(running):
     _until("the new bound loaded", loaded)
     after = {
         "prometheus": _pid(lab_plan, "master", "qwen-prometheus"),
-        **{node.name: _pid(lab_plan, node.name, "qwen-head") for node in lab_plan.cluster.nodes},
+        **{n.name: _pid(lab_plan, n.name, tags.MODEL_SERVER_CONTAINER) for n in lab_plan.cluster.nodes},
     }
     assert after == before
 

@@ -325,7 +325,9 @@ def test_the_pack_describes_its_policies_and_schemas_over_grpc(packs):
 
 def test_configure_delivers_the_example_config_over_the_schema_defaults(packs):
     config = packs["dev"].policy_config
-    assert config["bandwidth-class"] == {"enforcementLevel": "mandatory", "minBandwidthGbps": 25}
+    # The guide's minimum (the config's) is mandatory, its recommendation advisory.
+    assert config["bandwidth-class"] == {"enforcementLevel": "mandatory", "minBandwidthGbps": 10}
+    assert config["bandwidth-recommended"] == {"enforcementLevel": "advisory", "recommendedBandwidthGbps": 25}
     assert config["baseline-idle-timeout"]["enforcementLevel"] == "advisory"
     assert config["node-count"] == {"enforcementLevel": "mandatory", "minNodes": 2}
 

@@ -609,6 +609,42 @@ def test_the_stack_floor_and_the_policy_config_both_raise_the_bar():
     assert refused(node, "bandwidth-class", cluster=DEV, policy_config=config) == {"g5_node"}
 
 
+def _host_with_nic(name: str, gbps: float):
+    host = firewall_command(name, "192.168.1.101")
+    document = json.loads(host.inputs["triggers"][0])
+    document["nicSpeedGbps"] = gbps
+    host.inputs["triggers"] = [json.dumps(document)]
+    host.name = name
+    return host
+
+
+def test_the_guides_minimum_is_mandatory_and_its_recommendation_advisory():
+    hosts = [_host_with_nic(f"nic_{gbps:g}", gbps) for gbps in (1, 10, 20, 25, 100)]
+    assert refused(hosts, "bandwidth-class", cluster=None) == {"nic_1"}
+    assert refused(hosts, "bandwidth-recommended", cluster=None) == {"nic_10", "nic_20"}
+    [advice] = [
+        v for v in policy_harness.analyze(hosts, cluster=None) if v.policy == "bandwidth-recommended"
+        and v.resource == "nic_20"
+    ]
+    assert advice.enforcement == "advisory"
+    assert advice.message.endswith("NIC 20 Gbit/s is below the recommended 25 Gbit/s")
+
+
+def test_a_stack_that_raises_its_floor_makes_it_mandatory():
+    hosts = [_host_with_nic("nic_10", 10)]
+    raised = ONPREM.model_copy(
+        update={"network": ONPREM.network.model_copy(update={"min_bandwidth_gbps": 25})}
+    )
+    assert refused(hosts, "bandwidth-class", cluster=raised) == {"nic_10"}
+    assert refused(hosts, "bandwidth-recommended", cluster=raised) == set()  # the mandatory one says it
+
+
+def test_the_committed_policy_config_keeps_the_configs_floor():
+    committed = json.loads((POLICIES_DIR / "config.json").read_text())
+    settings = guard.settings("bandwidth-class", committed.get("bandwidth-class"))
+    assert settings["minBandwidthGbps"] == config.MIN_BANDWIDTH_GBPS
+
+
 # --- required-paths -----------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from tooling import policy_harness, stackfile
 # what passes.
 PACK = {
     "bandwidth-class",
+    "bandwidth-recommended",
     "port-exposure",
     "required-paths",
     "efa-placement",
@@ -31,7 +32,7 @@ PACK = {
     "container-host-network",
     "stack-config",
 }
-ADVISORY = {"baseline-idle-timeout", "stack-config"}
+ADVISORY = {"bandwidth-recommended", "baseline-idle-timeout", "stack-config"}
 AS_RENDERED = "as rendered"
 
 _AWS = {

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from components.aws.documents import command_document
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render import monitoring_ssm
@@ -37,14 +38,7 @@ class Monitoring(pulumi.ComponentResource):
         super().__init__("qwen-cluster:aws:Monitoring", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster = args.cluster
-        document = aws.ssm.Document(
-            f"{name}-document",
-            document_type="Command",
-            document_format="JSON",
-            content=monitoring_ssm.document(),
-            tags={**args.tags, "Name": f"{name}-document"},
-            opts=child,
-        )
+        document = command_document(f"{name}-document", monitoring_ssm.document(), args.tags, child)
         source = NODEMETRICS_SCRIPT.read_text()
         self.associations = {
             node.name: aws.ssm.Association(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from components.aws.documents import command_document
 from qwen_cluster.config import ClusterConfig, EndpointSecrets
 from qwen_cluster.render import nginx, proxy
 
@@ -58,14 +59,7 @@ class NodeProxy(pulumi.ComponentResource):
             for role, value in values.items()
             if value is not None
         }
-        self.document = aws.ssm.Document(
-            f"{name}-document",
-            document_type="Command",
-            document_format="JSON",
-            content=proxy.document(),
-            tags={**args.tags, "Name": f"{name}-document"},
-            opts=child,
-        )
+        self.document = command_document(f"{name}-document", proxy.document(), args.tags, child)
         self.read_policy = None
         if self.parameters:
             arns = [parameter.arn for parameter in self.parameters.values()]

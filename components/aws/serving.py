@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
+from components.aws.documents import command_document
 from qwen_cluster.config import Weights
 from qwen_cluster.render import ssm, weights
 
@@ -91,14 +92,7 @@ class ModelServerDocument(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelServerDocumentArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:aws:ModelServerDocument", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        document = aws.ssm.Document(
-            f"{name}-document",
-            document_type="Command",
-            document_format="JSON",
-            content=ssm.document(),
-            tags={**args.tags, "Name": f"{name}-document"},
-            opts=child,
-        )
+        document = command_document(f"{name}-document", ssm.document(), args.tags, child)
         self.drain_policy = aws.iam.RolePolicy(
             f"{name}-drain",
             role=args.role_name,
@@ -126,14 +120,7 @@ class ModelServerDocument(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        stage_document = aws.ssm.Document(
-            f"{name}-stage-document",
-            document_type="Command",
-            document_format="JSON",
-            content=ssm.stage_document(),
-            tags={**args.tags, "Name": f"{name}-stage-document"},
-            opts=child,
-        )
+        stage_document = command_document(f"{name}-stage-document", ssm.stage_document(), args.tags, child)
         self.weights_policy = None
         if args.weights.source == "s3":
             # The nodes reach the bucket through the VPC's S3 gateway endpoint (network.py), in

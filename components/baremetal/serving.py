@@ -69,7 +69,7 @@ def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
     rdma = cluster.tuning.rdma
     role = tags.HEAD_CONTAINER if cluster.topology.is_head(node.name) else tags.PIPELINE_WORKER_CONTAINER
     spec: dict[str, Any] = {
-        "name": f"qwen-{role}",
+        "name": tags.MODEL_SERVER_CONTAINER,
         "image": cluster.model.image,
         "entrypoints": ["/bin/bash", "-c"],
         "command": [script],

@@ -17,6 +17,7 @@ from qwen_cluster.config.limits import (
     MIN_NODES,
     NGINX_IDLE_TIMEOUT_SECONDS,
     NLB_IDLE_TIMEOUT_SECONDS,
+    RECOMMENDED_BANDWIDTH_GBPS,
     RECOMMENDED_NODES,
 )
 from qwen_cluster.config.loading import decode_value, from_pulumi, ray_auth_token, validate
@@ -65,6 +66,7 @@ __all__ = [
     "NGINX_IDLE_TIMEOUT_SECONDS",
     "NLB_IDLE_TIMEOUT_SECONDS",
     "OWNED_VLLM_FLAGS",
+    "RECOMMENDED_BANDWIDTH_GBPS",
     "RECOMMENDED_NODES",
     "REDACTED",
     "SECRET_KEYS",

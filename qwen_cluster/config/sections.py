@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from qwen_cluster import catalog
+from qwen_cluster import catalog, hostpaths
 from qwen_cluster import ports as port_table
 from qwen_cluster.config.limits import (
     AWS_RESERVED_HEAD,
@@ -35,8 +35,9 @@ DEFAULT_SYSCTL: dict[str, int | str] = {
     "net.ipv4.tcp_fastopen": 3,
 }
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
-# bareMetal.weightsCache: under /var/cache (FHS: data an application can fetch again).
-DEFAULT_WEIGHTS_CACHE = "/var/cache/qwen-cluster/huggingface"
+# bareMetal.weightsCache: under /var/cache (FHS: data an application can fetch again), where the
+# AWS nodes keep it too.
+DEFAULT_WEIGHTS_CACHE = hostpaths.WEIGHTS_CACHE
 # Pinned: a moving tag would change every node on the next `pulumi up`. v0.33.0 is the newest
 # vLLM release the project has seen (vllm/vllm-openai tags follow vllm-project/vllm's releases).
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"

@@ -7,7 +7,7 @@ Signatures:
         those rules as the host-firewall document the firewall command carries in its triggers,
         the form the policy pack (policies/normalized.py) checks
     apply_script(rules: list[Rule], flavour: str, *, node_ip: str, interface: str | None = None,
-                 etc: str = "/etc", state_dir: str = "/var/lib/qwen-cluster", persist: bool = True,
+                 etc: str = "/etc", state_dir: str = hostpaths.STATE_DIR, persist: bool = True,
                  document: dict | None = None) -> str
     revert_script(flavour: str, *, etc: str = "/etc", state_dir: str = ..., persist: bool = True) -> str
     embedded_documents(script: str) -> list[str]
@@ -37,6 +37,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from qwen_cluster import hostpaths
 from qwen_cluster.ports import Exposure, Peer, Target
 from qwen_cluster.render.shell import (
     INTERFACE_OF,
@@ -414,7 +415,7 @@ def apply_script(
     node_ip: str,
     interface: str | None = None,
     etc: str = "/etc",
-    state_dir: str = "/var/lib/qwen-cluster",
+    state_dir: str = hostpaths.STATE_DIR,
     persist: bool = True,
     document: dict[str, Any] | None = None,
 ) -> str:
@@ -433,7 +434,7 @@ def apply_script(
 
 
 def revert_script(
-    flavour: str, *, etc: str = "/etc", state_dir: str = "/var/lib/qwen-cluster", persist: bool = True
+    flavour: str, *, etc: str = "/etc", state_dir: str = hostpaths.STATE_DIR, persist: bool = True
 ) -> str:
     """Remove our rules. ufw/firewalld go back to their state before the first apply (ufw is
     disabled again only if it was inactive then, so SSH is never left behind a deny);

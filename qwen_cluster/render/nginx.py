@@ -40,6 +40,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from qwen_cluster import hostpaths
 from qwen_cluster.render.shell import container_state_function, quote, script
 from qwen_cluster.render.vllm import HEALTH_PATH
 
@@ -52,7 +53,7 @@ MAX_FAILS = 3
 FAIL_TIMEOUT_SECONDS = 30
 CONNECT_TIMEOUT_SECONDS = 5
 # On the load-balancer host, and where the container sees it (read-only).
-CONF_DIR = "/etc/qwen-cluster/nginx"
+CONF_DIR = f"{hostpaths.CONFIG_DIR}/nginx"
 CONTAINER_CONF_DIR = "/etc/nginx/qwen"
 CONF_FILE = "nginx.conf"
 # Relative: nginx resolves an include against the directory of the -c file, so the same

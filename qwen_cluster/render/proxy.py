@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import base64
 
+from qwen_cluster import hostpaths
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import nginx
 from qwen_cluster.render.ssm import command_document
 
 CONTAINER_NAME = "qwen-proxy"
-CONF_DIR = "/etc/qwen-cluster/proxy"
+CONF_DIR = f"{hostpaths.CONFIG_DIR}/proxy"
 RUN_TIMEOUT_SECONDS = 900
 # A parameter's ARN (GetParameter takes a name or an ARN): an ARN the association holds follows
 # the parameter, so the change plan sees a new key reach the association.

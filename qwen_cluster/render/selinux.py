@@ -4,12 +4,13 @@ with SELinux on, the service ports get a port type confined services may bind in
 Signatures:
     service_ports(cluster: ClusterConfig, node_name: str) -> list[str]   "5000", "8000", "80"
     apply_script(ports: list[str], *, port_type: str = PORT_TYPE,
-                 state_dir: str = "/var/lib/qwen-cluster") -> str
-    revert_script(*, state_dir: str = "/var/lib/qwen-cluster") -> str
+                 state_dir: str = hostpaths.STATE_DIR) -> str    (/var/lib/qwen-cluster)
+    revert_script(*, state_dir: str = hostpaths.STATE_DIR) -> str
 """
 
 from __future__ import annotations
 
+from qwen_cluster import hostpaths
 from qwen_cluster.ports import Scope
 from qwen_cluster.render.shell import quote, script
 
@@ -26,7 +27,7 @@ def service_ports(cluster, node_name: str) -> list[str]:
 
 
 def apply_script(
-    ports: list[str], *, port_type: str = PORT_TYPE, state_dir: str = "/var/lib/qwen-cluster"
+    ports: list[str], *, port_type: str = PORT_TYPE, state_dir: str = hostpaths.STATE_DIR
 ) -> str:
     wanted = "\n".join(ports)
     body = f"""
@@ -63,7 +64,7 @@ QWEN_PORTS_EOF
     return script("SELinux port labels (enforcing stays on)", body)
 
 
-def revert_script(*, state_dir: str = "/var/lib/qwen-cluster") -> str:
+def revert_script(*, state_dir: str = hostpaths.STATE_DIR) -> str:
     body = f"""
 state={quote(state_dir)}/selinux-ports-added
 [ -e "$state" ] || exit 0

@@ -10,6 +10,8 @@ Signatures:
     persist_guard(body: str) -> str             `body` unless QWEN_PERSIST=no
     container_state_function() -> str           bash `container_state NAME`: running|stopped|absent
 
+from qwen_cluster import hostpaths
+
 LAB_HOOKS are the only run-time differences between a real host and the lab, which runs the
 registered scripts unchanged inside network namespaces of one machine (scripts/lab.py). SSH
 passes none of them (sshd accepts only the variables its AcceptEnv lists, and pulumi-command
@@ -22,8 +24,10 @@ import hashlib
 import re
 import shlex
 
+from qwen_cluster import hostpaths
+
 LAB_HOOKS = {
-    "QWEN_STATE_DIR": "the state directory instead of /var/lib/qwen-cluster (one per lab node)",
+    "QWEN_STATE_DIR": f"the state directory instead of {hostpaths.STATE_DIR} (one per lab node)",
     "QWEN_PERSIST": "`no` skips boot-time persistence (systemctl enable ...): no systemd for a namespace",
     "QWEN_SYSCTL_SCOPE": "`dropin` applies only our drop-in (sysctl -p), not every file (sysctl --system)",
 }

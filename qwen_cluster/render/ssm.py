@@ -39,16 +39,18 @@ import json
 import re
 from typing import Any
 
+from qwen_cluster import hostpaths, tags
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import vllm, weights
 from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function
 from qwen_cluster.render.sysctl import DROPIN_PATH, dropin
 
-CONTAINER_NAME = "qwen-vllm"
+CONTAINER_NAME = tags.MODEL_SERVER_CONTAINER
 CONFIG_LABEL = "qwen-cluster.config"
-ENV_FILE = "/etc/qwen-cluster/model-server.env"
-SERVER_SCRIPT = "/etc/qwen-cluster/model-server.sh"
-HF_CACHE = "/opt/qwen-cluster/huggingface"
+ENV_FILE = f"{hostpaths.CONFIG_DIR}/model-server.env"
+SERVER_SCRIPT = f"{hostpaths.CONFIG_DIR}/model-server.sh"
+# The node's Hugging Face cache: where bare metal keeps it by default (bareMetal.weightsCache).
+HF_CACHE = hostpaths.WEIGHTS_CACHE
 # The DLAMI installs libfabric and the aws-ofi-nccl plugin under /opt/amazon.
 EFA_LIBRARY_PATH = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 # Pulling a ~10 GB vLLM image and starting the container, on top of drain and health.
@@ -104,7 +106,7 @@ PORT='{{ Port }}'
 export AWS_DEFAULT_REGION='{{ Region }}'
 
 # 1. Kernel tuning: a drop-in, applied live (no restart needed).
-install -d -m 0755 /etc/sysctl.d /etc/qwen-cluster __HF_CACHE__
+install -d -m 0755 /etc/sysctl.d __CONFIG_DIR__ __HF_CACHE__
 b64 '{{ Sysctl }}' > __DROPIN__.new && mv __DROPIN__.new __DROPIN__
 sysctl --system >/dev/null
 
@@ -182,6 +184,7 @@ def run_script() -> str:
         .replace("__SCRIPT__", SERVER_SCRIPT)
         .replace("__DROPIN__", DROPIN_PATH)
         .replace("__HF_CACHE__", HF_CACHE)
+        .replace("__CONFIG_DIR__", hostpaths.CONFIG_DIR)
     )
 
 
@@ -317,15 +320,15 @@ STAGE_PARAMETERS: dict[str, tuple[str, str]] = {
 }
 _STAGE_RUN = """#!/bin/bash
 set -euo pipefail
-install -d -m 0755 /etc/qwen-cluster
-printf '%s' '{{ StageScript }}' | base64 -d > /etc/qwen-cluster/model-stage.sh.new
-mv /etc/qwen-cluster/model-stage.sh.new /etc/qwen-cluster/model-stage.sh
-bash /etc/qwen-cluster/model-stage.sh
+install -d -m 0755 __CONFIG_DIR__
+printf '%s' '{{ StageScript }}' | base64 -d > __CONFIG_DIR__/model-stage.sh.new
+mv __CONFIG_DIR__/model-stage.sh.new __CONFIG_DIR__/model-stage.sh
+bash __CONFIG_DIR__/model-stage.sh
 """
 
 
 def stage_run_script() -> str:
-    return _STAGE_RUN
+    return _STAGE_RUN.replace("__CONFIG_DIR__", hostpaths.CONFIG_DIR)
 
 
 def stage_document() -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from qwen_cluster import tags
 from qwen_cluster.render.monitoring.clock import clock, duration
 from qwen_cluster.render.monitoring.endpoint import XID_WINDOW_SECONDS
 from qwen_cluster.render.monitoring.prometheus import JOB
@@ -52,7 +53,7 @@ def alerts(cluster) -> list[Alert]:
             "replica {{ $labels.replica }} (head {{ $labels.replica_head }}) is not serving",
             "the model server on {{ $labels.replica_head }} does not answer /metrics, or a member of the "
             "replica cannot be scraped (node down, link cut, container stopped)",
-            "check the node (ping, route -n) and its container: docker logs qwen-head",
+            f"check the node (ping, route -n) and its container: docker logs {tags.MODEL_SERVER_CONTAINER}",
             where=("replica_head",),
         ),
         Alert(
@@ -62,7 +63,7 @@ def alerts(cluster) -> list[Alert]:
             60,
             "no replica is serving: the load balancer has no healthy upstream",
             "every model server is down or unreachable",
-            "start with the first replica's head: ping it, then docker logs qwen-head",
+            f"start with the first replica's head: ping it, then docker logs {tags.MODEL_SERVER_CONTAINER}",
             where=(),
         ),
         Alert(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from qwen_cluster import hostpaths
 from qwen_cluster.render.monitoring.alertmanager import (
     alertmanager_args,
     alertmanager_config,
@@ -38,8 +39,8 @@ DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"
 # The aggregator is stdlib-only Python; any pinned CPython image runs it.
 AGGREGATOR_IMAGE = "python:3.12.7-slim-bookworm"
 
-HOST_CONFIG_DIR = "/etc/qwen-cluster/monitoring"
-HOST_DATA_DIR = "/var/lib/qwen-cluster"
+HOST_CONFIG_DIR = f"{hostpaths.CONFIG_DIR}/monitoring"
+HOST_DATA_DIR = hostpaths.STATE_DIR
 # Where a monitoring container reads its files: uploads for the exporters and the endpoint,
 # HOST_CONFIG_DIR mounted read-only for Prometheus and Alertmanager.
 CONTAINER_CONFIG_DIR = "/etc/qwen-monitoring"
