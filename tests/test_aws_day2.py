@@ -7,13 +7,13 @@ Each test renders the stack as it is and with one change, diffs the two
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
 
 from qwen_cluster.render import ssm, vllm
 from tests.helpers.aws_stacks import INSTANCE, render, render_stack
+from tests.helpers.baremetal import shellcheck
 from tooling import changes, offline, stackfile
 
 NEW_DLAMI = {
@@ -269,9 +269,10 @@ def test_the_run_script_is_valid_bash(tmp_path):
     path = tmp_path / "run.sh"
     path.write_text(ssm.shell_check_text())
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
-    if shutil.which("shellcheck"):
-        result = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout
+
+
+def test_the_run_script_passes_shellcheck(tmp_path):
+    shellcheck(ssm.shell_check_text(), tmp_path)
 
 
 def test_the_config_hash_moves_with_what_the_container_runs_only():

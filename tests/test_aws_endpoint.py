@@ -125,6 +125,7 @@ def test_the_proxy_run_passes_shellcheck(tmp_path):
 
 def test_the_proxy_config_passes_gixy_ng():
     gixy = shutil.which("gixy", path=str(Path(sys.executable).parent))
+    assert gixy, "gixy-ng is installed from requirements.txt"
     cluster = stackfile.validate(stack())
     path = Path(f"/tmp/qwen-proxy-{id(cluster)}.conf")
     path.write_text(proxy.conf(cluster, "master"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import shutil
 import subprocess
 
 import pytest
@@ -15,6 +14,7 @@ from qwen_cluster.ports import Peer, Target
 from qwen_cluster.render import cloudinit, ec2, sg_rules, vpc_plan
 from qwen_cluster.render.sysctl import DROPIN_PATH
 from tests.helpers.aws_stacks import variant
+from tests.helpers.baremetal import shellcheck
 from tooling import stackfile
 
 
@@ -198,6 +198,7 @@ def test_user_data_is_valid_bash(prod_script, tmp_path):
     path = tmp_path / "user-data.sh"
     path.write_text(prod_script)
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
-    if shutil.which("shellcheck"):  # an extra lint where installed; bash -n always runs
-        result = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout
+
+
+def test_user_data_passes_shellcheck(prod_script, tmp_path):
+    shellcheck(prod_script, tmp_path)

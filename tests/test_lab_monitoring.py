@@ -21,6 +21,7 @@ import pytest
 from labkit import blueprint, check, lifecycle, netns, probes
 from qwen_cluster import tags
 from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, port_of
+from tests.helpers.wait import wait_until
 from tests.test_lab_namespaces import MISSING
 from tooling import changes, doctor, stackfile
 
@@ -54,14 +55,10 @@ def _doctor(label: str) -> tuple[int, dict]:
 
 
 def _until(what: str, condition, timeout: float = WITHIN):
+    """(seconds it took, the condition's answer), by tests/helpers/wait.py."""
     started = time.monotonic()
-    last = None
-    while time.monotonic() - started < timeout:
-        last = condition()
-        if last:
-            return time.monotonic() - started, last
-        time.sleep(1)
-    pytest.fail(f"{what}: not within {timeout} s (last: {last!r})")
+    last = wait_until(condition, what=what, timeout=timeout, interval=1)
+    return time.monotonic() - started, last
 
 
 def _ask(lab_plan):

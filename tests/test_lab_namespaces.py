@@ -57,8 +57,9 @@ def host_before() -> dict:
     return _host_snapshot()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def running(host_before):
+    """The module's one lab, shared by its tests; down before the next module's lab goes up."""
     lifecycle.down(LABEL)
     lab_plan = blueprint.build(ONPREM, LABEL)
     options = lifecycle.Options()

@@ -18,7 +18,9 @@ from labkit import netns
 from qwen_cluster import config
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render.monitoring import alertmanager, containers, endpoint, prometheus
+from tests.helpers import tools
 from tests.helpers.baremetal import needs_netns, netns_pair
+from tests.helpers.wait import WaitTimeout, wait_until
 from tooling import doctor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,19 +135,26 @@ def start_servers(procs: Processes, cluster: config.ClusterConfig, namespace: st
     )
 
 
+# Debian's packages, run for real in the namespaces.
+MONITORING_TOOLS = (
+    "prometheus",
+    "prometheus-alertmanager",
+    "prometheus-node-exporter",
+    "prometheus-blackbox-exporter",
+)
+
+
 def wait_for(what: str, check, timeout: float, procs: Processes, done=bool):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if done(last):
-            return last
-        time.sleep(0.5)
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-800:]}" for p in sorted(procs.tmp.glob("*.log")))
-    pytest.fail(f"{what} not within {timeout:g} s (last: {last!r})\n{logs}")
+    """tests/helpers/wait.py's wait, failing with the processes' logs besides."""
+    try:
+        return wait_until(check, what=what, timeout=timeout, interval=0.5, done=done)
+    except WaitTimeout as timed_out:
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-800:]}" for p in sorted(procs.tmp.glob("*.log")))
+        pytest.fail(f"{timed_out}\n{logs}")
 
 
 @needs_netns
+@tools.needs(*MONITORING_TOOLS)
 def test_a_cut_link_fires_and_resolves_and_doctor_names_the_node(tmp_path):
     stack = cluster()
     procs = Processes(tmp_path)

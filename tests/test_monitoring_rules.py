@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from qwen_cluster.render.monitoring import alertmanager, alerts, clock, endpoint, prometheus
+from tests.helpers import tools
 from tooling import stackfile
 
 ONPREM = stackfile.load("onprem")
@@ -90,6 +91,7 @@ def case(input_series: list[dict], alert: str, eval_time: str, exp: list[dict]) 
     }
 
 
+@tools.needs("promtool")
 def test_prometheus_config_and_rules_pass_promtool_check(tmp_path):
     rules = tmp_path / "rules.yml"
     rules.write_text(alerts.rules(ONPREM))
@@ -107,6 +109,7 @@ def lab_clock(seconds: float = 1):
 
 
 @pytest.mark.parametrize("scrape", [15, 1, 60])
+@tools.needs("promtool")
 def test_rules_pass_promtool_check_on_every_clock(tmp_path, scrape):
     rules = tmp_path / "rules.yml"
     rules.write_text(alerts.rules(lab_clock(scrape)))
@@ -114,6 +117,7 @@ def test_rules_pass_promtool_check_on_every_clock(tmp_path, scrape):
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+@tools.needs("amtool")
 def test_alertmanager_config_passes_amtool(tmp_path):
     webhook = ONPREM.monitoring.model_copy(update={"webhook_url": "http://10.20.0.5:9095/hook"})
     for cluster in (ONPREM, ONPREM.model_copy(update={"monitoring": webhook})):
@@ -464,6 +468,7 @@ def _cases() -> list[tuple[str, dict]]:
 CASES = [(name, test["alert_rule_test"][0]["exp_alerts"]) for name, test in _cases()]
 
 
+@tools.needs("promtool")
 def test_promtool_unit_tests_for_every_alert(tmp_path):
     tests = [test for _, test in _cases()]
     done = run_promtool(tmp_path, tests)
@@ -504,6 +509,7 @@ def test_durations_follow_the_scrape_interval():
     assert settings["scrape_interval"] == "1s" and settings["scrape_timeout"] == "800ms"
 
 
+@tools.needs("promtool")
 def test_the_grafana_dashboards_queries_parse(tmp_path):
     """Every panel query of dashboards/qwen-cluster.json, parsed by promtool as a recording rule."""
     import json

@@ -17,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from qwen_cluster.node import nodemetrics
 from qwen_cluster.render.monitoring import endpoint as monitoring_endpoint
+from tests.helpers import tools
+from tests.helpers.wait import wait_until
 from tooling import stackfile
 
 VLLM_TEXT = """\
@@ -195,6 +197,7 @@ def test_a_slow_source_does_not_hold_the_scrape_past_its_timeout():
     assert next(s.value for s in found if s.name == "qwen_source_up") == 0
 
 
+@tools.needs("prometheus-node-exporter", "prometheus-blackbox-exporter")
 def test_with_the_real_node_and_blackbox_exporters(tmp_path: Path):
     """Debian's node_exporter and blackbox_exporter behind the endpoint, as rendered."""
     cluster = stackfile.load("onprem")
@@ -239,14 +242,19 @@ def test_with_the_real_node_and_blackbox_exporters(tmp_path: Path):
                 },
             ],
         }
-        deadline = time.monotonic() + 15
         with endpoint(config) as url:
-            while True:
+
+            def scrape() -> tuple[dict[str, float], list]:
                 found = samples(get(f"{url}/metrics"))
-                up = {s.labels["qwen_source"]: s.value for s in found if s.name == "qwen_source_up"}
-                if up == {"node": 1, "probe": 1} or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
+                return {s.labels["qwen_source"]: s.value for s in found if s.name == "qwen_source_up"}, found
+
+            up, found = wait_until(
+                scrape,
+                what="both exporters up behind the endpoint",
+                timeout=15,
+                interval=0.2,
+                done=lambda answer: answer[0] == {"node": 1, "probe": 1},
+            )
     finally:
         for process in processes:
             process.kill()

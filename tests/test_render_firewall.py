@@ -11,6 +11,7 @@ from qwen_cluster import config
 from qwen_cluster.config import validate
 from qwen_cluster.render import firewall
 from qwen_cluster.render.firewall import Rule
+from tests.helpers import tools
 from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 from tests.helpers.configs import BASE_BARE_METAL
 from tests.helpers.wait import wait_until
@@ -178,6 +179,7 @@ def test_ipv6_client_cidrs_use_the_ipv6_family():
 
 
 @needs_netns
+@tools.needs("nft")
 def test_nftables_script_loads_twice_and_filters_for_real(tmp_path):
     # a = 10.231.0.1 plays an outsider; b holds the firewall with a as its only admin.
     rules = [
@@ -347,10 +349,8 @@ def test_a_membership_change_neither_closes_a_kept_rule_nor_opens_anything_in_be
     after, opens new connections all along the re-apply: none fails (a reset, or a revert
     before the apply, would drop them). Its connections to :7001, closed before and after,
     never get through."""
-    import shutil
 
-    if shutil.which(flavour if flavour == "ufw" else "nft") is None:
-        pytest.skip(f"{flavour} is not installed")
+    tools.require("ufw" if flavour == "ufw" else "nft")
     a, b = probed_pair
     env = {"QWEN_STATE_DIR": str(tmp_path / "state"), "QWEN_PERSIST": "no"}
     kept = [

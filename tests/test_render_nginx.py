@@ -9,6 +9,7 @@ import pytest
 
 from labkit import probes
 from qwen_cluster.render import nginx
+from tests.helpers import tools
 from tests.helpers.baremetal import ONPREM
 from tests.helpers.configs import TEST_API_KEY
 from tests.helpers.nginx_loopback import locked_nginx
@@ -61,6 +62,7 @@ def test_needs_an_upstream():
         nginx.render([], listen_port=80, idle_timeout_seconds=60)
 
 
+@tools.needs("nginx")
 def test_passes_nginx_t_under_a_temporary_prefix(tmp_path):
     for directory in ("logs", "state"):
         (tmp_path / directory).mkdir()
@@ -187,6 +189,7 @@ def test_keys_are_whole_headers_matched_case_sensitively():
 
 def test_gixy_ng_finds_nothing_in_the_locked_tls_endpoint(tmp_path):
     gixy = shutil.which("gixy", path=str(Path(sys.executable).parent))
+    assert gixy, "gixy-ng is installed from requirements.txt"
     (tmp_path / "nginx.conf").write_text(_locked())
     result = subprocess.run(
         [gixy, "-f", "json", "--nginx-version", pinned_nginx_version(), str(tmp_path / "nginx.conf")],
@@ -197,6 +200,7 @@ def test_gixy_ng_finds_nothing_in_the_locked_tls_endpoint(tmp_path):
     assert findings == [], json.dumps(findings, indent=2) + result.stderr
 
 
+@tools.needs("nginx")
 def test_through_a_real_nginx_only_keyed_openai_routes_reach_the_model_server(tmp_path):
     """nginx (the Debian binary) on loopback in front of the stand-in, with a key and TLS."""
     with locked_nginx(tmp_path) as (port, access, server):

@@ -3,14 +3,15 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from components.baremetal import serving
 from qwen_cluster.render import preflight, rdma, selinux, shell, verify
 from qwen_cluster.render.verify import Pair, Probe
+from tests.helpers import tools
 from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
+from tests.helpers.wait import wait_until
 
 
 def test_rdma_installs_the_guides_packages_and_requires_a_device():
@@ -105,10 +106,24 @@ DROP_7002 = (
     "add table inet t; add chain inet t in { type filter hook input priority 0; policy accept; }; "
     "add rule inet t in tcp dport 7002 drop"
 )
-LISTEN_7001 = "import socket,time; s=socket.socket(); s.bind(('10.231.0.2',7001)); s.listen(); time.sleep(30)"
+# Listens until killed (the kernel completes the handshakes; nothing need accept them).
+LISTEN_7001 = (
+    "import signal,socket; s=socket.socket(); s.bind(('10.231.0.2',7001)); s.listen(); signal.pause()"
+)
+
+
+def listening(namespace: str, port: int) -> bool:
+    found = subprocess.run(
+        ["ip", "netns", "exec", namespace, "ss", "-H", "-ltn", f"sport = :{port}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return bool(found.stdout.strip())
 
 
 @needs_netns
+@tools.needs("nft", "ss")
 def test_verify_prints_the_matrix_and_names_failing_pairs(tmp_path):
     row = ("a", "10.231.0.1", "b", "10.231.0.2")
     probes = [
@@ -143,7 +158,7 @@ def test_verify_prints_the_matrix_and_names_failing_pairs(tmp_path):
             ]
         )
         try:
-            time.sleep(0.5)
+            wait_until(lambda: listening(b, 7001), what="the listener on 10.231.0.2:7001", timeout=10)
             result = run_in(a, text, tmp_path)
         finally:
             server.kill()

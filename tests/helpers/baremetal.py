@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import tools
 from tooling import stackfile
 
 ONPREM = stackfile.load("onprem")
 
 
 def shellcheck(text: str, tmp_path: Path) -> None:
+    """shellcheck the script; the test skips, naming shellcheck, where it is not installed."""
+    tools.require("shellcheck")
     path = tmp_path / f"script-{uuid.uuid4().hex[:8]}.sh"
     path.write_text(text)
     result = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)

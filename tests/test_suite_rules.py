@@ -1,0 +1,51 @@
+"""The test suite keeps its own rules (docs/developers.md#adding-a-test): no sleep as
+synchronisation and one waiting helper. A test waits through tests/helpers/wait.py; a sleep is
+allowed only as the behaviour of a stand-in a test defines (a method of a class: a slow HTTP
+handler, a stream paced chunk by chunk), never in a test or helper function."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+WAITING_HELPER = TESTS / "helpers" / "wait.py"
+
+
+def sleeps_outside_stand_ins(path: Path) -> list[int]:
+    """Lines of `time.sleep(...)` / `sleep(...)` calls that are not inside a class's method."""
+    found: list[int] = []
+
+    def visit(node: ast.AST, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, True)
+                continue
+            sleeps = isinstance(child, ast.Call) and ast.unparse(child.func) in ("time.sleep", "sleep")
+            if sleeps and not in_class:
+                found.append(child.lineno)
+            visit(child, in_class)
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def test_no_test_or_helper_sleeps_to_synchronise():
+    offenders = [
+        f"{path.relative_to(TESTS.parent)}:{line}"
+        for path in sorted(TESTS.rglob("*.py"))
+        if path != WAITING_HELPER
+        for line in sleeps_outside_stand_ins(path)
+    ]
+    assert offenders == [], "wait for the condition with tests/helpers/wait.py instead"
+
+
+def test_the_rule_finds_a_sleep_in_a_function_and_allows_a_stand_ins(tmp_path):
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "import time\n"
+        "def test_x():\n    time.sleep(1)\n"
+        "class Slow:\n    def do_GET(self):\n        time.sleep(3)\n"
+        "def helper():\n    while True:\n        time.sleep(0.1)\n"
+    )
+    assert sleeps_outside_stand_ins(module) == [3, 9]
