@@ -41,9 +41,11 @@ bench: venv system
 lint: venv
 	$(PY) -m ruff check .
 
-# docs/config.md, rendered from the config schema (tests/test_config_reference.py fails when stale).
+# docs/config.md, rendered from the config schema, and the deploy policy in docs/aws.md, rendered
+# from the program (tests/test_config_reference.py, tests/test_deploy_policy.py fail when stale).
 docs: venv
 	$(PY) -m tooling.config_reference
+	$(PY) -m tooling.deploy_policy
 
 clean:
 	rm -rf $(VENV) .pytest_cache out

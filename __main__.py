@@ -2,9 +2,7 @@
 
 import pulumi
 
-from qwen_cluster import config, sdk_fixes, summary
-
-sdk_fixes.apply()
+from qwen_cluster import config, summary
 
 try:
     cluster, ssh_private_key, endpoint_secrets = config.from_pulumi()

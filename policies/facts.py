@@ -36,6 +36,8 @@ class Facts:
     stack_floor_gbps: float = 0.0
     efa: bool | None = None
     heads: tuple[str, ...] | None = None  # load-balancer targets by node name
+    api_keys: bool = False  # access.apiKeys set (the endpoint checks keys)
+    tls: bool = False  # loadBalancer.tls set (clients speak TLS to the endpoint)
     known: bool = False  # read from the stack config
     unknown_because: str = ""
 
@@ -85,6 +87,8 @@ def facts_for(cluster: config.ClusterConfig | None, unknown_because: str = NO_CO
         stack_floor_gbps=cluster.network.min_bandwidth_gbps,
         efa=bool(cluster.aws.efa) if cluster.aws else None,
         heads=tuple(head.name for head in cluster.topology.heads),
+        api_keys=bool(cluster.access.api_keys),
+        tls=cluster.load_balancer.tls is not None,
         known=True,
     )
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 
-from policies import bandwidth, baseline, containers, efa, exposure, facts, nodes, paths
+from policies import bandwidth, baseline, containers, efa, endpoint, exposure, facts, nodes, paths
 from policies.declaration import Declared, Schema
 
 __all__ = ["DECLARED", "PACK_NAME", "POLICIES", "SCHEMAS", "STACK", "settings"]
@@ -41,6 +41,7 @@ DECLARED: tuple[Declared, ...] = (
     baseline.selinux,
     baseline.tls_policy,
     containers.container_host_network,
+    endpoint.keys_in_clear,
     facts.stack_config,
 )
 BY_NAME: dict[str, Declared] = {declared.name: declared for declared in DECLARED}

@@ -7,6 +7,9 @@ The AWS target tags its GPU nodes and security groups with `ROLE_TAG`; the polic
 from __future__ import annotations
 
 ROLE_TAG = "qwen-cluster:role"
+# On every AWS resource the program creates, its value the stack's name: the deploy role's
+# policy (tooling/deploy_policy.py) reaches EC2 resources through it (aws:ResourceTag).
+STACK_TAG = "qwen-cluster:stack"
 NODE_TAG = "qwen-cluster:node"  # the node's name from qwen-cluster:nodes
 
 # Values of CONTAINER_ROLE_LABEL (below), the docker label on every container the program runs:

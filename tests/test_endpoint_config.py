@@ -91,3 +91,19 @@ def test_on_bare_metal_a_key_rotation_updates_the_nginx_files_and_restarts_nothi
     }
     summary = changes.rollout(old, new, found)
     assert summary.servers_restarted == [] and summary.max_replicas_out_of_service == 0
+
+
+def test_the_stack_with_tls_that_endpoint_md_shows_renders_and_the_pack_has_nothing_to_say():
+    """docs/endpoint.md's example to copy: prod with its `access` and `loadBalancer` replaced by
+    the documented block (its ciphertext becomes the offline placeholders, as any stack file's)."""
+    from tooling import policy_harness
+
+    text = (stackfile.PROJECT_ROOT / "docs" / "endpoint.md").read_text()
+    block = text[text.index("<!-- stack-with-tls -->") :]
+    block = block[block.index("```yaml") + len("```yaml") : block.index("```", block.index("```yaml") + 7)]
+    documented = yaml.safe_load(block)["config"]
+    stack_config = {**stackfile.read("prod"), **documented}
+    cluster = stackfile.validate(stack_config)
+    assert cluster.load_balancer.tls is not None and cluster.access.api_keys
+    violations = policy_harness.check_config(stack_config, "prod")
+    assert [v.policy for v in violations] == []

@@ -125,3 +125,15 @@ def test_the_preview_validates_the_zone_against_the_stack_s_region_as_the_progra
         "valid": False,
         "errors": ["aws.availabilityZone us-west-2a is not in aws:region us-east-1"],
     }
+
+
+def test_the_plan_says_when_api_keys_would_travel_in_clear():
+    """The committed stacks serve API keys without loadBalancer.tls: the plan carries the pack's
+    advisory (policies/endpoint.py); the endpoint's doc shows the stack with TLS to copy."""
+    from tooling import preview
+
+    for stack in stackfile.STACKS:
+        report = preview.plan(stack)
+        advisories = [v for v in report["violations"] if v["policy"] == "keys-in-clear"]
+        assert [v["enforcement"] for v in advisories] == ["advisory"], stack
+        assert report["mandatory"] == 0

@@ -341,7 +341,12 @@ def test_the_real_stacks_get_the_same_verdicts_over_grpc(packs, stack, configure
     assert ordered(over_grpc) == ordered(direct(stack, render.resources, configured, pack))
     assert policy_harness.mandatory(over_grpc) == []
     advisories = [v.policy for v in over_grpc if v.enforcement == "advisory"]
-    assert advisories == ([] if configured else ["stack-config"])
+    # With its config the pack knows the stack serves API keys without TLS (the committed stacks
+    # do; offline they carry the throwaway key), and says so; without it, that it cannot know.
+    assert advisories == (["keys-in-clear"] if configured else ["stack-config"])
+    if configured:
+        (advisory,) = [v for v in over_grpc if v.policy == "keys-in-clear"]
+        assert advisory.message.startswith("access.apiKeys are set and loadBalancer.tls is not")
 
 
 @pytest.mark.parametrize("configured", [True, False], ids=["with PULUMI_CONFIG", "without PULUMI_CONFIG"])

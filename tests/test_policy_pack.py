@@ -48,9 +48,42 @@ def fail_names(resources):
     return {r.name for r in resources if r.name.startswith("fail_")}
 
 
+def in_clear(cluster):
+    """The stack as it would be served without API keys or with TLS: keys-in-clear is silent."""
+    return cluster.model_copy(update={"access": cluster.access.model_copy(update={"api_keys": []})})
+
+
 def test_the_good_fixture_stacks_pass_every_policy():
-    assert policy_harness.analyze(aws_stack(), cluster=DEV) == []
-    assert policy_harness.analyze(bare_metal_stack(), cluster=ONPREM) == []
+    assert policy_harness.analyze(aws_stack(), cluster=in_clear(DEV)) == []
+    assert policy_harness.analyze(bare_metal_stack(), cluster=in_clear(ONPREM)) == []
+
+
+# --- keys-in-clear ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cluster", [DEV, ONPREM], ids=["aws", "bare metal"])
+def test_api_keys_without_tls_get_an_advisory(cluster):
+    violations = policy_harness.analyze(
+        aws_stack() if cluster is DEV else bare_metal_stack(), cluster=cluster
+    )
+    assert [(v.policy, v.enforcement, v.resource) for v in violations] == [
+        ("keys-in-clear", "advisory", None)
+    ]
+    assert violations[0].message.startswith("access.apiKeys are set and loadBalancer.tls is not")
+
+
+def test_api_keys_with_tls_get_none():
+    tls = config.Tls.model_construct(certificate="chain", private_key="key")
+    served = DEV.model_copy(update={"load_balancer": DEV.load_balancer.model_copy(update={"tls": tls})})
+    assert refused(aws_stack(), "keys-in-clear", cluster=served) == set()
+
+
+def test_an_open_endpoint_has_no_keys_to_expose():
+    assert refused(aws_stack(), "keys-in-clear", cluster=in_clear(DEV)) == set()
+
+
+def test_without_the_stack_config_nothing_is_said_about_keys():
+    assert refused(aws_stack(), "keys-in-clear", cluster=None) == set()
 
 
 # --- port-exposure ------------------------------------------------------------------------------
@@ -976,7 +1009,7 @@ def test_a_secret_script_is_judged_on_its_plain_text():
 
 def test_config_numbers_are_printed_as_integers():
     config = {"node-count": {"minNodes": 3.0}}
-    violations = policy_harness.analyze(one_node(aws_stack()), cluster=DEV, policy_config=config)
+    violations = policy_harness.analyze(one_node(aws_stack()), cluster=in_clear(DEV), policy_config=config)
     (violation,) = list(violations)
     assert "the cluster needs at least 3 (4 or more recommended)" in violation.message
 

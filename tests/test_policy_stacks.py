@@ -30,9 +30,10 @@ PACK = {
     "baseline-selinux",
     "baseline-tls-policy",
     "container-host-network",
+    "keys-in-clear",
     "stack-config",
 }
-ADVISORY = {"bandwidth-recommended", "baseline-idle-timeout", "stack-config"}
+ADVISORY = {"bandwidth-recommended", "baseline-idle-timeout", "keys-in-clear", "stack-config"}
 AS_RENDERED = "as rendered"
 
 _AWS = {
@@ -96,6 +97,11 @@ def verdict(violations: list[policy_harness.Violation]) -> dict[str, set[str]]:
     }
 
 
+# The committed stacks serve API keys (set with `pulumi config set --secret`; offline the
+# throwaway one) without loadBalancer.tls: the pack says so whenever it has their config.
+IN_CLEAR = {"keys-in-clear"}
+
+
 def expected(failing: set[str]) -> dict[str, set[str]]:
     return {"passing": PACK - failing, "failing": failing, "mandatory": failing - ADVISORY}
 
@@ -118,7 +124,7 @@ def test_the_table_covers_every_case_and_each_mutation_fails_its_policy():
 def test_a_real_stack_fails_exactly_the_expected_policies(stack, label, mutate, policy):
     resources = resources_of(stack, mutate)
     violations = policy_harness.analyze(resources, stack=stack, cluster=stackfile.load(stack))
-    assert verdict(violations) == expected(FAILING[(stack, label)][0])
+    assert verdict(violations) == expected(FAILING[(stack, label)][0] | IN_CLEAR)
 
 
 @pytest.mark.parametrize(CASE, case_params(real_cases()))
@@ -142,10 +148,11 @@ def test_a_fixture_stack_fails_exactly_what_the_real_stack_fails(stack, label, m
     resources = aws_stack() if stack == "dev" else bare_metal_stack()
     resources = mutate(resources) if mutate else resources
     violations = policy_harness.analyze(resources, stack=stack, cluster=stackfile.load(stack))
-    assert verdict(violations) == expected(FAILING[(stack, label)][0])
+    assert verdict(violations) == expected(FAILING[(stack, label)][0] | IN_CLEAR)
 
 
 @pytest.mark.parametrize("stack", stackfile.STACKS)
 def test_check_config_renders_a_stack_config_and_every_policy_passes(stack):
+    """Every policy passes but the advisory on keys without TLS."""
     violations = policy_harness.check_config(stackfile.read(stack), stack)
-    assert verdict(violations) == expected(set())
+    assert verdict(violations) == expected(IN_CLEAR)

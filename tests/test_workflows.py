@@ -88,8 +88,9 @@ def test_preview_runs_the_tests_then_every_stack_with_the_policy_pack():
     preview = jobs["preview"]
     assert preview["needs"] == "test"
     stacks = {entry["stack"] for entry in preview["strategy"]["matrix"]["include"]}
-    # The stacks a pull request may preview with the real CLI: those whose config holds no
-    # secret. onprem's sshPrivateKey stays out of reach; its preview is the offline one.
+    # The stacks a pull request may preview with the real CLI: the AWS ones, whose config secrets
+    # are API keys and TLS (behind the `preview` environment's approval). onprem's sshPrivateKey
+    # stays out of reach; its preview is the offline one.
     assert stacks == {stack for stack in stackfile.STACKS if stackfile.load(stack).target == "aws"}
     assert stacks == {"dev", "prod"}
     (pulumi,) = steps_using(preview, "pulumi/actions")
@@ -138,3 +139,39 @@ def test_the_up_jobs_timeout_and_credential_duration_can_be_sized_for_a_large_cl
     assert up["timeout-minutes"] == "${{ fromJSON(vars.UP_TIMEOUT_MINUTES || '90') }}"
     (deploy_role,) = steps_using(up, "aws-actions/configure-aws-credentials")
     assert deploy_role["with"]["role-duration-seconds"] == "${{ vars.AWS_ROLE_DURATION_SECONDS || 3600 }}"
+
+
+def test_before_pulumi_runs_each_job_checks_its_stack_file_holds_the_encrypted_secrets():
+    """CI gets the stacks' secrets from their stack files, encrypted by each stack's secrets
+    provider (docs/ci.md): each job says what is missing before the CLI starts."""
+    for name, job, stack in (("up.yml", "up", "prod"), ("preview.yml", "preview", '"$STACK"')):
+        steps = load(name)["jobs"][job]["steps"]
+        check = next(i for i, step in enumerate(steps) if "--check-secrets" in step.get("run", ""))
+        pulumi = next(i for i, step in enumerate(steps) if step.get("uses", "").startswith("pulumi/actions@"))
+        assert check < pulumi, name
+        assert steps[check]["run"].endswith(f"-m tooling.stackfile --check-secrets {stack}")
+
+
+def test_the_committed_stacks_say_which_secret_ci_lacks(tmp_path, capsys):
+    assert stackfile.main(["--check-secrets", "prod"]) == 1
+    out = capsys.readouterr().out
+    assert "missing secret qwen-cluster:access.apiKeys: pulumi config set --stack prod --secret --path" in out
+
+
+def test_a_stack_file_with_its_secrets_encrypted_or_from_esc_passes(tmp_path):
+    document = yaml.safe_load(stackfile.stack_path("prod").read_text())
+    access = document["config"]["qwen-cluster:access"]
+    access["apiKeys"] = [{"secure": "v1:abc"}]
+    document["config"]["qwen-cluster:loadBalancer"]["tls"] = {"certificate": {"secure": "v1:c"}}
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(document))
+    assert stackfile.missing_secrets("prod", tmp_path) == [
+        "qwen-cluster:loadBalancer.tls.privateKey: pulumi config set --stack prod --secret --path "
+        "'qwen-cluster:loadBalancer.tls.privateKey' < key.pem"
+    ]
+    access["apiKeys"] = ["in-plain-text"]
+    document["config"]["qwen-cluster:loadBalancer"]["tls"]["privateKey"] = {"secure": "v1:k"}
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(document))
+    assert [line.split(":")[1] for line in stackfile.missing_secrets("prod", tmp_path)] == ["access.apiKeys"]
+    document["environment"] = ["qwen-cluster/prod"]
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(document))
+    assert stackfile.missing_secrets("prod", tmp_path) == []

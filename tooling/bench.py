@@ -52,8 +52,10 @@ def scaled_stack(stack: str, count: int) -> dict[str, Any]:
     return stack_config
 
 
-def measure_render(stack: str, count: int) -> dict[str, Any]:
-    """Run in a child process: render `stack` with `count` nodes, report time and shape.
+def measure_render(stack: str, count: int, speedup: bool = True) -> dict[str, Any]:
+    """Run in a child process: render `stack` with `count` nodes, report time and shape;
+    `speedup`: with tooling/sdk_speedup.py (what the offline tools use), or with the SDK's own
+    dependency search (what `pulumi up` runs).
 
     Wall and CPU (`time.process_time`: this process's user + system time, what the render
     costs, less what waiting for a busy machine's cores adds to the wall time) from before the
@@ -62,7 +64,7 @@ def measure_render(stack: str, count: int) -> dict[str, Any]:
     from tooling import changes, offline
 
     imported = time.perf_counter()
-    render = offline.render(scaled_stack(stack, count), stack)
+    render = offline.render(scaled_stack(stack, count), stack, speedup=speedup)
     finished, finished_cpu = time.perf_counter(), time.process_time()
     if render.error:
         raise SystemExit(render.error)
@@ -73,6 +75,7 @@ def measure_render(stack: str, count: int) -> dict[str, Any]:
     day2 = render.critical_path(changes.is_health_gate)
     return {
         "nodes": count,
+        "speedup": speedup,
         "wall_s": finished - started,
         "cpu_s": finished_cpu - started_cpu,
         "render_s": finished - imported,
@@ -123,13 +126,16 @@ def child(function: str, *args: Any) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def render_benchmarks(stack: str, counts: list[int], repeat: int = 3) -> dict[str, Any]:
+def render_benchmarks(stack: str, counts: list[int], repeat: int = 3, speedup: bool = True) -> dict[str, Any]:
     """Each size rendered `repeat` times, the run with the least CPU kept (its wall beside it):
     on a machine shared with other work a run is only ever slowed down, so the minimum is the
     figure closest to the cost."""
     floor = min((child("measure_floor") for _ in range(repeat)), key=lambda run: run["cpu_s"])
     runs = [
-        min((child("measure_render", stack, count) for _ in range(repeat)), key=lambda run: run["cpu_s"])
+        min(
+            (child("measure_render", stack, count, speedup) for _ in range(repeat)),
+            key=lambda run: run["cpu_s"],
+        )
         for count in counts
     ]
     for run in runs:
@@ -146,6 +152,7 @@ def render_benchmarks(stack: str, counts: list[int], repeat: int = 3) -> dict[st
     by_nodes = {run["nodes"]: run for run in runs}
     figures: dict[str, Any] = {
         "stack": stack,
+        "speedup": speedup,
         "repeat": repeat,
         "floor": floor,
         "runs": runs,
@@ -187,7 +194,12 @@ def print_render(console, figures: dict[str, Any]) -> None:
         "day-0 path",
         "day-0 waits",
         "day-2 gates",
-        title=f"offline render of {figures['stack']} (least CPU of {figures['repeat']})",
+        title=f"offline render of {figures['stack']} (least CPU of {figures['repeat']}; "
+        + (
+            "with tooling/sdk_speedup.py)"
+            if figures.get("speedup", True)
+            else "the SDK's own search, as `pulumi up`)"
+        ),
     )
     for run in figures["runs"]:
         table.add_row(
@@ -246,6 +258,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", default="4,64,256", help="node counts to render, comma-separated")
     parser.add_argument("--repeat", type=int, default=3, help="renders per size; the least CPU counts")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--without-speedup",
+        action="store_true",
+        help="render with the SDK's own dependency search, as `pulumi up` runs (tooling/sdk_speedup.py off)",
+    )
 
 
 def run(args: argparse.Namespace, console) -> dict[str, Any]:
@@ -255,7 +272,7 @@ def run(args: argparse.Namespace, console) -> dict[str, Any]:
     if not args.json:
         console.print(f"machine: {figures['machine']}")
     for stack in args.stacks.split(","):
-        figures["render"][stack] = render_benchmarks(stack, counts, args.repeat)
+        figures["render"][stack] = render_benchmarks(stack, counts, args.repeat, not args.without_speedup)
         if not args.json:
             print_render(console, figures["render"][stack])
     return figures

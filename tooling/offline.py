@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import io
 import json
+import os
 import runpy
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -28,7 +29,7 @@ from pulumi.runtime.stack import wait_for_rpcs
 from pulumi.runtime.sync_await import _sync_await
 
 from qwen_cluster import config
-from tooling import stackfile
+from tooling import sdk_speedup, stackfile
 
 PROGRAM = stackfile.PROJECT_ROOT / "__main__.py"
 # Placeholder handed to the program for `sshPrivateKey` when a stack file has none:
@@ -355,10 +356,12 @@ def render(
     invoke_results: dict[str, dict[str, Any]] | None = None,
     preview: bool = False,
     echo_inputs: bool = False,
+    speedup: bool = True,
 ) -> Render:
     """Run `program` with `stack_config` (the `config:` map of a stack file) under mocks;
     `preview`: as `pulumi preview` of a new stack (ids and computed outputs unknown);
-    `echo_inputs`: see RecordingMocks (the same render, slower)."""
+    `echo_inputs`: see RecordingMocks (the same render, slower); `speedup`: with
+    tooling/sdk_speedup.py where the installed SDK is the one it was written for."""
     values, secret_keys = stackfile.as_pulumi_config(stack_config)
     key_name = "qwen-cluster:sshPrivateKey"
     if ssh_private_key is not None and key_name not in values:
@@ -372,6 +375,17 @@ def render(
         invoke_results, preview=preview, echo_inputs=echo_inputs, region=stack_region(stack_config)
     )
     settings.ROOT.set(None)
+    # The config reaches the program as under the CLI: the language host puts it in the
+    # environment (PULUMI_CONFIG, PULUMI_CONFIG_SECRET_KEYS), where the program lists its keys
+    # with the public `pulumi.runtime.get_config_env`, and the SDK's launcher hands the same to
+    # `pulumi.runtime.set_all_config` before the program starts (pulumi/pulumi
+    # sdk/python/cmd/pulumi-language-python-exec).
+    environment = {
+        "PULUMI_CONFIG": json.dumps(values),
+        "PULUMI_CONFIG_SECRET_KEYS": json.dumps(secret_keys),
+    }
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
     pulumi.runtime.set_all_config(values, secret_keys)
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="qwen-cluster", stack=stack, preview=preview, monitor=monitor)
@@ -410,21 +424,27 @@ def render(
     # serialised without one (the loop's epoll call hands the GIL to the main thread on every
     # registration). Anything that does suspend goes the SDK's way.
     pulumi.runtime.mocks._sync_await = _await_plain
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            runpy.run_path(str(program), run_name="__main__")
-            _sync_await(wait_for_rpcs())
-    except (pulumi.RunError, ValueError) as exc:
-        error = str(exc)
-    finally:
-        pulumi.runtime.mocks._sync_await = _sync_await
-        if added:
-            sys.path.remove(root)
     outputs: dict[str, Any] = {}
-    stack_resource = settings.get_root_resource()
-    if error is None and stack_resource is not None:
-        for name, value in getattr(stack_resource, "outputs", {}).items():
-            outputs[name] = _resolve(value)
+    with sdk_speedup.applied(speedup):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                runpy.run_path(str(program), run_name="__main__")
+                _sync_await(wait_for_rpcs())
+        except (pulumi.RunError, ValueError) as exc:
+            error = str(exc)
+        finally:
+            pulumi.runtime.mocks._sync_await = _sync_await
+            if added:
+                sys.path.remove(root)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        stack_resource = settings.get_root_resource()
+        if error is None and stack_resource is not None:
+            for name, value in getattr(stack_resource, "outputs", {}).items():
+                outputs[name] = _resolve(value)
     for resource in mocks.resources:
         parent, parent_type, depends = lineage.get((resource.type, resource.name), (None, None, []))
         resource.parent, resource.parent_type = parent, parent_type

@@ -3,7 +3,8 @@
 No Pulumi CLI, engine or cloud credentials. Prints the resource tree grouped by component,
 counts, the port exposure in effect and the policy report; `--json` for machines;
 `--diagram FILE` draws the cluster (SVG or PNG by the file's extension).
-Exit codes: 0 clean (advisories allowed), 1 a mandatory policy violation, 2 an invalid config.
+Exit codes: 0 clean (advisories allowed), 1 a mandatory policy violation or a deploy the hosts
+would stop (`--deploy-from ADDRESS` outside access.adminCidrs: no lock-out), 2 an invalid config.
 The pack runs with the policy config CI passes to `pulumi preview` (policies/config.json,
 tooling/policy_harness.POLICY_CONFIG): its thresholds are CI's, not a second set of defaults.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen_cluster import config
+from qwen_cluster.render import firewall
 from tooling import changes, offline, stackfile
 from tooling.diagram import diagram
 
@@ -110,8 +113,11 @@ def resource_rows(render: offline.Render) -> list[dict[str, Any]]:
     return rows
 
 
-def plan(stack: str, stack_config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole report as data."""
+def plan(
+    stack: str, stack_config: dict[str, Any] | None = None, *, deploy_from: str | None = None
+) -> dict[str, Any]:
+    """The whole report as data. `deploy_from`: the deploying machine's address as the hosts see
+    it (bare metal: checked against what each host's new firewall admits to SSH)."""
     from tooling import policy_harness
 
     started = time.perf_counter()
@@ -127,9 +133,12 @@ def plan(stack: str, stack_config: dict[str, Any] | None = None) -> dict[str, An
         render, cluster=cluster, policy_config=policy_harness.read_policy_config()
     )
     custom = render.custom_resources
+    lockout = firewall.lockout_notices(cluster, deploy_from)
     return {
         "stack": stack,
         "valid": True,
+        # Said before anything runs: a deploy the hosts will stop (certain) or may stop.
+        "deploy": [{"message": n.message, "certain": n.certain} for n in lockout],
         "target": cluster.target.value,
         "policyConfig": str(policy_harness.POLICY_CONFIG.relative_to(stackfile.PROJECT_ROOT)),
         "resources": resource_rows(render),
@@ -294,7 +303,8 @@ def print_change_plan(console, report: dict[str, Any]) -> None:
             "once): " + "; ".join(" -> ".join(lane) for lane in lanes["lanes"])
         )
         console.print(
-            "staged first: " + (", ".join(lanes["stagedFirst"]) or "nothing")
+            "staged first: "
+            + (", ".join(lanes["stagedFirst"]) or "nothing")
             + f"; at most {_duration(lanes['atMostSeconds'])} after staging (the longest lane x "
             f"{lanes['replicaBoundSeconds']} s per replica: its drain and health timeouts; docs/ci.md "
             "says how to size the `up` workflow from it)"
@@ -364,17 +374,25 @@ def print_report(console, report: dict[str, Any]) -> None:
                 f"[{style}]{v['enforcement']}[/]", v["policy"], v["resource"] or "(stack)", v["message"]
             )
         console.print(policy)
-    verdict = "[red]FAIL[/]" if report["mandatory"] else "[green]PASS[/]"
+    for notice in report.get("deploy", []):
+        level = "[red]will stop[/]" if notice["certain"] else "[yellow]may stop[/]"
+        console.print(f"deploy {level}: {notice['message']}")
+    verdict = "[red]FAIL[/]" if report["mandatory"] or _stops(report) else "[green]PASS[/]"
     console.print(
         f"{verdict} {stack}: {report['total']} resources, {report['mandatory']} mandatory and "
         f"{report['advisory']} advisory violations, rendered and checked in {report['seconds']:.2f} s"
     )
 
 
+def _stops(report: dict[str, Any]) -> bool:
+    return any(notice["certain"] for notice in report.get("deploy", []))
+
+
 def exit_code(reports: list[dict[str, Any]]) -> int:
+    """2 an invalid config; 1 a mandatory violation, or a deploy the hosts will stop."""
     if any(not r["valid"] for r in reports):
         return 2
-    return 1 if any(r["mandatory"] for r in reports) else 0
+    return 1 if any(r["mandatory"] or _stops(r) for r in reports) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"stacks to preview (default: {' '.join(stackfile.STACKS)})",
     )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    parser.add_argument(
+        "--deploy-from",
+        metavar="ADDRESS",
+        help="the address your SSH reaches the hosts from (bare metal): checked against what each "
+        "host's new firewall admits (access.adminCidrs); with bareMetal.bastion, its address is",
+    )
     parser.add_argument(
         "--change",
         action="append",
@@ -409,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)
+    if args.deploy_from:
+        try:
+            ipaddress.ip_address(args.deploy_from)
+        except ValueError:
+            console.print(f"[red]--deploy-from {args.deploy_from!r} is not an IP address[/]")
+            return 2
     if args.change or args.against:
         if len(args.stacks) != 1:
             console.print(
@@ -428,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for stack in args.stacks:
         try:
-            reports.append(plan(stack))
+            reports.append(plan(stack, deploy_from=args.deploy_from))
         except FileNotFoundError as error:
             console.print(f"[red]{error}[/]")
             return 2

@@ -134,3 +134,71 @@ def with_nodes(stack_config: dict[str, Any], nodes: list[dict[str, Any]]) -> dic
         }
         result[f"{config.NAMESPACE}:bareMetal"] = {**bare_metal, "hostKeys": keys}
     return result
+
+
+# --- the secrets a deploy needs, as CI gets them (docs/ci.md) -----------------------------------
+
+
+def _secure(value: Any) -> bool:
+    """A value the stack's secrets provider encrypted (`pulumi config set --secret`)."""
+    return isinstance(value, dict) and set(value) == {"secure"} and str(value["secure"]).startswith("v1:")
+
+
+def missing_secrets(stack: str, root: Path = PROJECT_ROOT) -> list[str]:
+    """What `pulumi up` of `stack` needs from the stack file's encrypted values and does not find
+    there, each with the command that sets it: the API keys (unless access.openEndpoint), the
+    TLS pair when one half is set, Ray's token with pipelineParallel > 1. A stack that imports a
+    Pulumi ESC environment (`environment:`) gets its values from there: nothing is listed."""
+    path = stack_path(stack, root)
+    document = yaml.safe_load(path.read_text()) or {}
+    if document.get("environment"):
+        return []
+    stack_config = dict(document.get("config") or {})
+    ns = config.NAMESPACE
+    access = stack_config.get(f"{ns}:access") or {}
+    missing: list[str] = []
+    keys = access.get("apiKeys") or []
+    if not access.get("openEndpoint") and (not keys or not all(_secure(key) for key in keys)):
+        missing.append(
+            f"{ns}:access.apiKeys: pulumi config set --stack {stack} --secret --path "
+            f"'{ns}:access.apiKeys[0]' \"$(openssl rand -hex 32)\""
+        )
+    tls = (stack_config.get(f"{ns}:loadBalancer") or {}).get("tls") or {}
+    for half, source in (("certificate", "chain.pem"), ("privateKey", "key.pem")):
+        if tls and not _secure(tls.get(half)):
+            missing.append(
+                f"{ns}:loadBalancer.tls.{half}: pulumi config set --stack {stack} --secret --path "
+                f"'{ns}:loadBalancer.tls.{half}' < {source}"
+            )
+    model = stack_config.get(f"{ns}:model") or {}
+    if int(model.get("pipelineParallel") or 1) > 1 and not _secure(stack_config.get(f"{ns}:rayAuthToken")):
+        missing.append(
+            f"{ns}:rayAuthToken: pulumi config set --stack {stack} --secret rayAuthToken "
+            "$(openssl rand -hex 32)"
+        )
+    return missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tooling.stackfile --check-secrets STACK`: exit 1, saying how to set each, when
+    the stack file lacks an encrypted secret that `pulumi up` needs (CI's up.yml runs it first)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--check-secrets", metavar="STACK", required=True)
+    args = parser.parse_args(argv)
+    missing = missing_secrets(args.check_secrets)
+    for line in missing:
+        print(f"missing secret {line}")
+    if missing:
+        print(
+            f"Pulumi.{args.check_secrets}.yaml lacks the encrypted values above: set them with the stack's "
+            "secrets provider and commit the file (docs/ci.md#where-ci-gets-the-stacks-secrets)"
+        )
+        return 1
+    print(f"Pulumi.{args.check_secrets}.yaml holds every secret `pulumi up` needs, encrypted")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,6 +12,7 @@ from qwen_cluster.config import ClusterConfig, EndpointSecrets
 from qwen_cluster.render import sg_rules, ssm, vpc_plan
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 from qwen_cluster.render.sg_rules import Group
+from qwen_cluster.tags import STACK_TAG
 
 from .bastion import Bastion, BastionArgs
 from .loadbalancer import ModelLoadBalancer, ModelLoadBalancerArgs
@@ -48,7 +49,7 @@ def build(
     if aws_target is None:
         raise ValueError("components.aws.build needs target aws")
     internet_facing = cluster.load_balancer.scheme == "internet-facing"
-    tags = {"qwen-cluster:stack": pulumi.get_stack()}
+    tags = {STACK_TAG: pulumi.get_stack()}
 
     plan = vpc_plan.plan(cluster.network.cidr, internet_facing=internet_facing)
     if aws_target.vpc_id:

@@ -31,6 +31,12 @@ def steps_for(cluster: ClusterConfig, node: Node) -> list[Step]:
     flavour = cluster.bare_metal.firewall
     rules = firewall.host_rules(cluster, node.name)
     address = str(node.ip)
+    # No lock-out: the address this deploy's SSH arrives from (or the bastion's) must stay
+    # admitted by the new rules. Checked as the user (sshd's SSH_CONNECTION): at preflight, so
+    # that nothing changes on day 0 (against adminCidrs and the segment), and by the firewall
+    # step itself against its exact rules, which a day-2 change runs without preflight.
+    preflight_admits = firewall.preflight_sources(cluster)
+    admitted = firewall.deployer_check(cluster, node.name, firewall.ssh_sources(rules))
     return [
         # First on every host, and first as the user: what it lacks is said before anything
         # changes (every later step depends on this one).
@@ -39,7 +45,9 @@ def steps_for(cluster: ClusterConfig, node: Node) -> list[Step]:
             preflight.for_node(cluster, node.name),
             None,
             (address,),
-            first_as_user=privilege.user_checks(node.name, address),
+            first_as_user=privilege.user_checks(node.name, address)
+            + "\n"
+            + firewall.deployer_check(cluster, node.name, preflight_admits, step="preflight"),
         ),
         Step("sysctl", sysctl.apply_script(cluster.tuning.sysctl), sysctl.revert_script(), (address,)),
         Step("rdma", rdma.apply_script(required=cluster.tuning.rdma), rdma.revert_script(), (address,)),
@@ -60,6 +68,7 @@ def steps_for(cluster: ClusterConfig, node: Node) -> list[Step]:
             # replacement's old resource after every create and update).
             (address, flavour),
             create_before_delete=True,
+            first_as_user=admitted,
         ),
         Step(
             "selinux",

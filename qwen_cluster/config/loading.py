@@ -68,7 +68,12 @@ def from_pulumi() -> tuple[ClusterConfig, Any, EndpointSecrets]:
     import pulumi
     import pulumi.runtime
 
-    keys = set(pulumi.runtime.config.CONFIG.get()) | set(pulumi.runtime.get_config_env())
+    # Every key of the stack, to refuse the unknown ones: `pulumi.Config` reads one key at a
+    # time and lists none. The CLI's language host starts the program with the whole config as
+    # JSON in PULUMI_CONFIG, read by the SDK's public `pulumi.runtime.get_config_env` (in
+    # pulumi.runtime.__all__), as the SDK's own launcher reads it (pulumi/pulumi
+    # sdk/python/cmd/pulumi-language-python-exec: `config_env = pulumi.runtime.get_config_env()`).
+    keys = set(pulumi.runtime.get_config_env())
     prefix = f"{NAMESPACE}:"
     config = pulumi.Config(NAMESPACE)
     raw: dict[str, Any] = {}

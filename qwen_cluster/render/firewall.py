@@ -12,6 +12,14 @@ Signatures:
     revert_script(flavour: str, *, etc: str = "/etc", state_dir: str = ..., persist: bool = True) -> str
     embedded_documents(script: str) -> list[str]
         the JSON texts of the documents an apply script carries (what the policy pack reads)
+    ssh_sources(rules: list[Rule]) -> list[str]
+        the sources the rules admit to SSH (adminCidrs, and the other nodes: all traffic)
+    deployer_check(cluster: ClusterConfig, node_name: str, rules: list[Rule]) -> str
+        POSIX sh, run as the SSH user before anything changes: stops unless the address this
+        deploy's SSH connection arrives from stays admitted to SSH by `rules`
+    lockout_notices(cluster: ClusterConfig, deployer: str | None = None) -> list[Notice]
+        what preview can tell about it offline (the deployer's address, a bastion, a
+        documentation range)
 
 Every script allows SSH from adminCidrs before the default deny takes effect, accepts
 loopback and established traffic, admits all traffic from the other nodes' exact addresses
@@ -31,6 +39,7 @@ the lab's hooks (qwen_cluster/render/shell.py LAB_HOOKS), unset on a real host.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
@@ -38,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qwen_cluster import hostpaths
-from qwen_cluster.ports import Exposure, Peer, Target
+from qwen_cluster.ports import SSH_PORT, Exposure, Peer, Target
 from qwen_cluster.render.shell import (
     INTERFACE_OF,
     interface_of_function,
@@ -123,6 +132,151 @@ def host_rules(cluster, node_name: str) -> list[Rule]:
             Rule(exposure.name, source, ports, exposure.protocol, exposure.description) for source in sources
         ]
     return rules
+
+
+# --- no lock-out -------------------------------------------------------------------------------
+# A default-deny firewall that does not admit the address the deploy connects from drops every
+# later SSH connection: the rest of this `pulumi up`, and every later one, cannot reach the host
+# (the session applying it survives on conntrack's established state, the next one does not).
+# Each host checks it before anything changes, as the SSH user, where sshd's SSH_CONNECTION
+# ("client-address client-port server-address server-port", sshd(8) ENVIRONMENT) names the
+# client: the deployer, or the bastion when there is one (the jump host opens the connection).
+ADMIN_KEY = "access.adminCidrs"
+# RFC 5737 and RFC 3849: addresses for documentation, which no deployer holds.
+DOCUMENTATION_RANGES = tuple(
+    ipaddress.ip_network(cidr)
+    for cidr in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
+)
+
+
+def _admits_ssh(rule: Rule) -> bool:
+    if rule.protocol not in ("all", "tcp"):
+        return False
+    if rule.ports == "all":
+        return True
+    low, _, high = rule.ports.partition("-")
+    return int(low) <= SSH_PORT <= int(high or low)
+
+
+def ssh_sources(rules: list[Rule]) -> list[str]:
+    """The sources `rules` admit to SSH: adminCidrs, and the other nodes (all traffic)."""
+    return [rule.source for rule in rules if _admits_ssh(rule)]
+
+
+def _admin_cidrs(cluster) -> str:
+    return ", ".join(str(cidr) for cidr in cluster.access.admin_cidrs) or "none"
+
+
+def preflight_sources(cluster) -> list[str]:
+    """What preflight admits the deploy from: adminCidrs and the node segment. Not the exact
+    member list the firewall step checks, so that a node joining or leaving does not re-run
+    every host's preflight; a deployer in the segment but not a member is stopped by the
+    firewall step, still before its firewall changes."""
+    return [str(cidr) for cidr in cluster.access.admin_cidrs] + [str(cluster.network.cidr)]
+
+
+def deployer_check(cluster, node_name: str, sources: list[str], *, step: str = "firewall") -> str:
+    """POSIX sh for the SSH user's part of a step (privilege.as_root `first_as_user`): exit 1,
+    naming access.adminCidrs and the address, unless the deploy connection's client address is
+    inside one of `sources` (the firewall step: `ssh_sources(rules)`; preflight:
+    `preflight_sources`). IPv4 is compared in awk; IPv6 with python3 where it exists."""
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    where = f"{step} on {node.name} ({node.ip})"
+    sources_text = " ".join(sources)
+    admin = _admin_cidrs(cluster)
+    return f"""qwen_where={quote(where)}
+qwen_from=${{SSH_CONNECTION%% *}}
+qwen_in() {{
+  case "$1" in
+    *:*) command -v python3 >/dev/null 2>&1 || return 2
+         python3 -c 'import ipaddress as i, sys; a = sys.argv
+sys.exit(0 if i.ip_address(a[1]) in i.ip_network(a[2]) else 1)' "$1" "$2" 2>/dev/null ;;
+    *) case "$2" in *:*) return 1 ;; esac
+       awk -v a="$1" -v c="$2" '
+         function n(ip, p) {{ split(ip, p, "."); return ((p[1] * 256 + p[2]) * 256 + p[3]) * 256 + p[4] }}
+         BEGIN {{ split(c, x, "/"); bits = (x[2] == "") ? 32 : x[2]; size = 2 ^ (32 - bits)
+                 exit !(int(n(a) / size) == int(n(x[1]) / size)) }}' ;;
+  esac
+}}
+if [ -z "$qwen_from" ]; then
+  qwen_say="$qwen_where: SSH_CONNECTION is not set: the deploy connection's address is not"
+  echo "$qwen_say checked against {ADMIN_KEY}" >&2
+else
+  qwen_admitted=no
+  qwen_unknown=no
+  for qwen_source in {sources_text}; do
+    qwen_in "$qwen_from" "$qwen_source"
+    case $? in 0) qwen_admitted=yes; break ;; 2) qwen_unknown=yes ;; esac
+  done
+  if [ "$qwen_admitted" = yes ]; then
+    echo "$qwen_where: the deploy connects from $qwen_from, which the new rules admit to SSH"
+  elif [ "$qwen_unknown" = yes ]; then
+    echo "$qwen_where: cannot compare $qwen_from with {ADMIN_KEY} (no python3 for IPv6): not checked" >&2
+  else
+    qwen_say="$qwen_where: FAILED: this deploy connects from $qwen_from, which {ADMIN_KEY} ({admin})"
+    qwen_say="$qwen_say does not admit to SSH: the new host firewall would lock this deploy, and"
+    qwen_say="$qwen_say every later one, out of {node.name}. Add $qwen_from (or your bastion's address)"
+    qwen_say="$qwen_say to {ADMIN_KEY}, or deploy from an address inside it. Nothing was changed."
+    echo "$qwen_say" >&2
+    exit 1
+  fi
+fi"""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What preview can tell about a lock-out before anything runs; `certain`: it will happen."""
+
+    message: str
+    certain: bool
+
+
+def lockout_notices(cluster, deployer: str | None = None) -> list[Notice]:
+    """Offline, where the answer is known: the deploying machine's address (`deployer`, as the
+    hosts see it) or the bastion's, against what every host's new rules admit to SSH; or an
+    adminCidrs of documentation addresses only, which nobody deploys from."""
+    if cluster.bare_metal is None or not cluster.access.admin_cidrs:
+        return []
+    admin = _admin_cidrs(cluster)
+    notices: list[Notice] = []
+    bastion = cluster.bare_metal.bastion
+    arriving = []
+    if bastion is not None:
+        with contextlib.suppress(ValueError):  # a name: resolved where it is used, not here
+            arriving.append(("bareMetal.bastion.host", ipaddress.ip_address(bastion.host)))
+    elif deployer:
+        arriving.append(("the deploying machine", ipaddress.ip_address(deployer)))
+    for what, address in arriving:
+        locked = [
+            node.name
+            for node in cluster.nodes
+            if not any(
+                address in ipaddress.ip_network(source)
+                for source in ssh_sources(host_rules(cluster, node.name))
+            )
+        ]
+        if locked:
+            notices.append(
+                Notice(
+                    f"{what} {address} is not in {ADMIN_KEY} ({admin}): the new host firewall would lock "
+                    f"the deploy out of {', '.join(locked)}; each host stops before changing it. Add "
+                    f"{address} to {ADMIN_KEY}",
+                    certain=True,
+                )
+            )
+    if not arriving and all(
+        any(cidr.subnet_of(doc) for doc in DOCUMENTATION_RANGES if doc.version == cidr.version)
+        for cidr in (ipaddress.ip_network(str(c)) for c in cluster.access.admin_cidrs)
+    ):
+        notices.append(
+            Notice(
+                f"{ADMIN_KEY} ({admin}) holds only documentation addresses (RFC 5737/3849), which no "
+                "deployer holds: set your own (the address the hosts see your SSH come from, or your "
+                "bastion's); otherwise each host stops before changing its firewall",
+                certain=False,
+            )
+        )
+    return notices
 
 
 DOCUMENT_SCHEMA = "qwen-cluster/host-firewall@1"

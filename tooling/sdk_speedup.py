@@ -1,4 +1,6 @@
-"""A workaround for a cost in the Pulumi Python SDK that grows with the dependency graph.
+"""A speed-up for the offline render: a cost in the Pulumi Python SDK that grows with the
+dependency graph, asked more cheaply. Offline tooling only: the deployed program (`__main__.py`,
+components/, qwen_cluster/) uses Pulumi's public API alone and runs with the SDK as it ships.
 
 Before the SDK records that a resource depends on another, it checks that the dependency does
 not already reach the resource (pulumi/runtime/resource_cycle_breaker.py `declare_dependency`,
@@ -6,36 +8,41 @@ called for every dependency of every registration by pulumi/runtime/rpc.py `_add
 with a recursive generator over everything the dependency reaches. Along a chain (the rollout,
 each link depending on the previous one) or through a barrier that waits for every host, that is
 most of the graph for each edge: the cost grows with the square of the cluster, and a chain
-about 1,000 links deep exceeds Python's recursion limit, which stops the program.
+about 1,000 links deep exceeds Python's recursion limit.
 
-`apply()` swaps in the same question asked from both ends at once. The SDK records only each
+`applied()` swaps in the same question asked from both ends at once, for one offline render
+(tooling/offline.py), and puts the SDK's own functions back afterwards. The SDK records only each
 resource's dependencies; `add_dependency` also records the reverse edge (who depends on it), and
 `reachable` walks forward from the dependency and backward from the resource in turns, one
 resource each, and stops when either side has nothing left. A resource being registered has few
 dependents if any (only resources the program created after it can name it), so the backward
 side runs out at once and the check costs a step or two, however long the chain behind the
-dependency. Same answer for every
-graph, cycles included (tests/test_sdk_fixes.py checks it against the SDK's own function), same
-errors on a real cycle; nothing registered changes. The two functions go in together, before the
-program registers anything (`__main__.py` calls `apply()` first): the backward walk is exact only
-if every edge went through `add_dependency`.
+dependency. Same answer for every graph, cycles included (tests/test_sdk_speedup.py checks it
+against the SDK's own function), same errors on a real cycle; nothing registered changes. The
+two functions go in together, before the program registers anything: the backward walk is exact
+only if every edge went through `add_dependency`.
 
 It replaces private functions, so it applies only on the SDK release it was checked against
-(WRITTEN_FOR, the version requirements.txt pins); on any other it warns once and leaves the SDK
-as it is. After an SDK upgrade: if the SDK's check no longer walks the graph per edge, drop this
-module; otherwise check that `declare_dependency`, `_reachable`, `_add_dep` and `_deps` still mean
-what they meant, and move WRITTEN_FOR.
+(WRITTEN_FOR, the version requirements.txt pins); on any other the render runs with the SDK's
+own search (slower on long chains), and `apply` says so once. After an SDK upgrade: if the SDK's
+check no longer walks the graph per edge, drop this module; otherwise check that
+`declare_dependency`, `_reachable`, `_add_dep` and `_deps` still mean what they meant, and move
+WRITTEN_FOR.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import itertools
 import warnings
+from collections.abc import Iterator
 
 WRITTEN_FOR = "3.272.0"
 
 _warned = False
+# The SDK's own (_add_dep, _reachable), kept by the first `apply` for `restore`.
+_SDK_FUNCTIONS: list = []
 
 
 class SdkVersionWarning(UserWarning):
@@ -168,16 +175,17 @@ def reachable(from_resource, to_resource) -> bool:
 
 def apply() -> bool:
     """Swap in `reachable` on the SDK release it was written for; on another, warn (once per
-    process) and change nothing. Returns whether the workaround is in place."""
+    process) and change nothing. Returns whether the speed-up is in place (`restore` undoes it)."""
     global _warned
     found = installed_sdk_version()
     if found != WRITTEN_FOR:
         if not _warned:
             _warned = True
             warnings.warn(
-                f"qwen_cluster.sdk_fixes was written for pulumi {WRITTEN_FOR} and found pulumi "
-                f"{found}: it leaves the SDK's dependency search as it is (slower on long dependency "
-                "chains); check the SDK's resource_cycle_breaker and update or drop the workaround",
+                f"tooling.sdk_speedup was written for pulumi {WRITTEN_FOR} and found pulumi "
+                f"{found}: the offline render uses the SDK's dependency search as it is (slower on "
+                "long dependency chains); check the SDK's resource_cycle_breaker and update or drop "
+                "the speed-up",
                 SdkVersionWarning,
                 stacklevel=2,
             )
@@ -185,8 +193,32 @@ def apply() -> bool:
     # Imported only here: on another release the private module may not even exist.
     from pulumi.runtime import resource_cycle_breaker
 
+    found_functions = (resource_cycle_breaker._add_dep, resource_cycle_breaker._reachable)
+    if found_functions != (add_dependency, reachable):
+        _SDK_FUNCTIONS[:] = found_functions
+
     # Both or neither: the searches need every edge recorded with its reverse and its order.
     reset_order()  # a new program: nothing it registers is connected to an earlier graph
     resource_cycle_breaker._add_dep = add_dependency
     resource_cycle_breaker._reachable = reachable
     return True
+
+
+def restore() -> None:
+    """Put the SDK's own functions back (as `apply` found them)."""
+    from pulumi.runtime import resource_cycle_breaker
+
+    if _SDK_FUNCTIONS:
+        resource_cycle_breaker._add_dep, resource_cycle_breaker._reachable = _SDK_FUNCTIONS
+
+
+@contextlib.contextmanager
+def applied(enabled: bool = True) -> Iterator[bool]:
+    """The speed-up in place for the block (when `enabled` and the SDK is the one it was
+    written for), the SDK's own functions afterwards; yields whether it is in place."""
+    active = enabled and apply()
+    try:
+        yield active
+    finally:
+        if active:
+            restore()

@@ -1,0 +1,161 @@
+"""The deploy role's policy (docs/aws.md) is generated from what the program registers, covers
+every committed AWS stack and its variants, and lints clean (tooling/deploy_policy.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from parliament import analyze_policy_string
+
+from qwen_cluster.tags import STACK_TAG
+from tooling import deploy_policy, offline
+
+
+@pytest.fixture(scope="module")
+def found() -> deploy_policy.Registered:
+    return deploy_policy.registered()
+
+
+@pytest.fixture(scope="module")
+def committed_policy() -> dict:
+    """The policy as docs/aws.md holds it."""
+    text = deploy_policy.OUTPUT.read_text()
+    section = text[text.index(deploy_policy.BEGIN) : text.index(deploy_policy.END)]
+    return json.loads(section[section.index("```json") + len("```json") : section.rindex("```")])
+
+
+def test_the_policy_in_the_docs_is_what_the_program_renders(found):
+    committed = deploy_policy.OUTPUT.read_text()
+    assert committed == deploy_policy.render_docs(committed, found), (
+        "docs/aws.md's deploy policy is stale: run `make docs` (python -m tooling.deploy_policy)"
+    )
+
+
+def test_every_registration_of_every_committed_stack_and_variant_is_covered(found, committed_policy):
+    assert set(found.renders) == {"dev", "prod"}
+    assert deploy_policy.uncovered(found, committed_policy) == []
+
+
+def test_a_type_without_a_grant_is_reported(found, committed_policy):
+    render = next(iter(found.all()))
+    stray = offline.RecordedResource("aws:rds/instance:Instance", "database", {"tags": {}}, {}, True)
+    extra = deploy_policy.Registered({"dev": [offline.Render("dev", [stray], {}, [])]}, {"dev": "us-west-2"})
+    assert deploy_policy.uncovered(extra, committed_policy) == [
+        "dev: aws:rds/instance:Instance database has no grant"
+    ]
+    with pytest.raises(KeyError, match="no grant for aws:rds/instance:Instance"):
+        deploy_policy.policy(extra)
+    assert render.custom_resources  # the real renders are not touched
+
+
+def test_a_name_the_policy_does_not_know_is_reported(found, committed_policy):
+    """A document the program would name differently (a new logical name) is not covered."""
+    dev = found.renders["dev"][0]
+    renamed = copy.deepcopy(dev)
+    document = next(r for r in renamed.resources if r.type == "aws:ssm/document:Document")
+    document.name = "renamed-document"
+    extra = deploy_policy.Registered({"dev": [renamed]}, {"dev": "us-west-2"})
+    problems = deploy_policy.uncovered(extra, committed_policy)
+    assert "dev: aws:ssm/document:Document renamed-document: ssm:CreateDocument not allowed on " in "\n".join(
+        problems
+    )
+
+
+def test_a_resource_without_the_stack_tag_is_reported(found, committed_policy):
+    renamed = copy.deepcopy(found.renders["dev"][0])
+    subnet = next(r for r in renamed.resources if r.type == "aws:ec2/subnet:Subnet")
+    subnet.inputs["tags"] = {"Name": subnet.name}
+    extra = deploy_policy.Registered({"dev": [renamed]}, {"dev": "us-west-2"})
+    assert f"dev: aws:ec2/subnet:Subnet {subnet.name} is not tagged {STACK_TAG}=dev" in (
+        deploy_policy.uncovered(extra, committed_policy)
+    )
+
+
+def test_another_stacks_name_is_not_covered(committed_policy):
+    parameter = "arn:aws:ssm:us-west-2:ACCOUNT:parameter/qwen-cluster/staging/endpoint/api-keys"
+    assert not deploy_policy.allows(committed_policy, "ssm:PutParameter", parameter, {})
+    own = "arn:aws:ssm:us-west-2:ACCOUNT:parameter/qwen-cluster/dev/endpoint/api-keys"
+    assert deploy_policy.allows(committed_policy, "ssm:PutParameter", own, {})
+
+
+def test_what_the_old_hand_written_policy_lacked_is_granted(committed_policy):
+    """SSM Parameter Store (the endpoint's keys, Ray's token) and the proxy's document."""
+    for stack in ("dev", "prod"):
+        region = {"dev": "us-west-2", "prod": "us-east-1"}[stack]
+        for name in ("endpoint/api-keys", "endpoint/tls-certificate", "ray-auth-token"):
+            arn = f"arn:aws:ssm:{region}:ACCOUNT:parameter/qwen-cluster/{stack}/{name}"
+            for action in (
+                "ssm:PutParameter",
+                "ssm:GetParameter",
+                "ssm:DeleteParameter",
+                "ssm:AddTagsToResource",
+            ):
+                assert deploy_policy.allows(committed_policy, action, arn, {}), (action, arn)
+        document = f"arn:aws:ssm:{region}:ACCOUNT:document/node-proxy-document-1a2b3c4"
+        for action in ("ssm:CreateDocument", "ssm:UpdateDocument", "ssm:DeleteDocument"):
+            assert deploy_policy.allows(committed_policy, action, document, {})
+
+
+def test_ec2_calls_reach_only_resources_of_the_stacks(committed_policy):
+    instance = "arn:aws:ec2:us-west-2:ACCOUNT:instance/i-0123456789abcdef0"
+    ours = {f"aws:ResourceTag/{STACK_TAG}": "dev"}
+    theirs = {f"aws:ResourceTag/{STACK_TAG}": "someone-else"}
+    assert deploy_policy.allows(committed_policy, "ec2:TerminateInstances", instance, ours)
+    assert not deploy_policy.allows(committed_policy, "ec2:TerminateInstances", instance, theirs)
+    assert not deploy_policy.allows(committed_policy, "ec2:TerminateInstances", instance, {})  # untagged
+    assert not deploy_policy.allows(
+        committed_policy, "ec2:RunInstances", instance, {f"aws:RequestTag/{STACK_TAG}": "someone-else"}
+    )
+
+
+def test_pass_role_is_for_the_node_role_and_ec2_only(committed_policy):
+    role = "arn:aws:iam::ACCOUNT:role/gpu-node-role-role-1a2b3c4"
+    assert deploy_policy.allows(
+        committed_policy, "iam:PassRole", role, {"iam:PassedToService": "ec2.amazonaws.com"}
+    )
+    assert not deploy_policy.allows(
+        committed_policy, "iam:PassRole", role, {"iam:PassedToService": "lambda.amazonaws.com"}
+    )
+    admin = "arn:aws:iam::ACCOUNT:role/Admin"
+    assert not deploy_policy.allows(
+        committed_policy, "iam:PassRole", admin, {"iam:PassedToService": "ec2.amazonaws.com"}
+    )
+
+
+def test_a_capacity_reservation_and_an_existing_vpc_are_named(found):
+    document = deploy_policy.policy(found)
+    resources = [arn for s in document["Statement"] for arn in _list(s["Resource"])]
+    assert "arn:aws:ec2:us-west-2:ACCOUNT:capacity-reservation/CAPACITY_RESERVATION_ID" in resources
+    assert "arn:aws:ec2:us-west-2:ACCOUNT:vpc/VPC_ID" in resources
+    mine = deploy_policy.Registered()
+    stack_config = deploy_policy.variant_config(
+        "dev", {"aws": {"capacityReservationId": "cr-0aaaabbbbccccdddd"}}
+    )
+    mine.add("dev", stack_config, offline.render(stack_config, "dev"))
+    own = deploy_policy.policy(mine)
+    reservation = "arn:aws:ec2:us-west-2:ACCOUNT:capacity-reservation/cr-0aaaabbbbccccdddd"
+    assert deploy_policy.allows(own, "ec2:RunInstances", reservation, {})
+
+
+def _list(value):
+    return value if isinstance(value, list) else [value]
+
+
+def _lint(document: dict, community: bool) -> list:
+    text = json.dumps(document).replace(deploy_policy.ACCOUNT, "123456789012")
+    return analyze_policy_string(text, include_community_auditors=community).findings
+
+
+def test_parliament_reports_nothing(committed_policy):
+    """parliament's default auditors, as `parliament --file` runs them."""
+    assert [(f.issue, f.detail, f.location) for f in _lint(committed_policy, community=False)] == []
+
+
+def test_parliaments_community_auditors_report_only_what_deploying_a_role_implies(committed_policy):
+    """Creating the node role and starting instances with it: said in docs/aws.md."""
+    findings = sorted(
+        (f.issue, "CreateEC2WithExistingIP" in str(f.location)) for f in _lint(committed_policy, True)
+    )
+    assert findings == [("PERMISSIONS_MANAGEMENT_ACTIONS", False), ("PRIVILEGE_ESCALATION", True)]
