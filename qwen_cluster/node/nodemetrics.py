@@ -15,10 +15,7 @@ Run: python3 nodemetrics.py CONFIG.json   (config rendered by qwen_cluster/rende
 
 from __future__ import annotations
 
-import fcntl
 import json
-import socket
-import struct
 import sys
 import time
 import urllib.request
@@ -26,12 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+try:  # on a node: nic.py is shipped next to this file (qwen_cluster/render/monitoring/containers.py)
+    from nic import interface_of
+except ImportError:  # imported from the program's package (tests)
+    from qwen_cluster.node.nic import interface_of
+
 SOURCE_LABEL = "qwen_source"
 SELF = "nodemetrics"
 PROBE = "probe"
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gcount", "_gsum")
-SIOCGIFADDR = 0x8915
 
 
 @dataclass
@@ -140,16 +141,9 @@ def fetch(url: str, timeout: float) -> str:
 
 
 def nic_of(address: str) -> str | None:
-    """The interface holding `address` (IPv4), read with SIOCGIFADDR: no `ip` in the image."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(packed[20:24]) == address:
-                return name
-    return None
+    """The interface holding `address` (IPv4), by the program's one finder (nic.py, shipped
+    next to this file)."""
+    return interface_of(address)
 
 
 class Collector:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from qwen_cluster.node import nic
 from qwen_cluster.render.monitoring.alertmanager import (
     alertmanager_args,
     alertmanager_config,
@@ -161,7 +162,12 @@ def node_containers(cluster, node_name: str, nodemetrics_source: str) -> list[Co
             "qwen-nodemetrics",
             AGGREGATOR_IMAGE,
             entrypoint=("python3", script_path, config_path),
-            files=((script_path, nodemetrics_source), (config_path, aggregator_json(cluster, node_name))),
+            # nic.py beside it: the program's one interface finder, which nodemetrics imports.
+            files=(
+                (script_path, nodemetrics_source),
+                (f"{CONTAINER_CONFIG_DIR}/nic.py", nic.FINDER),
+                (config_path, aggregator_json(cluster, node_name)),
+            ),
         )
     )
     return specs
