@@ -74,4 +74,6 @@ def interface_of(address: str) -> str | None:
 FINDER = Path(__file__).read_text() if "__file__" in globals() and os.path.exists(__file__) else ""
 
 if __name__ == "__main__":
-    print(interface_of(sys.argv[1]) or "")
+    found = interface_of(sys.argv[1])
+    if found:
+        print(found)
