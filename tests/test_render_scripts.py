@@ -7,7 +7,7 @@ import time
 import pytest
 
 from qwen_cluster.node import nic, nodemetrics
-from qwen_cluster.render import cloudinit, collective, preflight, rdma, selinux, shell, ssm, verify
+from qwen_cluster.render import cloudinit, collective, nodecheck, preflight, rdma, selinux, shell, ssm, verify
 from qwen_cluster.render.verify import Pair, Probe
 from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 from tooling import stackfile
@@ -234,6 +234,7 @@ def test_a_nodes_verify_script_holds_exactly_its_own_probes_and_pings():
             verify.cluster_pairs(cluster, node.name),
             max_latency_ms=cluster.network.max_latency_ms,
             service_wait_seconds=600,
+            node_section=nodecheck.section(cluster, node.name),
         )
         assert verify.for_cluster(cluster, node.name, service_wait_seconds=600) == expected
 
@@ -244,7 +245,8 @@ def test_one_nodes_verify_script_fits_at_256_nodes():
     cluster = _scaled_onprem(256)
     text = verify.for_cluster(cluster, "worker-200", service_wait_seconds=1800)
     probes = [line for line in text.splitlines() if line.endswith(("|service", "|reachable"))]
-    assert len(probes) == len(verify.cluster_probes(cluster, "worker-200")) == 255 * 7 + 1  # + the listener
+    # SSH, both ends of three table ranges, one dynamic port per peer, and the listener
+    assert len(probes) == len(verify.cluster_probes(cluster, "worker-200")) == 255 * 8 + 1
     assert len(text.encode()) < MAX_ARG_STRLEN
 
 
