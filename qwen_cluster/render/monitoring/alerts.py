@@ -29,6 +29,8 @@ class Alert:
     fix: str
     where: tuple[str, ...] = ("node",)  # labels naming the node(s)
     labels: dict[str, str] = field(default_factory=dict)
+    # The guide's troubleshooting step it belongs to: connectivity, latency or bandwidth.
+    step: str = "connectivity"
 
 
 def _budget_seconds(cluster) -> float:
@@ -85,6 +87,7 @@ def alerts(cluster) -> list[Alert]:
             "a congested or long path between the nodes (a switch hop, a shaped link, another segment)",
             "ping -c 20 between the two; keep the nodes on one switch (a cluster placement group on AWS)",
             where=("node", "peer"),
+            step="latency",
         ),
         Alert(
             "QwenInterNodePortUnreachable",
@@ -110,6 +113,7 @@ def alerts(cluster) -> list[Alert]:
             "the link negotiated a lower speed (cable, transceiver, switch port) or the wrong NIC carries "
             "the node IP",
             "ethtool {{ $labels.device }}; check the cable and the switch port",
+            step="bandwidth",
         ),
         Alert(
             "QwenKvCacheFull",
@@ -119,6 +123,7 @@ def alerts(cluster) -> list[Alert]:
             "KV cache on {{ $labels.node }} is {{ $value | humanizePercentage }} full",
             "more concurrent tokens than the replica holds: requests queue and get preempted",
             "add replicas (nodes), lower max_model_len, or raise tensorParallel",
+            step="latency",
         ),
         Alert(
             "QwenRequestsWaiting",
@@ -129,6 +134,7 @@ def alerts(cluster) -> list[Alert]:
             f"{mon.max_requests_waiting}",
             "more load than the replicas serve",
             "add replicas, or check that the load balancer spreads requests (every upstream up)",
+            step="latency",
         ),
         Alert(
             "QwenTtftP99High",
@@ -140,6 +146,7 @@ def alerts(cluster) -> list[Alert]:
             f"monitoring.maxTtftP99Seconds {mon.max_ttft_p99_seconds:g} s",
             "requests queue before prefill (load, KV cache full) or prompts are very long",
             "look at QwenRequestsWaiting and QwenKvCacheFull on the same node; add replicas",
+            step="latency",
         ),
         Alert(
             "QwenGpuXidErrors",
