@@ -31,10 +31,13 @@ AWS_CONTAINER = "qwen-vllm"
 # quoted in tests/data/doctor/ with their sources).
 LOG_PATTERNS = {
     "transport": r"NCCL INFO Using network Socket|NET/Socket : Using",
-    "efa-devices": r"fi_getinfo\(\) failed|NET/OFI .*(No such file or directory|Unable to find a libfabric provider)",
+    "efa-devices": r"fi_getinfo\(\) failed|NET/OFI .*(No such file or directory|Unable to find a libfabric)",
     "memlock": r"ibv_reg_mr.*Cannot allocate memory|Cannot allocate memory.*ibv_reg_mr",
     "shm": r"Error while creating shared memory segment",
 }
+# docker inspect templates (Go text/template over the container's JSON).
+MEMLOCK_FORMAT = '{{range .HostConfig.Ulimits}}{{if eq .Name "memlock"}}{{.Soft}}{{end}}{{end}}'
+DEVICES_FORMAT = "{{range .HostConfig.Devices}}{{.PathOnHost}} {{end}}"
 LOG_LINES = 20000  # of the model server's log, the latest: NCCL logs its transport at init
 
 
@@ -86,11 +89,15 @@ fi
 
 # 3. The model server as it runs: what docker says about it.
 inspect() {{ docker inspect --type container -f "$1" "$container" 2>/dev/null || true; }}
+memlock_format={quote(MEMLOCK_FORMAT)}
+devices_format={quote(DEVICES_FORMAT)}
 if ! command -v docker >/dev/null; then
   note container "no docker CLI on this node"
 elif [ "$(inspect '{{{{.State.Running}}}}')" != true ]; then
   note container "$container is not running here (docker inspect)"
 else
+  # What docker's inspect tells of the configuration (empty: it tells nothing, e.g. a stand-in).
+  network=$(inspect '{{{{.HostConfig.NetworkMode}}}}')
   image=$(inspect '{{{{.Config.Image}}}} {{{{.Image}}}}')
   if [ -n "$image" ]; then fact image "$image"; fi
   # The process's own environment (what the entry script exported), else the container's.
@@ -102,7 +109,8 @@ else
     value() {{ sed -n "s/^$1=//p" <<<"$env_text" | tail -n1; }}
     host_ip=$(value VLLM_HOST_IP)
     if [ "$host_ip" != "$node_ip" ]; then
-      report node-address "$node" - "VLLM_HOST_IP is '${{host_ip}}' in $container, not the node address $node_ip"
+      report node-address "$node" - \\
+        "VLLM_HOST_IP is '${{host_ip}}' in $container, not the node address $node_ip"
     fi
     for var in NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME; do
       got=$(value "$var")
@@ -130,12 +138,14 @@ else
   ipc=$(inspect '{{{{.HostConfig.IpcMode}}}}')
   if [ -n "$shm_kb" ]; then
     if [ "$shm_kb" -lt "$min_shm_kb" ]; then
-      report shm "$node" - "/dev/shm in $container is $((shm_kb / 1024)) MiB (ipc ${{ipc:-?}}), below $((min_shm_kb / 1024)) MiB"
+      report shm "$node" - \\
+        "/dev/shm in $container is $((shm_kb / 1024)) MiB (ipc ${{ipc:-?}}), below $((min_shm_kb / 1024)) MiB"
     fi
   elif [ -n "$ipc" ] && [ "$ipc" != host ]; then
     shm_bytes=$(inspect '{{{{.HostConfig.ShmSize}}}}')
     if [ "${{shm_bytes:-0}}" -lt $((min_shm_kb * 1024)) ]; then
-      report shm "$node" - "$container runs with ipc $ipc and a ${{shm_bytes:-default}}-byte /dev/shm, not the host's"
+      report shm "$node" - \\
+        "$container runs with ipc $ipc and a ${{shm_bytes:-default}}-byte /dev/shm, not the host's"
     fi
   elif [ -z "$ipc" ]; then
     note shm "docker tells neither /dev/shm's size in $container nor its IPC mode"
@@ -143,18 +153,23 @@ else
   if [ "$fast" = yes ]; then
     memlock=$(docker exec "$container" sh -c 'ulimit -l' 2>/dev/null) || memlock=''
     if [ -z "$memlock" ]; then
-      memlock=$(inspect '{{{{range .HostConfig.Ulimits}}}}{{{{if eq .Name "memlock"}}}}{{{{.Soft}}}}{{{{end}}}}{{{{end}}}}')
-      [ "$memlock" = -1 ] && memlock=unlimited
+      memlock=$(inspect "$memlock_format")
+      if [ "$memlock" = -1 ]; then memlock=unlimited; fi
     fi
-    if [ -z "$memlock" ]; then
+    if [ -z "$memlock" ] && [ -n "$network" ]; then
+      report memlock "$node" - "$container has no memlock ulimit: dockerd's default limit applies"
+    elif [ -z "$memlock" ]; then
       note memlock "docker tells no memlock limit for $container"
     elif [ "$memlock" != unlimited ]; then
       report memlock "$node" - "memlock in $container is $memlock KiB, not unlimited"
     fi
     devices=$(docker exec "$container" ls /dev/infiniband 2>/dev/null) || devices=''
-    if [ -z "$devices" ] && ! inspect '{{{{range .HostConfig.Devices}}}}{{{{.PathOnHost}}}} {{{{end}}}}' \\
-      | grep -q /dev/infiniband; then
-      report efa-devices "$node" - "$container has no /dev/infiniband: NCCL cannot open the RDMA devices"
+    if [ -z "$devices" ]; then
+      if [ -z "$network" ]; then
+        note devices "docker tells neither /dev/infiniband in $container nor its devices"
+      elif ! inspect "$devices_format" | grep -q /dev/infiniband; then
+        report efa-devices "$node" - "$container has no /dev/infiniband: NCCL cannot open the RDMA devices"
+      fi
     fi
   fi
   # 4. What NCCL says it did (the transport it chose, and the errors of the table).

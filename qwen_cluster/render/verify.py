@@ -154,10 +154,10 @@ is_local() {{ grep -qxF -- "$1" <<<"$local_ips"; }}
 
 # report CHECK NODE PEER DETAIL: a failure, for people and (the qwen| line) for doctor.
 report() {{
-  local where=$2
+  local where=$2 detail="${{*:4}}"
   if [ "$3" != - ]; then where="$2->$3"; fi
-  failures+=("$where $4")
-  echo "qwen|finding|$1|$2|$3|$4"
+  failures+=("$where $detail")
+  echo "qwen|finding|$1|$2|$3|$detail"
 }}
 
 # open | refused | filtered
@@ -231,11 +231,12 @@ while IFS='|' read -r dst dst_ip; do
   printf '%-14s %-14s %12s %s\\n' "$src" "$dst" "${{rtt:--}}" "$result"
   # The path carries a full frame of this node's MTU, unfragmented (NCCL's IB/RoCE and EFA
   # frames do not fragment: a smaller MTU on the way hangs them, IBV_WC_LOC_LEN_ERR).
-  mtu=$(cat "/sys/class/net/$(ip -o route get "$dst_ip" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p')/mtu" \\
-    2>/dev/null || true)
+  dev=$(ip -o route get "$dst_ip" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p' || true)
+  mtu=$(cat "/sys/class/net/$dev/mtu" 2>/dev/null || true)
   if [ -n "$rtt" ] && [ -n "$mtu" ] \\
     && ! ping -n -c 2 -i 0.2 -W 1 -M "do" -s $((mtu - 28)) "$dst_ip" </dev/null >/dev/null 2>&1; then
-    report mtu "$src" "$dst" "ping: no reply to an unfragmentable $mtu-byte ping (ping -M do -s $((mtu - 28))): the path MTU is below $mtu"
+    report mtu "$src" "$dst" "ping: no reply to an unfragmentable $mtu-byte ping" \\
+      "(ping -M do -s $((mtu - 28))): the path MTU is below $mtu"
   fi
   if [ -n "$min_bandwidth_gbps" ]; then
     bps=$(iperf3 -c "$dst_ip" -p "$iperf_port" -t 3 -P {IPERF_STREAMS} -J </dev/null 2>/dev/null \\
@@ -247,7 +248,8 @@ while IFS='|' read -r dst dst_ip; do
       gbps=$(awk -v b="$bps" 'BEGIN {{printf "%.2f", b / 1e9}}')
       echo "  bandwidth: $gbps Gbit/s"
       if awk -v g="$gbps" -v m="$min_bandwidth_gbps" 'BEGIN {{exit !(g < m)}}'; then
-        report bandwidth "$src" "$dst" "iperf3 ({IPERF_STREAMS} streams): $gbps Gbit/s is below minBandwidthGbps $min_bandwidth_gbps"
+        report bandwidth "$src" "$dst" \\
+          "iperf3 ({IPERF_STREAMS} streams): $gbps Gbit/s is below minBandwidthGbps $min_bandwidth_gbps"
       fi
     fi
   fi
