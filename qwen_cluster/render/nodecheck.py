@@ -31,7 +31,7 @@ AWS_CONTAINER = "qwen-vllm"
 # quoted in tests/data/doctor/ with their sources).
 LOG_PATTERNS = {
     "transport": r"NCCL INFO Using network Socket|NET/Socket : Using",
-    "efa-devices": r"fi_getinfo\(\) failed|NET/OFI .*(No such file or directory|Unable to find a libfabric)",
+    "efa-devices": r"fi_getinfo\(\) (call )?failed|NET/OFI .*Unable to find a (libfabric|protocol)",
     "memlock": r"ibv_reg_mr.*Cannot allocate memory|Cannot allocate memory.*ibv_reg_mr",
     "shm": r"Error while creating shared memory segment",
 }
