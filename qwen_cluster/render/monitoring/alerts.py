@@ -178,7 +178,45 @@ def alerts(cluster) -> list[Alert]:
             "that exporter is stopped or not answering on loopback",
             "docker ps on {{ $labels.node }}; restart the {{ $labels.qwen_source }} exporter container",
         ),
+    ] + _aws_alerts(cluster, rate_window)
+
+
+def _aws_alerts(cluster, window: str) -> list[Alert]:
+    """AWS: the ENA allowance counters (node_exporter's ethtool collector) and, with EFA, its
+    error counters (nodemetrics). A shaped link or lost RDMA traffic gives no error anywhere
+    else: NCCL just gets slow or hangs."""
+    if cluster.aws is None:
+        return []
+    found = [
+        Alert(
+            "QwenEnaAllowanceExceeded",
+            "warning",
+            'sum by (node, device) (increase({__name__=~"node_ethtool_(bw_in|bw_out|pps|conntrack|linklocal)'
+            f'_allowance_exceeded"}}[{window}])) > 0',
+            0,
+            "ENA on {{ $labels.node }} ({{ $labels.device }}) shaped {{ $value }} packets: the "
+            "instance's network allowance is exceeded",
+            "the instance sends or receives more than its bandwidth, packets-per-second or connection "
+            "allowance: traffic is queued or dropped by EC2, not by the host",
+            "ethtool -S {{ $labels.device }} | grep allowance on {{ $labels.node }}; spread the load, "
+            "or a larger instance type",
+            step="bandwidth",
+        )
     ]
+    if cluster.aws.efa:
+        found.append(
+            Alert(
+                "QwenEfaErrors",
+                "critical",
+                f"sum by (node, device, counter) (increase(qwen_efa_errors_total[{window}])) > 0",
+                0,
+                "EFA {{ $labels.device }} on {{ $labels.node }}: {{ $value }} more {{ $labels.counter }}",
+                "EFA drops packets or fails RDMA requests: NCCL retries, slows down or hangs",
+                "cat /sys/class/infiniband/{{ $labels.device }}/ports/1/hw_counters/{{ $labels.counter }} "
+                "on {{ $labels.node }}; fi_info -p efa; check the node security group's self rules",
+            )
+        )
+    return found
 
 
 def recording_rules() -> list[dict]:

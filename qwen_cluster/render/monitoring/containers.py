@@ -127,7 +127,7 @@ def node_containers(cluster, node_name: str, nodemetrics_source: str) -> list[Co
             "node-exporter",
             "qwen-node-exporter",
             NODE_EXPORTER_IMAGE,
-            command=tuple(node_exporter_args(rootfs="/host")),
+            command=tuple(node_exporter_args(rootfs="/host", ena=cluster.aws is not None)),
             # node_exporter's README (Docker): the host's / read-only at /host, rslave so mounts
             # made later (a new disk) show up too; the host's PID namespace for its processes.
             mounts=(Mount("/", "/host", read_only=True, propagation="rslave"),),
