@@ -435,10 +435,13 @@ def host_findings(
 def lab_runner(stack: str, label: str | None) -> tuple[Runner, ClusterConfig]:
     """Each lab node runs the script in its namespace as root, with the environment its sshd
     gives a session (the lab's docker on PATH): what `pulumi up`'s commands see there."""
-    from labkit import blueprint, lifecycle, netns
+    from labkit import blueprint, lifecycle, netns, substitutions
 
     lab_plan = blueprint.load(stack, label=label)
     options = lifecycle.Options()
+    # What the lab deployed: the stack with the lab's substitutions (no RDMA in a namespace).
+    raw, _ = substitutions.stack_config(lifecycle.stack_config(lab_plan), options.clock_scale)
+    deployed = stackfile.validate(raw)
 
     def run(node: str, text: str) -> tuple[int, str]:
         member = lab_plan.node(node)
@@ -451,7 +454,7 @@ def lab_runner(stack: str, label: str | None) -> tuple[Runner, ClusterConfig]:
         done = netns.exec_in(member.namespace, argv, check=False, timeout=120)
         return done.returncode, done.stdout + done.stderr
 
-    return run, lab_plan.cluster
+    return run, deployed
 
 
 def ssh_runner(cluster: ClusterConfig) -> Runner:
