@@ -307,3 +307,21 @@ def test_no_renderer_spells_the_finder_again():
 def test_the_interface_finder_is_shellcheck_clean(tmp_path):
     body = f'{shell.interface_of_function()}\n{shell.INTERFACE_OF} "$1"'
     shellcheck(shell.script("interface finder", body), tmp_path)
+
+
+@needs_netns
+def test_the_finder_names_the_nic_of_a_secondary_address_as_iproute2_does(tmp_path):
+    """SIOCGIFADDR, used before, saw only an interface's primary address; rtnetlink sees all."""
+    with netns_pair() as (a, _):
+        nic_name = next(
+            line.split()[1]
+            for line in subprocess.run(
+                ["ip", "-n", a, "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True
+            ).stdout.splitlines()
+            if "10.231.0.1/" in line
+        )
+        subprocess.run(["ip", "-n", a, "addr", "add", "10.231.0.9/24", "dev", nic_name], check=True)
+        text = f'{shell.interface_of_function()}\n{shell.INTERFACE_OF} "$1"\n'
+        for address in ("10.231.0.1", "10.231.0.9"):
+            assert run_in(a, text, tmp_path, address).stdout == f"{nic_name}\n"
+        assert run_in(a, text, tmp_path, "10.231.0.77").stdout == ""
