@@ -235,7 +235,15 @@ def print_lanes(console, count: int, runs: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(
-        "rehearsal", "ok", "requests", "failed", "cut", "most down", "s", "stopped at", "not reached",
+        "rehearsal",
+        "ok",
+        "requests",
+        "failed",
+        "cut",
+        "most down",
+        "s",
+        "stopped at",
+        "not reached",
         title=f"lab.py upgrade at {count} nodes ({runs[0]['lanes'] if runs else '?'} lanes)",
     )
     for run in runs:

@@ -112,7 +112,7 @@ CHECKS: dict[str, Check] = {
     ),
     "hostname": Check(
         "connectivity",
-        "critical",
+        "warning",
         "the node's name resolves to loopback or another address: Gloo and Ray advertise it and the "
         "other members try to reach 127.0.0.1 (Gloo connectFullMesh failed ... remote=127.0.0.1)",
         "map the hostname to the node address in /etc/hosts on {node} (not 127.0.1.1); the "

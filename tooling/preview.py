@@ -294,7 +294,8 @@ def print_change_plan(console, report: dict[str, Any]) -> None:
             "once): " + "; ".join(" -> ".join(lane) for lane in lanes["lanes"])
         )
         console.print(
-            "staged first: " + (", ".join(lanes["stagedFirst"]) or "nothing")
+            "staged first: "
+            + (", ".join(lanes["stagedFirst"]) or "nothing")
             + f"; at most {_duration(lanes['atMostSeconds'])} after staging (the longest lane x "
             f"{lanes['replicaBoundSeconds']} s per replica: its drain and health timeouts; docs/ci.md "
             "says how to size the `up` workflow from it)"

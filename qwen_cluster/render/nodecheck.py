@@ -66,14 +66,16 @@ note() {{ echo "qwen|note|$1|$node|-|$2"; }}
 fact() {{ echo "qwen|fact|$1|$node|$2"; }}
 {interface_of_function()}
 
-# 1. The node's name resolves to its cluster address, not loopback (Gloo and Ray resolve it).
+# 1. The node's name resolves to its cluster address, not loopback (what Gloo, Ray and torch
+# fall back to when no interface or address is given). A warning for verify: the program gives
+# every member GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and its address, which take precedence.
 name=$(hostname)
 resolved=$(getent ahostsv4 "$name" 2>/dev/null | awk 'NR == 1 {{print $1}}' || true)
 case "$resolved" in
   "$node_ip") echo "hostname $name resolves to $resolved: ok" ;;
-  "") report hostname "$node" - "the hostname $name does not resolve (getent ahostsv4 $name)" ;;
-  127.*) report hostname "$node" - "the hostname $name resolves to loopback $resolved, not $node_ip" ;;
-  *) report hostname "$node" - "the hostname $name resolves to $resolved, not the node address $node_ip" ;;
+  "") warn hostname "$node" - "the hostname $name does not resolve (getent ahostsv4 $name)" ;;
+  127.*) warn hostname "$node" - "the hostname $name resolves to loopback $resolved, not $node_ip" ;;
+  *) warn hostname "$node" - "the hostname $name resolves to $resolved, not the node address $node_ip" ;;
 esac
 
 # 2. The interface holding the node address, and its MTU (doctor compares it across members).
@@ -93,7 +95,9 @@ memlock_format={quote(MEMLOCK_FORMAT)}
 devices_format={quote(DEVICES_FORMAT)}
 if ! command -v docker >/dev/null; then
   note container "no docker CLI on this node"
-elif [ "$(inspect '{{{{.State.Running}}}}')" != true ]; then
+elif ! running=$(docker inspect --type container -f '{{{{.State.Running}}}}' "$container" 2>&1); then
+  note container "docker inspect $container: ${{running:0:200}}"
+elif [ "$running" != true ]; then
   note container "$container is not running here (docker inspect)"
 else
   # What docker's inspect tells of the configuration (empty: it tells nothing, e.g. a stand-in).
