@@ -458,8 +458,8 @@ def lab_runner(stack: str, label: str | None) -> tuple[Runner, ClusterConfig]:
 
 
 def ssh_runner(cluster: ClusterConfig) -> Runner:
-    """Bare metal: the script on stdin of `sudo -n bash -s` over SSH as bareMetal.sshUser (docker
-    needs root), with the user's own SSH setup (agent, config, known hosts)."""
+    """Bare metal: the script over SSH as bareMetal.sshUser, run with `sudo -n` (docker needs
+    root), with the user's own SSH setup (agent, config, known hosts)."""
     user = cluster.bare_metal.ssh_user
 
     def run(node: str, text: str) -> tuple[int, str]:
@@ -471,7 +471,8 @@ def ssh_runner(cluster: ClusterConfig) -> Runner:
             "-o",
             "ConnectTimeout=10",
             f"{user}@{address}",
-            "sudo -n bash -s",
+            # The whole script lands in a file before it runs: nothing it starts reads its text.
+            'f=$(mktemp) && cat >"$f" && sudo -n bash "$f"; rc=$?; rm -f "$f"; exit $rc',
         ]
         try:
             done = subprocess.run(argv, input=text, capture_output=True, text=True, timeout=300)
