@@ -239,3 +239,22 @@ def test_findings_come_in_the_guides_order_and_as_json():
 def test_a_node_doctor_cannot_reach_is_a_finding():
     found, _ = doctor.host_findings(ONPREM, lambda node, script: (255, "ssh: connect: timed out"))
     assert {f.check for f in found} == {"host"} and len(found) == 4
+
+
+def test_over_ssh_each_node_runs_its_own_script_with_sudo(tmp_path, monkeypatch):
+    """The bare-metal runner: `ssh user@node <command>` with the script on stdin, run by sudo. A
+    fake ssh runs the command here (this host holds none of the nodes' addresses, so each node's
+    script says no interface holds its address) and records who it was asked to reach."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "ssh").write_text(f'#!/bin/bash\necho "${{@: -2:1}}" >>{calls}\nexec bash -c "${{@: -1}}"\n')
+    (bin_dir / "sudo").write_text('#!/bin/sh\nshift\nexec "$@"\n')
+    for tool in ("ssh", "sudo"):
+        (bin_dir / tool).chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    found, _ = doctor.host_findings(ONPREM, doctor.ssh_runner(ONPREM), connect_timeout=1)
+    user = ONPREM.bare_metal.ssh_user
+    assert sorted(calls.read_text().split()) == sorted(f"{user}@{node.ip}" for node in ONPREM.nodes)
+    interface = [f for f in found if f.check == "interface"]
+    assert sorted(f.where[0] for f in interface) == sorted(node.name for node in ONPREM.nodes)
