@@ -143,6 +143,14 @@ def verify(plan: LabPlan) -> list[Result]:
                 _status(done.returncode == 0),
             )
         )
+        # Each finding on its own row, named by its check (tooling/doctor.py CHECKS); a finding
+        # of a script that passed is a warning (verify.warn).
+        for line in done.stdout.splitlines():
+            parts = line.split("|", 5)
+            if parts[:2] == ["qwen", "finding"] and len(parts) == 6:
+                target = parts[3] if parts[4] == "-" else parts[4]
+                status = "fail" if done.returncode else "warn"
+                results.append(Result("verify", parts[3], target, parts[2], "no finding", parts[5], status))
     return results
 
 

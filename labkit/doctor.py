@@ -1,10 +1,11 @@
-"""doctor against the lab: tooling/doctor.py, asking the lab's Prometheus from inside the lab
-(its namespaces have no route to the host). scripts/doctor.py runs `main`."""
+"""doctor against the lab: tooling/doctor.py, asking the lab's Prometheus and nodes from inside
+the lab (its namespaces have no route to the host). scripts/doctor.py runs `main`."""
 
 from __future__ import annotations
 
-from labkit import blueprint, netns
-from tooling import doctor
+from labkit import blueprint, lifecycle, netns, substitutions
+from qwen_cluster.config import ClusterConfig
+from tooling import doctor, stackfile
 
 
 def lab_fetch(stack: str, label: str | None) -> tuple[doctor.Fetch, str]:
@@ -21,5 +22,32 @@ def lab_fetch(stack: str, label: str | None) -> tuple[doctor.Fetch, str]:
     return (lambda path: netns.call_in(member.namespace, inner, path)), f"{url} (lab {lab_plan.label})"
 
 
+def lab_runner(stack: str, label: str | None) -> tuple[doctor.Runner, ClusterConfig]:
+    """Each lab node runs the script in its namespace as root, with the environment its sshd
+    gives a session (the lab's docker on PATH): what `pulumi up`'s commands see there."""
+
+    lab_plan = blueprint.load(stack, label=label)
+    options = lifecycle.Options()
+    # What the lab deployed: the stack with the lab's substitutions (no RDMA in a namespace).
+    raw, _ = substitutions.stack_config(lifecycle.stack_config(lab_plan), options.clock_scale)
+    deployed = stackfile.validate(raw)
+
+    def run(node: str, text: str) -> tuple[int, str]:
+        member = lab_plan.node(node)
+        if not netns.exists(member.namespace):
+            return 2, f"lab {lab_plan.label} is not up (no namespace {member.namespace})"
+        path = lifecycle.state_dir(lab_plan) / f"{node}.doctor.sh"
+        path.write_text(text)
+        env = lifecycle.session_env(lifecycle.host(lab_plan, member, options))
+        argv = ["env", *(f"{key}={value}" for key, value in env.items()), "bash", str(path)]
+        done = netns.exec_in(member.namespace, argv, check=False, timeout=120)
+        return done.returncode, done.stdout + done.stderr
+
+    return run, deployed
+
+
+LAB = doctor.Lab(fetch=lab_fetch, runner=lab_runner)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return doctor.main(argv, lab_fetch=lab_fetch)
+    return doctor.main(argv, lab=LAB)

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -117,6 +118,14 @@ def _etc_copy(namespace: str) -> None:
             copy.mkdir()
         else:
             copy.touch()
+
+
+def _hosts_file(member: Member) -> None:
+    """The node's /etc/hosts, as a host of the cluster has it: its name (this machine's, which
+    every namespace shares) on its own address, never on loopback (issue 26, cause 1). Written
+    in place, so a fault test's rewrite reaches processes that already run."""
+    path = netns.NETNS_ETC / member.namespace / "hosts"
+    path.write_text(f"127.0.0.1 localhost\n{member.ip} {socket.gethostname()} {member.node}\n")
 
 
 # ---------------------------------------------------------------- where things run
@@ -328,6 +337,7 @@ def machines(plan: LabPlan, options: Options) -> list[StepResult]:
     steps = []
     for member in plan.nodes:
         _etc_copy(member.namespace)
+        _hosts_file(member)
         (Path(node_state(plan, member)) / "containers").mkdir(parents=True, exist_ok=True)
         steps.append(_start(plan, member, "iperf3", ["iperf3", "-s", "-p", str(IPERF_PORT)]))
     return steps + ssh_daemons(plan, options)

@@ -18,6 +18,8 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
+from qwen_cluster.render.verify import IPERF_STREAMS
+
 
 @dataclass(frozen=True)
 class ClientAccess:
@@ -303,10 +305,12 @@ def ping_rtt_ms(namespace: str, ip: str, count: int = 5) -> float | None:
 
 
 def iperf3_gbps(
-    namespace: str, ip: str, *, seconds: float = 1.0, port: int = 5201
+    namespace: str, ip: str, *, seconds: float = 1.0, port: int = 5201, streams: int = IPERF_STREAMS
 ) -> tuple[float | None, str]:
-    """Receiver-side throughput in Gbit/s of a TCP iperf3 run from `namespace` to `ip`."""
-    argv = ["iperf3", "-c", ip, "-p", str(port), "-t", str(seconds), "-J", "--connect-timeout", "2000"]
+    """Receiver-side throughput in Gbit/s of a TCP iperf3 run from `namespace` to `ip`, with as
+    many parallel streams as the verify script (one stream is one core's and one flow's)."""
+    argv = ["iperf3", "-c", ip, "-p", str(port), "-t", str(seconds), "-P", str(streams), "-J"]
+    argv += ["--connect-timeout", "2000"]
     try:
         done = subprocess.run(
             ["ip", "netns", "exec", namespace, *argv], capture_output=True, text=True, timeout=seconds + 15

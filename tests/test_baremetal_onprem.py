@@ -135,7 +135,7 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
         assert envs["VLLM_PORT"] == "6009"  # pinned after Ray's nine fixed ports in 6000-6100
         script = args["command"][0]
         assert "--port=5000" in script and "--tensor-parallel-size=4" in script
-        assert 'export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"' in script
+        assert 'export NCCL_SOCKET_IFNAME="=$iface" GLOO_SOCKET_IFNAME="$iface"' in script
         assert args["gpus"] == "all" and args["ipcMode"] == "host" and args["networkMode"] == "host"
         assert args["devices"] == [{"hostPath": "/dev/infiniband"}]
         assert args["capabilities"] == {"adds": ["IPC_LOCK"]}

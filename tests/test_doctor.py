@@ -71,7 +71,7 @@ def test_healthy_cluster_exits_0(capsys):
     with fake_prometheus({"/api/v1/rules": rules_answer(), "/api/v1/alerts": alerts_answer()}) as url:
         code, out = run(capsys, url, "--json")
     assert code == 0
-    assert json.loads(out) == {"healthy": True, "prometheus": url, "findings": []}
+    assert json.loads(out) == {"healthy": True, "prometheus": url, "findings": [], "notes": []}
 
 
 def test_a_cut_link_names_the_node_and_the_replica(capsys):
@@ -98,7 +98,9 @@ def test_a_cut_link_names_the_node_and_the_replica(capsys):
         ("node worker-2 does not answer ping from any other member", ["worker-2"]),
         ("replica 2 (head worker-2) is not serving", ["worker-2"]),
     ]
-    assert all(set(f) == {"severity", "what", "where", "cause", "fix"} for f in document["findings"])
+    assert all(
+        set(f) == {"step", "check", "severity", "what", "where", "cause", "fix"} for f in document["findings"]
+    )
     assert document["findings"][0]["severity"] == "critical"
 
 

@@ -46,7 +46,9 @@ def running():
 
 def _doctor(label: str) -> tuple[int, dict]:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "doctor.py"), "onprem", "--lab", "--label", label, "--json"],
+        # What monitoring sees (the hosts' own checks are rehearsed in tests/test_lab_doctor.py).
+        [sys.executable, str(ROOT / "scripts" / "doctor.py"), "onprem", "--lab", "--label", label, "--json"]
+        + ["--from", "monitoring"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -2,16 +2,16 @@
 
 import os
 import subprocess
-import sys
 
 import pytest
 
-from components.baremetal import serving
-from qwen_cluster.render import preflight, rdma, selinux, shell, verify
+from qwen_cluster.node import nic, nodemetrics
+from qwen_cluster.render import cloudinit, collective, nodecheck, preflight, rdma, selinux, shell, ssm, verify
 from qwen_cluster.render.verify import Pair, Probe
 from tests.helpers import tools
 from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
 from tests.helpers.wait import wait_until
+from tooling import stackfile
 
 
 def test_rdma_installs_the_guides_packages_and_requires_a_device():
@@ -249,6 +249,7 @@ def test_a_nodes_verify_script_holds_exactly_its_own_probes_and_pings():
             verify.cluster_pairs(cluster, node.name),
             max_latency_ms=cluster.network.max_latency_ms,
             service_wait_seconds=600,
+            node_section=nodecheck.section(cluster, node.name),
         )
         assert verify.for_cluster(cluster, node.name, service_wait_seconds=600) == expected
 
@@ -259,7 +260,8 @@ def test_one_nodes_verify_script_fits_at_256_nodes():
     cluster = _scaled_onprem(256)
     text = verify.for_cluster(cluster, "worker-200", service_wait_seconds=1800)
     probes = [line for line in text.splitlines() if line.endswith(("|service", "|reachable"))]
-    assert len(probes) == len(verify.cluster_probes(cluster, "worker-200")) == 255 * 7 + 1  # + the listener
+    # SSH, both ends of three table ranges, one dynamic port per peer, and the listener
+    assert len(probes) == len(verify.cluster_probes(cluster, "worker-200")) == 255 * 8 + 1
     assert len(text.encode()) < MAX_ARG_STRLEN
 
 
@@ -275,25 +277,66 @@ def _interface_from_bash(ip: str) -> str:
 
 
 def _interface_from_container(ip: str) -> str:
-    """The finder the bare-metal model container runs (it has Python, not iproute2)."""
-    env = {**os.environ, "VLLM_HOST_IP": ip}
-    finder = serving._FIND_INTERFACE
-    found = subprocess.run([sys.executable, "-c", finder], env=env, capture_output=True, text=True)
+    """What the model container's prelude runs (it has Python, not iproute2)."""
+    env = {**os.environ, **collective.finder_environment(), "VLLM_HOST_IP": ip}
+    text = 'python3 -c "$QWEN_FIND_INTERFACE" "$VLLM_HOST_IP"'
+    found = subprocess.run(["bash", "-c", text], env=env, capture_output=True, text=True)
     assert found.returncode == 0, found.stderr
     return found.stdout
 
 
-def test_the_shell_and_the_containers_interface_finders_give_one_answer_for_every_address():
-    """One rule, two spellings: for every IPv4 address of this host both name the same NIC,
-    and for an address no interface holds both name none."""
+def _interface_from_iproute2(ip: str) -> str:
+    listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True)
+    for line in listed.stdout.splitlines():
+        words = line.split()
+        if words[3].split("/")[0] == ip:
+            return words[1] + "\n"
+    return ""
+
+
+def test_the_host_the_container_and_the_endpoint_find_the_interface_iproute2_names():
+    """One finder (qwen_cluster/node/nic.py) everywhere: for every IPv4 address of this host the
+    host scripts, the model container and the monitoring endpoint name the NIC `ip -o -4 addr
+    show` lists first, and for an address no interface holds none of them names one."""
     listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True)
     addresses = [line.split()[3].split("/")[0] for line in listed.stdout.splitlines()]
     assert "127.0.0.1" in addresses
-    for ip in addresses:
-        assert _interface_from_bash(ip) == _interface_from_container(ip) != "", ip
-    assert _interface_from_bash("192.0.2.77") == _interface_from_container("192.0.2.77") == ""
+    for ip in [*addresses, "192.0.2.77"]:
+        expected = _interface_from_iproute2(ip)
+        assert _interface_from_bash(ip) == _interface_from_container(ip) == expected, ip
+        assert (nodemetrics.nic_of(ip) or "") == expected.strip(), ip
+
+
+def test_no_renderer_spells_the_finder_again():
+    """The finder's text lives in nic.py alone: the user data, the SSM run, the preflight and
+    the container all carry that text, none a copy of their own."""
+    for text in (
+        cloudinit.user_data(stackfile.load("dev"), "worker-1"),
+        ssm.run_script(),
+        preflight.for_node(stackfile.load("onprem"), "master"),
+    ):
+        assert nic.FINDER.rstrip() in text
+        assert "fcntl.ioctl" not in text and "awk -v ip=" not in text
 
 
 def test_the_interface_finder_is_shellcheck_clean(tmp_path):
     body = f'{shell.interface_of_function()}\n{shell.INTERFACE_OF} "$1"'
     shellcheck(shell.script("interface finder", body), tmp_path)
+
+
+@needs_netns
+def test_the_finder_names_the_nic_of_a_secondary_address_as_iproute2_does(tmp_path):
+    """SIOCGIFADDR, used before, saw only an interface's primary address; rtnetlink sees all."""
+    with netns_pair() as (a, _):
+        nic_name = next(
+            line.split()[1]
+            for line in subprocess.run(
+                ["ip", "-n", a, "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True
+            ).stdout.splitlines()
+            if "10.231.0.1/" in line
+        )
+        subprocess.run(["ip", "-n", a, "addr", "add", "10.231.0.9/24", "dev", nic_name], check=True)
+        text = f'{shell.interface_of_function()}\n{shell.INTERFACE_OF} "$1"\n'
+        for address in ("10.231.0.1", "10.231.0.9"):
+            assert run_in(a, text, tmp_path, address).stdout == f"{nic_name}\n"
+        assert run_in(a, text, tmp_path, "10.231.0.77").stdout == ""

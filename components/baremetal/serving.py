@@ -13,43 +13,23 @@ from pulumi_command import remote
 from components.baremetal import connection
 from qwen_cluster import tags, topology
 from qwen_cluster.config import ClusterConfig, EndpointSecrets, Node
-from qwen_cluster.render import nginx, vllm, weights
+from qwen_cluster.render import collective, nginx, vllm, weights
 
 NGINX_IMAGE = nginx.IMAGE  # pinned (qwen_cluster/render/nginx.py)
-UNLIMITED = -1
-
-# Finds the NIC that holds VLLM_HOST_IP when bareMetal.interface is not set (host network:
-# the container sees the host's interfaces), by shell.interface_of_function's rule: the first
-# interface holding the address. Python is in every vLLM image; iproute2 is not. (SIOCGIFADDR
-# reads an interface's primary address only; a node IP held as a secondary address is found by
-# the host scripts and not here. Changing this text replaces every model container.)
-_FIND_INTERFACE = (
-    "import fcntl,os,socket,struct\n"
-    "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
-    "for _,n in socket.if_nameindex():\n"
-    "    try:\n"
-    "        a=fcntl.ioctl(s.fileno(),0x8915,struct.pack('256s',n.encode()[:15]))[20:24]\n"
-    "    except OSError:\n"
-    "        continue\n"
-    "    if socket.inet_ntoa(a)==os.environ['VLLM_HOST_IP']:\n"
-    "        print(n);break\n"
-)
 
 
 def server_command(cluster: ClusterConfig, node: Node) -> tuple[str, dict[str, str]]:
     """The bash entry command and environment of one node's container (pure): the shared vLLM
-    command (qwen_cluster/render/vllm.py) after finding the cluster interface."""
-    env = {**vllm.environment(cluster, node.name), **weights.server_environment(cluster)}
-    if cluster.bare_metal.interface:
-        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = cluster.bare_metal.interface
-    if not cluster.tuning.rdma:
-        env["NCCL_IB_DISABLE"] = "1"
-    find = (
-        'iface="${NCCL_SOCKET_IFNAME:-$(python3 -c "$QWEN_FIND_INTERFACE")}"\n'
-        'export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"\n'
-    )
-    env["QWEN_FIND_INTERFACE"] = _FIND_INTERFACE
-    return vllm.server_script(cluster, node.name, prelude=find), env
+    command (qwen_cluster/render/vllm.py) after finding the cluster interface, with what every
+    member of a replica needs for NCCL and Gloo (qwen_cluster/render/collective.py)."""
+    env = {
+        **vllm.environment(cluster, node.name),
+        **weights.server_environment(cluster),
+        **collective.environment(cluster, cluster.bare_metal.interface),
+    }
+    if not cluster.bare_metal.interface:
+        env |= collective.finder_environment()
+    return vllm.server_script(cluster, node.name, prelude=collective.interface_prelude()), env
 
 
 # docker_container fields a change of which the provider applies in place (kreuzwerker/
@@ -66,7 +46,7 @@ def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
     fingerprints the ForceNew part of it (`replacing_fields`), so the drain and health gate of
     a replica change exactly when one of its containers will be replaced."""
     script, env = server_command(cluster, node)
-    rdma = cluster.tuning.rdma
+    settings = collective.container_settings(cluster)
     role = tags.HEAD_CONTAINER if cluster.topology.is_head(node.name) else tags.PIPELINE_WORKER_CONTAINER
     spec: dict[str, Any] = {
         "name": tags.MODEL_SERVER_CONTAINER,
@@ -77,7 +57,8 @@ def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
         # Host networking: NCCL, Ray and vLLM bind the node IP on the pinned ports, and the
         # host firewall (not Docker's NAT) decides who reaches them.
         "network_mode": "host",
-        "ipc_mode": "host",
+        # NCCL's /dev/shm (collective.py): the host's, never docker's 64 MiB.
+        "ipc_mode": settings.ipc_mode,
         "gpus": "all",
         # No shm_size: with host IPC the container shares the host's /dev/shm.
         "restart": "unless-stopped",
@@ -100,10 +81,13 @@ def model_container_spec(cluster: ClusterConfig, node: Node) -> dict[str, Any]:
         ],
         "labels": [{"label": tags.CONTAINER_ROLE_LABEL, "value": role}],
     }
-    if rdma:
-        spec["capabilities"] = {"adds": ["IPC_LOCK"]}
-        spec["devices"] = [{"host_path": "/dev/infiniband"}]
-        spec["ulimits"] = [{"name": "memlock", "soft": UNLIMITED, "hard": UNLIMITED}]
+    # With RDMA: the verbs devices, pinned memory (collective.container_settings).
+    if settings.capabilities:
+        spec["capabilities"] = {"adds": list(settings.capabilities)}
+    if settings.devices:
+        spec["devices"] = [{"host_path": device} for device in settings.devices]
+    if settings.memlock is not None:
+        spec["ulimits"] = [{"name": "memlock", "soft": settings.memlock, "hard": settings.memlock}]
     return spec
 
 

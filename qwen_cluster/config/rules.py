@@ -163,7 +163,7 @@ def _endpoint_errors(access: Access) -> list[str]:
     if not access.open_endpoint and not access.api_keys:
         return [
             "access.apiKeys is empty: clients would reach the model without a key. Set one with "
-            f"`{secrets.set_command(secrets.API_KEYS_PATH)} \"$(openssl rand -hex 32)\"`, or say the "
+            f'`{secrets.set_command(secrets.API_KEYS_PATH)} "$(openssl rand -hex 32)"`, or say the '
             "endpoint is open with access.openEndpoint: true"
         ]
     return []

@@ -134,4 +134,3 @@ def with_values(raw: Mapping[str, Any], path: tuple[str, tuple[str, ...]], value
         section = section[part]
     section[inner[-1]] = value
     return result
-

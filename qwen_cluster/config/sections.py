@@ -256,7 +256,9 @@ def _vllm_flags(value: object) -> object:
 
 # s3://bucket/prefix: a bucket name as S3 allows it (3-63 of a-z 0-9 . -), a non-empty prefix
 # without `..` segments; the node role may read exactly this prefix.
-_S3_PREFIX = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/((?:[A-Za-z0-9!_.*'()-]+/)*[A-Za-z0-9!_.*'()-]+)/?$")
+_S3_PREFIX = re.compile(
+    r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/((?:[A-Za-z0-9!_.*'()-]+/)*[A-Za-z0-9!_.*'()-]+)/?$"
+)
 _HTTP_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%/-]*)?$")
 WEIGHTS_SOURCES = ("hub", "mirror", "s3")
 
@@ -365,7 +367,7 @@ _PERCENT = re.compile(r"^([0-9]{1,3})%$")
 
 def _max_unavailable(value: object) -> object:
     if isinstance(value, bool):
-        raise ValueError(f"{value!r}: write a count of replicas (e.g. 2) or a percentage (e.g. \"25%\")")
+        raise ValueError(f'{value!r}: write a count of replicas (e.g. 2) or a percentage (e.g. "25%")')
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # over gRPC every number is a float
     if isinstance(value, int):
@@ -379,8 +381,8 @@ def _max_unavailable(value: object) -> object:
         match = _PERCENT.match(text)
         if match and 1 <= int(match.group(1)) <= 100:
             return text
-        raise ValueError(f"{value!r} is not a count or a percentage from 1% to 100% (e.g. \"25%\")")
-    raise ValueError(f"{value!r}: write a count of replicas (e.g. 2) or a percentage (e.g. \"25%\")")
+        raise ValueError(f'{value!r} is not a count or a percentage from 1% to 100% (e.g. "25%")')
+    raise ValueError(f'{value!r}: write a count of replicas (e.g. 2) or a percentage (e.g. "25%")')
 
 
 class Rollout(Section):
@@ -391,7 +393,7 @@ class Rollout(Section):
     max_unavailable: Annotated[int | str, BeforeValidator(_max_unavailable)] = Field(
         default=DEFAULT_MAX_UNAVAILABLE,
         description="How many replicas a change may take out of service at once: a count (`2`) or a "
-        "percentage of the replicas (`\"25%\"`, rounded down), at least 1 and at most every replica. "
+        'percentage of the replicas (`"25%"`, rounded down), at least 1 and at most every replica. '
         "Replica i rolls in lane i mod that number; each lane drains, restarts and waits for `/health` "
         "one replica after another, independently of the other lanes (a slow replica holds only its "
         "own lane).",

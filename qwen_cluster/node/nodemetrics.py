@@ -8,6 +8,7 @@ port). Its own metrics:
     qwen_source_up{qwen_source}                   1 if the source answered this scrape
     qwen_source_scrape_duration_seconds{qwen_source}
     qwen_node_nic_info{device, address}           the NIC holding the node IP
+    qwen_efa_errors_total{device, port, counter}  EFA's error counters (config `efa_sysfs`, AWS)
 so a dead exporter is a 0, never a silent gap. Stdlib only: it runs in any Python image.
 
 Run: python3 nodemetrics.py CONFIG.json   (config rendered by qwen_cluster/render/monitoring/endpoint.py)
@@ -15,23 +16,25 @@ Run: python3 nodemetrics.py CONFIG.json   (config rendered by qwen_cluster/rende
 
 from __future__ import annotations
 
-import fcntl
 import json
-import socket
-import struct
 import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+try:  # on a node: nic.py is shipped next to this file (qwen_cluster/render/monitoring/containers.py)
+    from nic import interface_of
+except ImportError:  # imported from the program's package (tests)
+    from qwen_cluster.node.nic import interface_of
 
 SOURCE_LABEL = "qwen_source"
 SELF = "nodemetrics"
 PROBE = "probe"
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gcount", "_gsum")
-SIOCGIFADDR = 0x8915
 
 
 @dataclass
@@ -140,16 +143,30 @@ def fetch(url: str, timeout: float) -> str:
 
 
 def nic_of(address: str) -> str | None:
-    """The interface holding `address` (IPv4), read with SIOCGIFADDR: no `ip` in the image."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
+    """The interface holding `address` (IPv4), by the program's one finder (nic.py, shipped
+    next to this file)."""
+    return interface_of(address)
+
+
+# EFA's per-port error counters (Linux drivers/infiniband/hw/efa/efa_verbs.c EFA_DEFINE_PORT_STATS,
+# read from /sys/class/infiniband/<device>/ports/<port>/hw_counters/): packets dropped on receive
+# and RDMA work requests that failed. Any increase means NCCL traffic is being lost or retried.
+EFA_ERROR_COUNTERS = ("rx_drops", "rdma_read_wr_err", "rdma_write_wr_err")
+
+
+def efa_errors(root: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every EFA error counter under `root` (/sys/class/infiniband)."""
+    found = []
+    base = Path(root)
+    for counters in sorted(base.glob("*/ports/*/hw_counters")):
+        device, port = counters.parents[2].name, counters.parent.name
+        for name in EFA_ERROR_COUNTERS:
             try:
-                packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:
+                value = float((counters / name).read_text().strip())
+            except (OSError, ValueError):
                 continue
-            if socket.inet_ntoa(packed[20:24]) == address:
-                return name
-    return None
+            found.append(({"device": device, "port": port, "counter": name}, value))
+    return found
 
 
 class Collector:
@@ -213,6 +230,15 @@ class Collector:
                 "The NIC holding the node IP (join with node_network_speed_bytes on device).",
                 {SOURCE_LABEL: SELF, "device": device, "address": address},
                 1,
+            )
+        efa_root = self.config.get("efa_sysfs")
+        for labels, value in efa_errors(efa_root) if efa_root else []:
+            merged.add(
+                "qwen_efa_errors_total",
+                "counter",
+                "EFA error counters (hw_counters: rx_drops, rdma_read_wr_err, rdma_write_wr_err).",
+                {SOURCE_LABEL: SELF, **labels},
+                value,
             )
         return merged.text()
 

@@ -13,6 +13,7 @@ It carries no secret: user data is readable through IMDS.
 from __future__ import annotations
 
 from qwen_cluster.config import ClusterConfig
+from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function
 
 # Jumbo frames inside a VPC (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/network_mtu.html).
 CLUSTER_MTU = 9001
@@ -34,11 +35,13 @@ def user_data(cluster: ClusterConfig, node_name: str) -> str:
         f"NODE_IP={ip}",
         "",
         "# The cluster interface is the one holding the node's static IP.",
-        # The rule of shell.interface_of_function, written out: this text is the launch
-        # template's user data, and a new template version replaces every GPU instance
-        # (tooling/changes.py), so the text stays as the running nodes have it.
-        "IFACE=$(ip -o -4 addr show | "
-        'awk -v ip="$NODE_IP" \'{split($4, a, "/"); if (a[1] == ip) print $2}\')',
+        # The one finder (qwen_cluster/node/nic.py through shell.interface_of_function). Until
+        # issue 26 this was a copy of its own that printed every interface holding the address
+        # (two lines broke `ip link set`); making it the shared text changed the user data once,
+        # a new launch-template version, which replaces each GPU instance on that `up`
+        # (tooling/changes.py). Paid once, so that no copy drifts again.
+        interface_of_function(),
+        f'IFACE=$({INTERFACE_OF} "$NODE_IP")',
         'if [ -z "$IFACE" ]; then echo "no interface holds $NODE_IP" >&2; exit 1; fi',
         f'ip link set dev "$IFACE" mtu {CLUSTER_MTU}',
     ]

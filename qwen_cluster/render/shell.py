@@ -25,6 +25,7 @@ import re
 import shlex
 
 from qwen_cluster import hostpaths
+from qwen_cluster.node.nic import FINDER
 
 LAB_HOOKS = {
     "QWEN_STATE_DIR": f"the state directory instead of {hostpaths.STATE_DIR} (one per lab node)",
@@ -83,18 +84,20 @@ os_family() {{
 """
 
 
-# The rule every target uses to find the cluster interface: the first interface, in the order
-# the kernel lists addresses (`ip -o -4 addr show`, an RTM_GETADDR dump), that holds the node's
-# IPv4 address. components/baremetal/serving.py asks the same from inside the vLLM container,
-# which has Python but no iproute2 (tests/test_render_scripts.py holds the two to one answer).
+# The rule every target uses to find the cluster interface, in one text: qwen_cluster/node/nic.py
+# (the first interface in the kernel's address dump holding the node's IPv4 address, primary or
+# secondary). Host scripts run it with python3, the model server's container and the monitoring
+# endpoint run the same file; there is no second spelling to drift (issue 26).
 INTERFACE_OF = "interface_of"
 
 
 def interface_of_function() -> str:
     """A bash function `interface_of IP` printing the interface that holds IPv4 address IP (the
-    first one listed), or nothing when none does."""
+    first one listed), or nothing when none does: nic.py's text, run by python3."""
     return f"""{INTERFACE_OF}() {{
-  ip -o -4 addr show | awk -v ip="$1" '{{split($4, a, "/"); if (a[1] == ip) {{print $2; exit}}}}'
+  python3 - "$1" <<'QWEN_NIC_EOF'
+{FINDER.rstrip()}
+QWEN_NIC_EOF
 }}"""
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from qwen_cluster import hostpaths, tags
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import vllm, weights
+from qwen_cluster.render import collective, vllm, weights
 from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function
 from qwen_cluster.render.sysctl import DROPIN_PATH, dropin
 
@@ -123,7 +123,7 @@ else
   if [ -z "$IFACE" ]; then echo "no interface holds $NODE_IP" >&2; exit 1; fi
   install -m 0600 /dev/null __ENV__  # it may hold the Ray token: root only
   {
-    b64 '{{ Environment }}'; echo "NCCL_SOCKET_IFNAME=$IFACE"; echo "GLOO_SOCKET_IFNAME=$IFACE"
+    b64 '{{ Environment }}'; echo "NCCL_SOCKET_IFNAME==$IFACE"; echo "GLOO_SOCKET_IFNAME=$IFACE"
     if [ -n "$RAY_TOKEN_PARAMETER" ]; then
       # The token never travels in the document's parameters: read it here, decrypted, from
       # the SecureString the instance role may read (and nothing else).
@@ -234,19 +234,25 @@ def docker_options(cluster: ClusterConfig) -> list[str]:
         "--restart=unless-stopped",
         "--gpus=all",
         "--network=host",
-        "--ipc=host",
-        "--ulimit=memlock=-1",
+        # host IPC, and with EFA the devices, memlock and IPC_LOCK (collective.py)
+        *collective.docker_run_options(cluster),
         f"--volume={HF_CACHE}:{weights.CONTAINER_CACHE}",
     ]
     if cluster.aws and cluster.aws.efa:
-        options += ["--device=/dev/infiniband", "--volume=/opt/amazon:/opt/amazon:ro"]
+        options.append("--volume=/opt/amazon:/opt/amazon:ro")
     return options
 
 
 def environment(cluster: ClusterConfig, node_name: str) -> dict[str, str]:
-    env = {**vllm.environment(cluster, node_name), **weights.server_environment(cluster)}
+    """The container's environment; the run adds the interface variables, found on the host by
+    the one finder (collective.interface_environment's spelling)."""
+    env = {
+        **vllm.environment(cluster, node_name),
+        **weights.server_environment(cluster),
+        **collective.environment(cluster),
+    }
     if cluster.aws and cluster.aws.efa:
-        env |= {"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": EFA_LIBRARY_PATH}
+        env["LD_LIBRARY_PATH"] = EFA_LIBRARY_PATH
     return env
 
 

@@ -25,9 +25,19 @@ import itertools
 from dataclasses import dataclass
 
 from qwen_cluster.ports import SSH_PORT
+from qwen_cluster.render import nodecheck
 from qwen_cluster.render.shell import MAX_ARG_STRLEN, script
 
 PINGS = 5  # per pair; the median of the replies is held to maxLatencyMs
+# NCCL, Gloo and vLLM's cross-node queues bind port 0 (NVIDIA/nccl#388: NCCL cannot be pinned to
+# a range), so the kernel picks from net.ipv4.ip_local_port_range, 32768-60999 by default
+# (Documentation/networking/ip-sysctl.rst). Its first port is probed (one row per peer: a node's
+# script stays within sshd's argument limit at 256 nodes): a firewall that admits only the
+# table's range between members hangs NCCL's bootstrap ("client socket has timed out").
+DYNAMIC_PORTS = (32768,)
+# iperf3 streams per pair: one TCP stream is bound by one core and one flow's hash; NCCL opens
+# several sockets per peer (NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS) and so does this.
+IPERF_STREAMS = 4
 
 EXPECTATIONS = ("service", "reachable", "closed")
 
@@ -76,6 +86,7 @@ def _checks_of(cluster, dest: str) -> list[tuple[str, int, str]]:
     for entry in cluster.ports:
         for port in sorted({entry.port.low, entry.port.high}):
             checks.append((entry.name, port, "service" if port == model_port and head else "reachable"))
+    checks += [("dynamic", port, "reachable") for port in DYNAMIC_PORTS]
     lb_node = cluster.load_balancer_node
     if lb_node is not None and lb_node.name == dest:
         checks.append(("listener", cluster.load_balancer.port, "service"))
@@ -112,6 +123,7 @@ def _pair_row(pair: Pair) -> str:
 
 
 def apply_script(probes: list[Probe], pairs: list[Pair], **options) -> str:
+    """The script of these rows; `node_section` (nodecheck.section) runs after them."""
     # A row names its source once per run of rows from it (`@source|ip`): a node's script
     # stays within the one argument sshd passes to bash (shell.MAX_ARG_STRLEN).
     return _script(_rows(probes, _probe_row), _rows(pairs, _pair_row), **options)
@@ -126,6 +138,7 @@ def _script(
     iperf_port: int = 5201,
     connect_timeout_seconds: int = 2,
     service_wait_seconds: int = 0,
+    node_section: str = "",
 ) -> str:
     bandwidth = "" if min_bandwidth_gbps is None else f"{min_bandwidth_gbps:g}"
     body = f"""
@@ -138,6 +151,20 @@ local_ips=$(ip -o addr show | awk '{{split($4, a, "/"); print a[1]}}')
 failures=()
 
 is_local() {{ grep -qxF -- "$1" <<<"$local_ips"; }}
+
+# report CHECK NODE PEER DETAIL: a failure, for people and (the qwen| line) for doctor.
+report() {{
+  local where=$2 detail="${{*:4}}"
+  if [ "$3" != - ]; then where="$2->$3"; fi
+  failures+=("$where $detail")
+  echo "qwen|finding|$1|$2|$3|$detail"
+}}
+# warn CHECK NODE PEER DETAIL: a risk the rendered settings already cover (doctor reports it;
+# the deploy goes on).
+warn() {{
+  echo "qwen|finding|$1|$2|$3|${{*:4}}"
+  echo "verify: warning: $2 ${{*:4}}" >&2
+}}
 
 # open | refused | filtered
 probe() {{
@@ -172,7 +199,12 @@ while IFS='|' read -r dst dst_ip name port expect; do
   done
   case "$expect:$got" in
     service:open | reachable:open | reachable:refused | closed:filtered) result=ok ;;
-    *) result=FAIL; failures+=("$src->$dst $name $port/tcp: expected $expect, got $got") ;;
+    *)
+      result=FAIL
+      check=port
+      if [ "$name" = dynamic ]; then check=dynamic-port; fi
+      report "$check" "$src" "$dst" "$name $port/tcp: expected $expect, got $got"
+      ;;
   esac
   printf '%-14s %-14s %-16s %6s %-10s %-9s %s\\n' "$src" "$dst" "$name" "$port" "$expect" "$got" "$result"
 done <<'QWEN_PROBES_EOF'
@@ -196,31 +228,41 @@ while IFS='|' read -r dst dst_ip; do
     | sed -n 's/.* time=\\([0-9.]*\\) *ms.*/\\1/p' | LC_ALL=C sort -n \\
     | awk '{{v[NR] = $1}} END {{if (NR) print v[int((NR + 1) / 2)]}}' || true)
   if [ -z "$rtt" ]; then
-    result=FAIL; failures+=("$src->$dst ping: no reply")
+    result=FAIL; report ping "$src" "$dst" "ping: no reply"
   elif awk -v r="$rtt" -v m="$max_latency_ms" 'BEGIN {{exit !(r > m)}}'; then
-    result=FAIL; failures+=("$src->$dst ping: median RTT $rtt ms is above maxLatencyMs $max_latency_ms")
+    result=FAIL; report latency "$src" "$dst" "ping: median RTT $rtt ms is above maxLatencyMs $max_latency_ms"
   else
     result=ok
   fi
   printf '%-14s %-14s %12s %s\\n' "$src" "$dst" "${{rtt:--}}" "$result"
+  # The path carries a full frame of this node's MTU, unfragmented (NCCL's IB/RoCE and EFA
+  # frames do not fragment: a smaller MTU on the way hangs them, IBV_WC_LOC_LEN_ERR).
+  dev=$(ip -o route get "$dst_ip" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p' || true)
+  mtu=$(cat "/sys/class/net/$dev/mtu" 2>/dev/null || true)
+  if [ -n "$rtt" ] && [ -n "$mtu" ] \\
+    && ! ping -n -c 2 -i 0.2 -W 1 -M "do" -s $((mtu - 28)) "$dst_ip" </dev/null >/dev/null 2>&1; then
+    report mtu "$src" "$dst" "ping: no reply to an unfragmentable $mtu-byte ping" \\
+      "(ping -M do -s $((mtu - 28))): the path MTU is below $mtu"
+  fi
   if [ -n "$min_bandwidth_gbps" ]; then
-    bps=$(iperf3 -c "$dst_ip" -p "$iperf_port" -t 3 -J </dev/null 2>/dev/null \\
+    bps=$(iperf3 -c "$dst_ip" -p "$iperf_port" -t 3 -P {IPERF_STREAMS} -J </dev/null 2>/dev/null \\
       | grep -o '"bits_per_second":[[:space:]]*[0-9.e+]*' | tail -n1 | grep -o '[0-9.e+]*$' || true)
     if [ -z "$bps" ]; then
-      failures+=("$src->$dst iperf3: no result (is iperf3 -s -p $iperf_port running on $dst?)")
+      report bandwidth "$src" "$dst" "iperf3: no result (is iperf3 -s -p $iperf_port running on $dst?)"
       echo "  bandwidth: no result"
     else
       gbps=$(awk -v b="$bps" 'BEGIN {{printf "%.2f", b / 1e9}}')
       echo "  bandwidth: $gbps Gbit/s"
       if awk -v g="$gbps" -v m="$min_bandwidth_gbps" 'BEGIN {{exit !(g < m)}}'; then
-        failures+=("$src->$dst iperf3: $gbps Gbit/s is below minBandwidthGbps $min_bandwidth_gbps")
+        report bandwidth "$src" "$dst" \\
+          "iperf3 ({IPERF_STREAMS} streams): $gbps Gbit/s is below minBandwidthGbps $min_bandwidth_gbps"
       fi
     fi
   fi
 done <<'QWEN_PAIRS_EOF'
 {pair_rows}
 QWEN_PAIRS_EOF
-
+{node_section}
 if [ "${{#failures[@]}}" -gt 0 ]; then
   echo
   echo "verify: ${{#failures[@]}} failing:" >&2
@@ -242,6 +284,8 @@ def for_cluster(cluster, node_name: str | None = None, **options) -> str:
         rows = (_rows(cluster_probes(cluster), _probe_row), _rows(cluster_pairs(cluster), _pair_row))
     else:
         rows = _own_rows(cluster, node_name)
+    if node_name is not None:
+        options.setdefault("node_section", nodecheck.section(cluster, node_name))
     text = _script(*rows, max_latency_ms=latency, **options)
     if node_name is not None and len(text.encode()) >= MAX_ARG_STRLEN:
         raise ValueError(

@@ -45,7 +45,9 @@ echo "curl $*" >>"$RUN_DIR/calls"
 [ -f "$RUN_DIR/serving" ]
 """,
     "sysctl": "exit 0\n",
-    "ip": f'echo "2: eth0    inet {NODE_IP}/24 brd 10.0.0.255 scope global eth0"\n',
+    # python3 runs the one NIC finder (qwen_cluster/node/nic.py, on stdin): this node's eth0
+    # holds NODE_IP.
+    "python3": f'cat >/dev/null; if [ "$2" = {NODE_IP} ]; then echo eth0; fi\n',
 }
 
 

@@ -30,6 +30,8 @@ class Alert:
     fix: str
     where: tuple[str, ...] = ("node",)  # labels naming the node(s)
     labels: dict[str, str] = field(default_factory=dict)
+    # The guide's troubleshooting step it belongs to: connectivity, latency or bandwidth.
+    step: str = "connectivity"
 
 
 def _budget_seconds(cluster) -> float:
@@ -86,6 +88,7 @@ def alerts(cluster) -> list[Alert]:
             "a congested or long path between the nodes (a switch hop, a shaped link, another segment)",
             "ping -c 20 between the two; keep the nodes on one switch (a cluster placement group on AWS)",
             where=("node", "peer"),
+            step="latency",
         ),
         Alert(
             "QwenInterNodePortUnreachable",
@@ -111,6 +114,7 @@ def alerts(cluster) -> list[Alert]:
             "the link negotiated a lower speed (cable, transceiver, switch port) or the wrong NIC carries "
             "the node IP",
             "ethtool {{ $labels.device }}; check the cable and the switch port",
+            step="bandwidth",
         ),
         Alert(
             "QwenKvCacheFull",
@@ -120,6 +124,7 @@ def alerts(cluster) -> list[Alert]:
             "KV cache on {{ $labels.node }} is {{ $value | humanizePercentage }} full",
             "more concurrent tokens than the replica holds: requests queue and get preempted",
             "add replicas (nodes), lower max_model_len, or raise tensorParallel",
+            step="latency",
         ),
         Alert(
             "QwenRequestsWaiting",
@@ -130,6 +135,7 @@ def alerts(cluster) -> list[Alert]:
             f"{mon.max_requests_waiting}",
             "more load than the replicas serve",
             "add replicas, or check that the load balancer spreads requests (every upstream up)",
+            step="latency",
         ),
         Alert(
             "QwenTtftP99High",
@@ -141,6 +147,7 @@ def alerts(cluster) -> list[Alert]:
             f"monitoring.maxTtftP99Seconds {mon.max_ttft_p99_seconds:g} s",
             "requests queue before prefill (load, KV cache full) or prompts are very long",
             "look at QwenRequestsWaiting and QwenKvCacheFull on the same node; add replicas",
+            step="latency",
         ),
         Alert(
             "QwenGpuXidErrors",
@@ -172,7 +179,45 @@ def alerts(cluster) -> list[Alert]:
             "that exporter is stopped or not answering on loopback",
             "docker ps on {{ $labels.node }}; restart the {{ $labels.qwen_source }} exporter container",
         ),
+    ] + _aws_alerts(cluster, rate_window)
+
+
+def _aws_alerts(cluster, window: str) -> list[Alert]:
+    """AWS: the ENA allowance counters (node_exporter's ethtool collector) and, with EFA, its
+    error counters (nodemetrics). A shaped link or lost RDMA traffic gives no error anywhere
+    else: NCCL just gets slow or hangs."""
+    if cluster.aws is None:
+        return []
+    found = [
+        Alert(
+            "QwenEnaAllowanceExceeded",
+            "warning",
+            'sum by (node, device) (increase({__name__=~"node_ethtool_(bw_in|bw_out|pps|conntrack|linklocal)'
+            f'_allowance_exceeded"}}[{window}])) > 0',
+            0,
+            "ENA on {{ $labels.node }} ({{ $labels.device }}) shaped {{ $value }} packets: the "
+            "instance's network allowance is exceeded",
+            "the instance sends or receives more than its bandwidth, packets-per-second or connection "
+            "allowance: traffic is queued or dropped by EC2, not by the host",
+            "ethtool -S {{ $labels.device }} | grep allowance on {{ $labels.node }}; spread the load, "
+            "or a larger instance type",
+            step="bandwidth",
+        )
     ]
+    if cluster.aws.efa:
+        found.append(
+            Alert(
+                "QwenEfaErrors",
+                "critical",
+                f"sum by (node, device, counter) (increase(qwen_efa_errors_total[{window}])) > 0",
+                0,
+                "EFA {{ $labels.device }} on {{ $labels.node }}: {{ $value }} more {{ $labels.counter }}",
+                "EFA drops packets or fails RDMA requests: NCCL retries, slows down or hangs",
+                "cat /sys/class/infiniband/{{ $labels.device }}/ports/1/hw_counters/{{ $labels.counter }} "
+                "on {{ $labels.node }}; fi_info -p efa; check the node security group's self rules",
+            )
+        )
+    return found
 
 
 def recording_rules() -> list[dict]:

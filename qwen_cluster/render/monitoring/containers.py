@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qwen_cluster import hostpaths
+from qwen_cluster.node import nic
 from qwen_cluster.render.monitoring.alertmanager import (
     alertmanager_args,
     alertmanager_config,
@@ -127,7 +128,7 @@ def node_containers(cluster, node_name: str, nodemetrics_source: str) -> list[Co
             "node-exporter",
             "qwen-node-exporter",
             NODE_EXPORTER_IMAGE,
-            command=tuple(node_exporter_args(rootfs="/host")),
+            command=tuple(node_exporter_args(rootfs="/host", ena=cluster.aws is not None)),
             # node_exporter's README (Docker): the host's / read-only at /host, rslave so mounts
             # made later (a new disk) show up too; the host's PID namespace for its processes.
             mounts=(Mount("/", "/host", read_only=True, propagation="rslave"),),
@@ -162,7 +163,12 @@ def node_containers(cluster, node_name: str, nodemetrics_source: str) -> list[Co
             "qwen-nodemetrics",
             AGGREGATOR_IMAGE,
             entrypoint=("python3", script_path, config_path),
-            files=((script_path, nodemetrics_source), (config_path, aggregator_json(cluster, node_name))),
+            # nic.py beside it: the program's one interface finder, which nodemetrics imports.
+            files=(
+                (script_path, nodemetrics_source),
+                (f"{CONTAINER_CONFIG_DIR}/nic.py", nic.FINDER),
+                (config_path, aggregator_json(cluster, node_name)),
+            ),
         )
     )
     return specs

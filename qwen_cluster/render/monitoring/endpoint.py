@@ -120,7 +120,7 @@ def _aggregator_base(cluster, node_name: str, gpu: bool | None) -> dict:
         # Where vLLM listens (render/vllm.py): the node address on bare metal, loopback on AWS.
         address = vllm.listen_address(cluster, node_name)
         sources.append({"name": "vllm", "url": f"http://{address}:{cluster.model_port}/metrics"})
-    return {
+    base = {
         "node": node_name,
         "node_ip": str(node.ip),
         # The node's cluster address: Prometheus and monitoringCidrs reach it there; nothing
@@ -129,6 +129,9 @@ def _aggregator_base(cluster, node_name: str, gpu: bool | None) -> dict:
         "timeout": times.fetch_timeout,
         "sources": sources,
     }
+    if cluster.aws is not None and cluster.aws.efa:
+        base["efa_sysfs"] = EFA_SYSFS  # the EFA error counters (nodemetrics.efa_errors)
+    return base
 
 
 def _probe_entry(probe: Probe) -> dict:
@@ -229,8 +232,25 @@ def dcgm_args(counters_path: str) -> list[str]:
     ]
 
 
-def node_exporter_args(*, rootfs: str | None = "/host") -> list[str]:
+# What the ENA driver counts when the instance's network allowance shaped or dropped packets
+# (Linux drivers/net/ethernet/amazon/ena/ena_ethtool.c ENA_STAT_ENI_ENTRY; AWS "Monitor network
+# performance for ENA settings on your EC2 instance"): `ethtool -S`, node_ethtool_<name> in Prometheus.
+ENA_ALLOWANCES = (
+    "bw_in_allowance_exceeded",
+    "bw_out_allowance_exceeded",
+    "pps_allowance_exceeded",
+    "conntrack_allowance_exceeded",
+    "linklocal_allowance_exceeded",
+)
+EFA_SYSFS = "/sys/class/infiniband"
+
+
+def node_exporter_args(*, rootfs: str | None = "/host", ena: bool = False) -> list[str]:
+    """`ena`: also the ENA driver's allowance counters (AWS), through node_exporter's ethtool
+    collector (off by default; it names each statistic node_ethtool_<stat>)."""
     args = [f"--web.listen-address={LOOPBACK}:{NODE_EXPORTER_PORT}"]
+    if ena:
+        args += ["--collector.ethtool", f"--collector.ethtool.metrics-include=^({'|'.join(ENA_ALLOWANCES)})$"]
     if rootfs:
         # In a container: the host's filesystem mounted read-only at /host (node_exporter's
         # README, "Docker"); /proc and /sys are read through it.

@@ -1,0 +1,193 @@
+"""What a node checks about itself, beyond the probe matrix: the causes of issue 26's table that
+only the node can see (docs/monitoring.md, "The ten failures"). A bash section of the verify
+script (qwen_cluster/render/verify.py): `verify` runs it at deploy time, `doctor` any time.
+
+Signatures:
+    container_name(cluster, node_name) -> str   the model server's container on that node
+    section(cluster, node_name) -> str          bash, run after verify's helpers are defined
+
+It asks what the program's own scripts ask: `getent` for the node's name, the one NIC finder
+and /sys for the interface and its MTU, `docker inspect` / `docker exec` / `docker logs` for
+the running model server. What docker cannot tell (no daemon, no permission, a command a stand-in
+does not model) is a `note`, never a finding: only what was seen is reported.
+
+Each finding is one line on stdout, `qwen|finding|<check>|<node>|<peer or ->|<detail>`, and a
+line for the people reading the log; each fact another doctor compares across a replica is
+`qwen|fact|<key>|<node>|<value>` (mtu, image, model). tooling/doctor.py tells each check in the
+guide's terms (its CHECKS table).
+"""
+
+from __future__ import annotations
+
+from qwen_cluster import tags
+from qwen_cluster.config import ClusterConfig, Target
+from qwen_cluster.render import collective, weights
+from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function, quote
+
+# The AWS model server's container (qwen_cluster/render/ssm.py CONTAINER_NAME; not imported:
+# ssm imports the renderers this module sits beside).
+AWS_CONTAINER = "qwen-vllm"
+# What NCCL's and its transports' logs say when a cause of the table happened (the lines are
+# quoted in tests/data/doctor/ with their sources).
+LOG_PATTERNS = {
+    "transport": r"NCCL INFO Using network Socket|NET/Socket : Using",
+    "efa-devices": r"fi_getinfo\(\) (call )?failed|NET/OFI .*Unable to find a (libfabric|protocol)",
+    "memlock": r"ibv_reg_mr.*Cannot allocate memory|Cannot allocate memory.*ibv_reg_mr",
+    "shm": r"Error while creating shared memory segment",
+}
+# docker inspect templates (Go text/template over the container's JSON).
+MEMLOCK_FORMAT = '{{range .HostConfig.Ulimits}}{{if eq .Name "memlock"}}{{.Soft}}{{end}}{{end}}'
+DEVICES_FORMAT = "{{range .HostConfig.Devices}}{{.PathOnHost}} {{end}}"
+LOG_LINES = 20000  # of the model server's log, the latest: NCCL logs its transport at init
+
+
+def container_name(cluster: ClusterConfig, node_name: str) -> str:
+    if cluster.target is Target.AWS:
+        return AWS_CONTAINER
+    role = tags.HEAD_CONTAINER if cluster.topology.is_head(node_name) else tags.PIPELINE_WORKER_CONTAINER
+    return f"qwen-{role}"
+
+
+def section(cluster: ClusterConfig, node_name: str) -> str:
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    net = collective.transport(cluster)
+    fast = net != collective.NET_SOCKET
+    patterns = "\n".join(f"{check}|{pattern}" for check, pattern in LOG_PATTERNS.items())
+    return f"""
+# ---- the node itself (qwen_cluster/render/nodecheck.py)
+node={quote(node_name)}
+node_ip={quote(str(node.ip))}
+container={quote(container_name(cluster, node_name))}
+want_net={quote(net)}
+want_model={quote(weights.model_path(cluster))}
+fast={"yes" if fast else "no"}
+min_shm_kb={collective.MIN_SHM_BYTES // 1024}
+note() {{ echo "qwen|note|$1|$node|-|$2"; }}
+fact() {{ echo "qwen|fact|$1|$node|$2"; }}
+{interface_of_function()}
+
+# 1. The node's name resolves to its cluster address, not loopback (what Gloo, Ray and torch
+# fall back to when no interface or address is given). A warning for verify: the program gives
+# every member GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and its address, which take precedence.
+name=$(hostname)
+resolved=$(getent ahostsv4 "$name" 2>/dev/null | awk 'NR == 1 {{print $1}}' || true)
+case "$resolved" in
+  "$node_ip") echo "hostname $name resolves to $resolved: ok" ;;
+  "") warn hostname "$node" - "the hostname $name does not resolve (getent ahostsv4 $name)" ;;
+  127.*) warn hostname "$node" - "the hostname $name resolves to loopback $resolved, not $node_ip" ;;
+  *) warn hostname "$node" - "the hostname $name resolves to $resolved, not the node address $node_ip" ;;
+esac
+
+# 2. The interface holding the node address, and its MTU (doctor compares it across members).
+iface=$({INTERFACE_OF} "$node_ip")
+if [ -z "$iface" ]; then
+  report interface "$node" - "no interface holds the node address $node_ip"
+else
+  mtu=$(cat "/sys/class/net/$iface/mtu")
+  echo "cluster interface $iface, MTU $mtu"
+  fact mtu "$mtu"
+  fact interface "$iface"
+fi
+
+# 3. The model server as it runs: what docker says about it.
+inspect() {{ docker inspect --type container -f "$1" "$container" 2>/dev/null || true; }}
+memlock_format={quote(MEMLOCK_FORMAT)}
+devices_format={quote(DEVICES_FORMAT)}
+if ! command -v docker >/dev/null; then
+  note container "no docker CLI on this node"
+elif ! running=$(docker inspect --type container -f '{{{{.State.Running}}}}' "$container" 2>&1); then
+  note container "docker inspect $container: ${{running:0:200}}"
+elif [ "$running" != true ]; then
+  note container "$container is not running here (docker inspect)"
+else
+  # What docker's inspect tells of the configuration (empty: it tells nothing, e.g. a stand-in).
+  network=$(inspect '{{{{.HostConfig.NetworkMode}}}}')
+  image=$(inspect '{{{{.Config.Image}}}} {{{{.Image}}}}')
+  if [ -n "$image" ]; then fact image "$image"; fi
+  # The process's own environment (what the entry script exported), else the container's.
+  env_text=$(docker exec "$container" cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n') || env_text=''
+  if [ -z "$env_text" ]; then env_text=$(inspect '{{{{range .Config.Env}}}}{{{{println .}}}}{{{{end}}}}'); fi
+  if [ -z "$env_text" ]; then
+    note environment "docker tells neither $container's process environment nor its configuration"
+  else
+    value() {{ sed -n "s/^$1=//p" <<<"$env_text" | tail -n1; }}
+    host_ip=$(value VLLM_HOST_IP)
+    if [ "$host_ip" != "$node_ip" ]; then
+      report node-address "$node" - \\
+        "VLLM_HOST_IP is '${{host_ip}}' in $container, not the node address $node_ip"
+    fi
+    for var in NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME; do
+      got=$(value "$var")
+      if [ -z "$got" ]; then
+        report interface-env "$node" - "$var is not set in $container"
+      elif [ -n "$iface" ] && [ "${{got#=}}" != "$iface" ]; then
+        report interface-env "$node" - "$var is '$got' in $container, but $node_ip is on $iface"
+      fi
+    done
+    got=$(value NCCL_NET)
+    if [ "$got" != "$want_net" ]; then
+      report transport-pin "$node" - "NCCL_NET is '${{got}}' in $container, not '$want_net'"
+    fi
+    model=$(docker inspect --type container -f '{{{{join .Config.Cmd " "}}}}' "$container" 2>/dev/null \\
+      | grep -o -- "vllm serve [^ ]*" | awk '{{print $3}}' || true)
+    if [ -n "$model" ]; then
+      fact model "$model"
+      if [ "$model" != "$want_model" ]; then
+        report model-path "$node" - "$container serves $model, not $want_model"
+      fi
+    fi
+  fi
+  # /dev/shm and memlock inside the container (causes 5 and 6).
+  shm_kb=$(docker exec "$container" df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {{print $2}}') || shm_kb=''
+  ipc=$(inspect '{{{{.HostConfig.IpcMode}}}}')
+  if [ -n "$shm_kb" ]; then
+    if [ "$shm_kb" -lt "$min_shm_kb" ]; then
+      report shm "$node" - \\
+        "/dev/shm in $container is $((shm_kb / 1024)) MiB (ipc ${{ipc:-?}}), below $((min_shm_kb / 1024)) MiB"
+    fi
+  elif [ -n "$ipc" ] && [ "$ipc" != host ]; then
+    shm_bytes=$(inspect '{{{{.HostConfig.ShmSize}}}}')
+    if [ "${{shm_bytes:-0}}" -lt $((min_shm_kb * 1024)) ]; then
+      report shm "$node" - \\
+        "$container runs with ipc $ipc and a ${{shm_bytes:-default}}-byte /dev/shm, not the host's"
+    fi
+  elif [ -z "$ipc" ]; then
+    note shm "docker tells neither /dev/shm's size in $container nor its IPC mode"
+  fi
+  if [ "$fast" = yes ]; then
+    memlock=$(docker exec "$container" sh -c 'ulimit -l' 2>/dev/null) || memlock=''
+    if [ -z "$memlock" ]; then
+      memlock=$(inspect "$memlock_format")
+      if [ "$memlock" = -1 ]; then memlock=unlimited; fi
+    fi
+    if [ -z "$memlock" ] && [ -n "$network" ]; then
+      report memlock "$node" - "$container has no memlock ulimit: dockerd's default limit applies"
+    elif [ -z "$memlock" ]; then
+      note memlock "docker tells no memlock limit for $container"
+    elif [ "$memlock" != unlimited ]; then
+      report memlock "$node" - "memlock in $container is $memlock KiB, not unlimited"
+    fi
+    devices=$(docker exec "$container" ls /dev/infiniband 2>/dev/null) || devices=''
+    if [ -z "$devices" ]; then
+      if [ -z "$network" ]; then
+        note devices "docker tells neither /dev/infiniband in $container nor its devices"
+      elif ! inspect "$devices_format" | grep -q /dev/infiniband; then
+        report efa-devices "$node" - "$container has no /dev/infiniband: NCCL cannot open the RDMA devices"
+      fi
+    fi
+  fi
+  # 4. What NCCL says it did (the transport it chose, and the errors of the table).
+  if log=$(docker logs --tail {LOG_LINES} "$container" 2>&1); then
+    while IFS='|' read -r check pattern; do
+      line=$(grep -E -m1 -- "$pattern" <<<"$log" || true)
+      if [ -n "$line" ] && {{ [ "$check" != transport ] || [ "$fast" = yes ]; }}; then
+        report "$check" "$node" - "$container logged: ${{line:0:200}}"
+      fi
+    done <<'QWEN_PATTERNS_EOF'
+{patterns}
+QWEN_PATTERNS_EOF
+  else
+    note logs "docker logs $container: ${{log:0:200}}"
+  fi
+fi
+"""
