@@ -424,7 +424,7 @@ def test_retire_drains_a_replica_that_left_the_upstream(cluster):
 
 
 def test_scripts_change_with_the_containers_they_gate():
-    spec = {"image": "vllm/vllm-openai:v0.33.0", "envs": ["VLLM_PORT=6009"]}
+    spec = {"image": "vllm/vllm-openai:v0.33.0", "envs": ["VLLM_HOST_IP=192.168.1.101"]}
     bumped = {**spec, "image": "vllm/vllm-openai:v0.33.1"}
     one, two = rollout.fingerprint([spec]), rollout.fingerprint([bumped])
     assert one != two and rollout.fingerprint([dict(reversed(spec.items()))]) == one
