@@ -7,11 +7,15 @@ stand-ins. The node comes from the environment the executor sets (QCL_LAB_*).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from labkit import standins
@@ -295,7 +299,16 @@ def vllm(args: list[str]) -> int:
     return 0
 
 
+def _raylet_pidfile() -> Path:
+    state = Path(os.environ.get("QCL_LAB_NODE_STATE") or tempfile.gettempdir())
+    return state / f"raylet-{os.environ.get('QCL_LAB_CONTAINER', 'ray')}.pid"
+
+
 def ray(args: list[str]) -> int:
+    """`ray start` as Ray 2.60 does it, as far as the program's launch can tell: it returns once
+    the node runs, leaving its raylet behind (here a process named `raylet`, which the rendered
+    worker's watch looks for: qwen_cluster/render/vllm.py RAYLET_WATCH); `ray stop` ends it;
+    `--block` holds the command (an image's own launch may still use it)."""
     # As Ray 2.52+ does: in token mode `ray start` refuses to run without a token
     # (ray-project/ray python/ray/tests: test_ray_start_without_token_raises_error).
     if os.environ.get("RAY_AUTH_MODE") == "token" and not (
@@ -303,9 +316,31 @@ def ray(args: list[str]) -> int:
     ):
         print("lab ray: RAY_AUTH_MODE=token and no RAY_AUTH_TOKEN: refused", file=sys.stderr)
         return 1
+    if "--ray-client-server-port" in " ".join(args):
+        # Ray without ray[client] (grpcio), as measured with 2.60.
+        print("lab ray: Ray Client requires pip package `ray[client]`", file=sys.stderr)
+        return 1
+    if args[:1] == ["stop"]:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+            os.kill(int(_raylet_pidfile().read_text()), signal.SIGTERM)
+        print("lab ray: stopped")
+        return 0
     if "--block" in args:
         print("lab ray: holding like `ray start --block`", flush=True)
         signal.pause()
+    if args[:1] == ["start"]:
+        # A process whose name is `raylet`: `sleep` started through a link of that name.
+        link = _raylet_pidfile().with_suffix(".bin") / "raylet"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            link.symlink_to(shutil.which("sleep") or "/bin/sleep")
+        # Started through a shell that exits at once, so the raylet is nobody's child here
+        # (as Ray's daemonised raylet): whoever ends it, init reaps it.
+        started = subprocess.run(
+            ["sh", "-c", '"$0" infinity </dev/null >/dev/null 2>&1 & echo $!', str(link)],
+            capture_output=True, text=True, check=True, start_new_session=True,
+        )
+        _raylet_pidfile().write_text(started.stdout.strip())
     print(f"lab ray: `ray {' '.join(args)}`: ok")
     return 0
 

@@ -6,6 +6,7 @@ Nothing is executed: `os.execv` is caught."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,32 @@ def test_the_lab_knows_which_ports_a_model_container_serves():
     assert standins.serves(container(" ".join(["exec", "vllm", *rendered("worker-1")]))) == []
     single = vllm.server_script(stackfile.load("onprem"), "master")
     assert standins.serves(container(single)) == [5000]
+
+
+def test_the_labs_ray_leaves_a_raylet_the_rendered_worker_watches_and_ray_stop_ends(monkeypatch, tmp_path):
+    import subprocess
+
+    from tests.helpers.wait import wait_until
+
+    monkeypatch.setenv("QCL_LAB_NODE_STATE", str(tmp_path))
+    monkeypatch.setenv("QCL_LAB_CONTAINER", "qwen-pipeline-worker")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    assert shims.ray(["start", "--address=10.0.0.1:6000"]) == 0
+    raylet = int((tmp_path / "raylet-qwen-pipeline-worker.pid").read_text())
+    assert Path(f"/proc/{raylet}/comm").read_text().strip() == "raylet"
+    watch = vllm.RAYLET_WATCH.replace("sleep 5", "sleep 0.05")
+    worker = subprocess.Popen(["bash", "-c", watch], stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # the watch runs as long as the raylet
+            worker.wait(timeout=0.3)
+        assert shims.ray(["stop"]) == 0
+        exit_code = wait_until(worker.poll, what="the worker's exit after `ray stop`", timeout=10)
+        assert exit_code == 1 and "raylet is gone" in worker.stderr.read()
+    finally:
+        worker.kill()
+
+
+def test_the_labs_ray_refuses_the_client_server_port_without_grpcio(capsys, monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    assert shims.ray(["start", "--head", "--ray-client-server-port=6008"]) == 1
+    assert "ray[client]" in capsys.readouterr().err
