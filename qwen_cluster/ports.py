@@ -118,7 +118,8 @@ MONITORING_LOOPBACK_PORTS = {
 #   on the interface NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name;
 # - with Ray, the ports of the processes Ray does not pin (its workers stay in the pinned range).
 # VLLM_PORT pins none of them: in 0.33 only get_open_port() reads it (vllm/utils/network_utils.py),
-# which these replicas use for nothing they open between nodes.
+# which opens a port only for data parallelism or, on ROCm with AITER, the executor's TCPStore
+# (vllm/v1/executor/*_executor.py aiter_requires_tcp_store; a file store otherwise).
 UNPINNED_CLUSTER_LISTENERS = (
     "vLLM cross-node message queues (shm_broadcast.py, tcp://<VLLM_HOST_IP>:0)",
     "NCCL bootstrap and socket transport",
