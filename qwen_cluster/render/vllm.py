@@ -133,7 +133,7 @@ def stop_grace_seconds(cluster: ClusterConfig) -> int:
 
 def ray_argv(cluster: ClusterConfig, node_name: str) -> list[str]:
     """`ray start` for a member of a Ray replica, its ports pinned in the range. Not `--block` on a
-    worker: that process outlives `ray stop` (measured with Ray 2.60); ray_worker_script watches
+    worker: that process outlives `ray stop` (measured with Ray 2.60); RAYLET_WATCH watches
     the raylet instead."""
     topology = cluster.topology
     replica = topology.replica_of(node_name)
