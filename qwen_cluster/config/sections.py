@@ -51,23 +51,26 @@ def official_image(image: str) -> bool:
         repository = repository.removeprefix(prefix)
     return repository == OFFICIAL_IMAGE
 # Extra `vllm serve` flags a Qwen3 deployment wants. Every flag the program renders, checked
-# against vLLM's own argument definitions (vllm-project/vllm: `vllm serve` builds its parser in
-# vllm/entrypoints/launchers/cli_args.py make_arg_parser from FrontendArgs, which holds
+# against vLLM's own argument definitions (vLLM 0.33.0, read in its wheel: `vllm serve` builds its
+# parser in vllm/entrypoints/common/cli_args.py make_arg_parser from FrontendArgs, which holds
 # --host/--port, and AsyncEngineArgs, vllm/engine/arg_utils.py, which holds the engine's flags,
 # each one dashed from an EngineArgs field):
-# - `--reasoning-parser qwen3`: thinking text comes back in `reasoning_content`, apart from the
-#   answer (EngineArgs.reasoning_parser, checked against vllm/reasoning's ReasoningParserManager;
-#   vllm/reasoning/qwen3_reasoning_parser.py registers the name "qwen3").
+# - `--reasoning-parser qwen3`: thinking text comes back in `reasoning` (0.33 renames the older
+#   `reasoning_content`: vllm/entrypoints/openai/chat_completion/protocol.py), apart from the
+#   answer (EngineArgs.reasoning_parser; vllm/reasoning/__init__.py registers "qwen3", in
+#   qwen3_engine_reasoning_parser.py).
 # - `--max-model-len 32768` (EngineArgs.max_model_len): Qwen3's pre-training context
 #   (QwenLM/Qwen3 docs, "The maximum context length in pre-training for Qwen3 models is 32,768
 #   tokens"); longer needs YaRN.
-# - `--shutdown-timeout 60`: on SIGTERM vLLM stops taking requests (503) and lets those in flight
-#   finish for at most this many seconds (0 aborts them at once); vLLM's own test of it is
-#   tests/entrypoints/launchers/test_shutdown.py (test_wait_timeout_completes_requests). The
+# - `--shutdown-timeout 60`: on SIGTERM vLLM lets the requests in flight finish for at most this
+#   many seconds (vllm/config/vllm.py VllmConfig.shutdown_timeout, "Shutdown grace period for
+#   in-flight requests", default 0; read by vllm/entrypoints/launchers/launcher.py). Measured
+#   (../shared/REAL-COMPONENTS.md): new requests get 500 meanwhile, /health stays 200, and a
+#   stream that outlasts it is held open until the process is killed. The
 #   container's stop grace follows the value in effect (qwen_cluster/render/vllm.py
 #   stop_grace_seconds), so docker never kills the server before its drain ends. An image older
 #   than the flag refuses it: drop it there with `model.vllmFlags: {--shutdown-timeout: false}`.
-# `--served-model-name` defaults to model.name (qwen_cluster/render/vllm.py), so clients ask for
+# `--served-model-name` is model.name (qwen_cluster/render/vllm.py; owned), so clients ask for
 # the model by the name in the stack file whatever path vLLM loads it from.
 DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
     "--reasoning-parser": "qwen3",
