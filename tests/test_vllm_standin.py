@@ -93,7 +93,9 @@ def test_the_labs_ray_leaves_a_raylet_the_rendered_worker_watches_and_ray_stop_e
     assert shims.ray(["start", "--address=10.0.0.1:6000"]) == 0
     raylet = int((tmp_path / "raylet-qwen-pipeline-worker.pid").read_text())
     assert Path(f"/proc/{raylet}/comm").read_text().strip() == "raylet"
-    watch = vllm.RAYLET_WATCH.replace("sleep 5", "sleep 0.05")
+    # This machine's /proc is every namespace's: the watch looks at this raylet only.
+    watch = vllm.RAYLET_WATCH.replace("sleep 5", "sleep 0.05").replace("/proc/[0-9]*/", f"/proc/{raylet}/")
+    assert watch != vllm.RAYLET_WATCH.replace("sleep 5", "sleep 0.05")
     worker = subprocess.Popen(["bash", "-c", watch], stderr=subprocess.PIPE, text=True)
     try:
         with pytest.raises(subprocess.TimeoutExpired):  # the watch runs as long as the raylet
