@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from labkit import lifecycle, modelserver, netns, probes, renderers
 from labkit.blueprint import LabPlan, Member
-from qwen_cluster.ports import SSH_PORT, Vantage
+from qwen_cluster.ports import EPHEMERAL_PORTS, SSH_PORT, Vantage
 from qwen_cluster.render import nginx
 from qwen_cluster.render.vllm import HEALTH_PATH
 
@@ -555,10 +555,14 @@ def _fixture_pids(plan: LabPlan, member: Member) -> set[int]:
 
 def allowed_ports(plan: LabPlan, member: Member) -> set[int]:
     """Ports the program may listen on at a node's non-loopback addresses: the port table's,
-    SSH, and the load-balancer listener on the load-balancer node."""
+    SSH, the load-balancer listener on the load-balancer node, and on the members of a replica
+    that spans nodes the ephemeral range, where what nothing pins lands (ports.py
+    UNPINNED_CLUSTER_LISTENERS: members reach it, the vantages must not)."""
     cluster = plan.cluster
     ports = {port for entry in cluster.ports for port in range(entry.port.low, entry.port.high + 1)}
     ports.add(SSH_PORT)
+    if cluster.topology.pipeline_parallel > 1:
+        ports.update(range(EPHEMERAL_PORTS.low, EPHEMERAL_PORTS.high + 1))
     if member.node == plan.load_balancer.node:
         ports.add(cluster.load_balancer.port)
     return ports

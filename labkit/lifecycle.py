@@ -46,7 +46,7 @@ DEFAULT_CLOCK_SCALE = 1 / 30
 
 
 # vLLM loads Qwen3-32B's weights for minutes before /health answers; the stand-in takes this
-# long (on the lab clock: 2 s at 1/30), answering 503 meanwhile.
+# long (on the lab clock: 2 s at 1/30), refusing connections meanwhile, as vLLM does.
 MODEL_LOAD_SECONDS = 60.0
 
 

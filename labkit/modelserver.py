@@ -1,29 +1,52 @@
-"""A stand-in for vLLM's OpenAI-compatible server: small, deterministic, stdlib only.
+"""A stand-in for vLLM's OpenAI-compatible server (`vllm serve`, release 0.33.0): small,
+deterministic, stdlib only. What a client sees, as measured on the real server
+(../shared/REAL-COMPONENTS.md) and read in the release, so that a side-by-side test can compare:
 
-Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (JSON, or SSE with
-`"stream": true`), GET /metrics (Prometheus text), and every other route vLLM serves
-(OTHER_VLLM_ROUTES: tokenizer, admin and control routes), answered 200 with `{"served": path}`
-so that a request the load balancer should have refused shows up here: every request is
-counted by path and status (`lab_requests_total`), and one that carries an Authorization header
-is counted apart (`lab_requests_with_authorization_total`: the load balancer strips the key).
+- loading the weights. Real: nothing listens on the API port, a connection is refused (no 503).
+  Stand-in: the same for `load_delay` s, for ever with an image tagged `-unhealthy`.
+- a multi-node head (`--nnodes N`). Real: loads once its N-1 `--headless` members joined its
+  `--master-port`. Stand-in: listens on the master port at once, loads once N-1 members are
+  connected to it.
+- a `--headless` member. Real: no HTTP at all; joins the head's master port. Stand-in (`join`):
+  no HTTP, holds a connection to the head's master port and joins again when the head restarts
+  (the real member's fate then is not measured; the rollout restarts a replica's members
+  together); SIGTERM ends it at once, as vLLM's run_headless handler does.
+- serving. Both: `/health` 200, the API.
+- after SIGTERM (draining). Real: `/health` 200 until it exits; new requests HTTP 500; requests
+  in flight finish within `--shutdown-timeout`; it exits once none is left. Stand-in: the same
+  (its `/metrics` stays 200 too).
+- in flight past `--shutdown-timeout`. Real: never answered nor closed (a stream gets no error
+  and no `[DONE]`); the process stays until SIGKILL; a second SIGTERM changes nothing.
+  Stand-in: the same.
+- the engine dead. Real: `/health` 503. Not modelled.
+
+Routes (vLLM 0.33.0's API server: the routers under vllm/entrypoints/, e.g.
+openai/chat_completion/api_router.py, serve/instrumentator/health.py, serve/tokenize/api_router.py):
+GET /health, GET /v1/models, POST /v1/chat/completions (JSON, or SSE with `"stream": true`),
+GET /metrics (Prometheus text), and every other route the release serves (OTHER_VLLM_ROUTES),
+answered 200 with `{"served": path}` so that a request the load balancer should have refused
+shows up here: every request is counted by path and status (`lab_requests_total`), and one that
+carries an Authorization header is counted apart (`lab_requests_with_authorization_total`: the
+load balancer strips the key). /metrics carries the release's core `vllm:` families
+(VLLM_FAMILIES: names and types from vllm/v1/metrics/loggers.py PrometheusStatLogger, labels
+`model_name` and `engine`), so the alert rules read the stand-in as they read vLLM.
+
 Every answer names the node that served it (`X-Lab-Node` header, `system_fingerprint`), so
-the lab can see how the load balancer spreads requests. A streamed answer sends its first
-chunk at once, then stays silent for the "thinking" pause (Qwen3's thinking mode), then sends
-one token per `token_delay`.
-Requests may override both with `X-Lab-Think` / `X-Lab-Token-Delay` headers (seconds).
-Like vLLM loading its weights, it answers 503 (`/health` and completions) for `load_delay`
-seconds after it starts; `image` (the container image it stands in for) is in every answer's
-`X-Lab-Image` header, so a rehearsal can see which replicas run the new version. An image
-whose tag ends in `-unhealthy` stands for a release that never loads: it answers 503 for ever,
-so a rollout to it stops at its first health gate (`lab.py upgrade --change
-model.image=vllm/vllm-openai:v0.33.1-unhealthy`).
+the lab can see how the load balancer spreads requests, and the image it stands in for
+(`X-Lab-Image`), so a rehearsal can see which replicas run the new version. A streamed answer
+sends its first chunk at once, then stays silent for the "thinking" pause (Qwen3's thinking
+mode), then sends one token per `token_delay`. Requests may override both with `X-Lab-Think` /
+`X-Lab-Token-Delay` headers (seconds). An image whose tag ends in `-unhealthy` stands for a
+release that never loads (`lab.py upgrade --change model.image=vllm/vllm-openai:v0.33.1-unhealthy`):
+its API port never opens, so a rollout to it stops at its first health gate.
 
 Held to the protocol by the real `openai` client (tests/test_lab_openai.py), where it answers
 as vLLM does: a model it does not serve is a 404 `NotFoundError`; `max_completion_tokens` (the
 client's name) counts like `max_tokens`; `stream_options.include_usage` ends the stream with a
 usage chunk with empty `choices`; model cards carry `created`; usage counts the prompt's words.
 
-Run: python -m labkit.modelserver --node master --port 5000 [--hold 22,6000]
+Run: python -m labkit.modelserver --node master --port 5000 [--hold 22,6000] [--shutdown-timeout 2]
+     python -m labkit.modelserver --node worker-1 --join 192.168.1.100:6010   (a headless member)
 """
 
 from __future__ import annotations
@@ -31,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -69,30 +93,49 @@ TTFT_BUCKETS = (
     40.0,
     80.0,
 )
-# vLLM's routes besides /health, /metrics, /v1/models and /v1/chat/completions, across the v0.11
-# line and later releases (vllm/entrypoints/openai/api_server.py and the routers it registers):
-# the stand-in serves them all, so that a leak through the load balancer is seen.
+# vLLM 0.33.0's routes besides /health, /metrics, /v1/models and /v1/chat/completions: every
+# path its API server's routers register (vllm/entrypoints/**/api_router.py,
+# serve/instrumentator/basic.py and offline_docs.py), a path parameter written as `resp_lab`,
+# and FastAPI's own /openapi.json and /redoc. The stand-in serves them all, so that a leak
+# through the load balancer is seen.
 OTHER_VLLM_ROUTES = (
     "/v1/completions",
     "/v1/responses",
+    "/v1/responses/resp_lab",
+    "/v1/responses/resp_lab/cancel",
     "/v1/embeddings",
+    "/v2/embed",
     "/v1/score",
     "/v1/rerank",
     "/v2/rerank",
     "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/messages/render",
     "/v1/audio/transcriptions",
     "/v1/audio/translations",
+    "/v1/chat/completions/batch",
     "/v1/chat/completions/render",
+    "/v1/chat/completions/derender",
     "/v1/completions/render",
+    "/v1/completions/derender",
+    "/v1/responses/render",
+    "/v1/decisions",
+    "/v1/systemone",
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
+    "/cohere/v2/chat",
+    "/cohere/v2/chat/render",
+    "/inference/v1/generate",
+    "/inference/v1/abort_requests",
+    "/generative_scoring",
     "/tokenize",
     "/detokenize",
-    "/get_tokenizer_info",
+    "/tokenizer_info",
     "/invocations",
     "/ping",
     "/load",
     "/version",
+    "/kv_event_sources",
     "/pooling",
     "/classify",
     "/score",
@@ -100,22 +143,63 @@ OTHER_VLLM_ROUTES = (
     "/server_info",
     "/reset_prefix_cache",
     "/reset_mm_cache",
+    "/reset_encoder_cache",
     "/sleep",
     "/wake_up",
     "/is_sleeping",
+    "/release_kv_cache_memory",
     "/pause",
     "/resume",
     "/is_paused",
+    "/abort_requests",
+    "/get_world_size",
+    "/weight_info",
+    "/weight_checker",
+    "/init_weight_transfer_engine",
+    "/shutdown_weight_transfer_engine",
+    "/start_weight_update",
+    "/start_draft_weight_update",
+    "/finish_weight_update",
     "/update_weights",
+    "/update_weight_version",
     "/collective_rpc",
     "/start_profile",
     "/stop_profile",
     "/scale_elastic_ep",
     "/is_scaling_elastic_ep",
+    "/fault_tolerance/status",
+    "/fault_tolerance/apply",
     "/docs",
     "/openapi.json",
     "/redoc",
 )
+# The release's core metric families (vllm/v1/metrics/loggers.py PrometheusStatLogger: the ones
+# labelled model_name and engine, always registered), by type. Counters are exposed with
+# prometheus_client's `_total` suffix, as the real /metrics shows them.
+VLLM_FAMILIES: dict[str, str] = {
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:num_preemptions": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+    "vllm:iteration_tokens_total": "histogram",
+    "vllm:request_max_num_generation_tokens": "histogram",
+    "vllm:request_params_n": "histogram",
+    "vllm:request_params_max_tokens": "histogram",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_inference_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_num_preemptions": "histogram",
+}
 # The lab's endpoint check marks its requests with this header: a marked request that reaches a
 # stand-in is counted by path (`lab_probe_requests_total`), whatever else scrapes the server.
 PROBE_HEADER = "x-lab-probe"
@@ -133,6 +217,12 @@ class Settings:
     tokens: int = 8
     load_delay: float = 0.0
     image: str = ""
+    # vLLM's --shutdown-timeout (on the lab clock): how long requests in flight may finish after
+    # SIGTERM before they are held, unanswered, until SIGKILL.
+    shutdown_timeout: float = 0.0
+    # A multi-node head (`--nnodes N --master-port P`): N-1 members must join P before it loads.
+    master_port: int | None = None
+    members: int = 0
 
 
 @dataclass
@@ -140,6 +230,8 @@ class Stats:
     started: float = field(default_factory=time.time)
     requests: Counter = field(default_factory=Counter)  # (path, status) -> count
     tokens: int = 0
+    prompt_tokens: int = 0
+    finished: int = 0  # requests answered to the end (vllm:request_success_total)
     running: int = 0
     with_authorization: int = 0  # requests that carried an Authorization header
     probed: Counter = field(default_factory=Counter)  # path -> requests marked X-Lab-Probe
@@ -167,22 +259,37 @@ class ModelServer:
         self.settings = settings
         self.stats = Stats()
         self.servers: list[asyncio.base_events.Server] = []
-        never = never_healthy(settings.image)
-        self.loaded_at = float("inf") if never else time.monotonic() + settings.load_delay
+        self.loaded_at = float("inf")  # set when the API port opens
+        self.draining = False  # SIGTERM seen
+        self.held = asyncio.Event()  # --shutdown-timeout passed with requests in flight
+        self.exited = asyncio.Event()  # drained: the process ends
+        self.api_open = asyncio.Event()  # loaded: the API port accepts
+        self.joined: set[asyncio.StreamWriter] = set()  # members connected to the master port
+        self._members_in = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
 
     @property
     def loaded(self) -> bool:
         return time.monotonic() >= self.loaded_at
 
     async def start(self, host: str, port: int | None, hold: list[int] = ()) -> None:
-        if port is not None:
-            self.servers.append(
-                await asyncio.start_server(self._connection(api=True), host, port, reuse_address=True)
-            )
+        """Open the `hold` ports (and a head's master port) now; the API port only once the model
+        is loaded: before that a client's connection is refused, as vLLM's is."""
+        self.loop = asyncio.get_running_loop()  # where shutdown() runs (the signal handler's)
         for extra in hold:
             self.servers.append(
                 await asyncio.start_server(self._connection(api=False), host, extra, reuse_address=True)
             )
+        if self.settings.members > 0 and self.settings.master_port is not None:
+            # torch.distributed's TCPStore on the head listens on every address.
+            master = self.settings.master_port
+            self.servers.append(
+                await asyncio.start_server(self._member_joined, "0.0.0.0", master, reuse_address=True)
+            )
+        else:
+            self._members_in.set()
+        if port is not None:
+            self._tasks.append(asyncio.create_task(self._load(host, port)))
 
     def _connection(self, *, api: bool):
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -195,6 +302,51 @@ class ModelServer:
                 writer.close()
 
         return handle
+
+    async def _member_joined(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.joined.add(writer)
+        if len(self.joined) >= self.settings.members:
+            self._members_in.set()
+        try:
+            await reader.read()  # held until the member goes
+        except ConnectionError:
+            pass
+        finally:
+            self.joined.discard(writer)
+            writer.close()
+
+    async def _load(self, host: str, port: int) -> None:
+        await self._members_in.wait()
+        if never_healthy(self.settings.image):
+            return  # a release that never loads: its port never opens
+        await asyncio.sleep(self.settings.load_delay)
+        api = await asyncio.start_server(self._connection(api=True), host, port, reuse_address=True)
+        self.servers.append(api)
+        self.loaded_at = time.monotonic()
+        self.api_open.set()
+
+    def shutdown(self) -> None:
+        """SIGTERM, as vLLM handles it with --shutdown-timeout: /health stays 200, new requests
+        get 500, those in flight finish within the timeout and the process then exits; past it,
+        what is still in flight is held, unanswered, until SIGKILL. A second SIGTERM changes
+        nothing."""
+        if self.draining:
+            return
+        self.draining = True
+        self._tasks.append(asyncio.create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.settings.shutdown_timeout
+        while self.stats.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.stats.running:
+            self.held.set()  # and stay up: only SIGKILL ends it now
+            return
+        self.exited.set()
+
+    async def _hold_if_past_timeout(self) -> None:
+        if self.held.is_set():
+            await asyncio.Event().wait()  # never answered, never closed
 
     async def _one_request(self, reader, writer, *, api: bool) -> bool:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -215,10 +367,19 @@ class ModelServer:
             self.stats.with_authorization += 1
         if PROBE_HEADER in headers:
             self.stats.probed[path] += 1
-        if api and not self.loaded and path in (HEALTH_PATH, "/v1/chat/completions", "/v1/models"):
-            loading = {"status": "loading", "node": self.settings.node}
-            await self._send_json(writer, 503, loading, keep_alive, path)
-        elif path == HEALTH_PATH and method == "GET":
+        if api and self.draining and path not in (HEALTH_PATH, "/metrics"):
+            # vLLM after SIGTERM: a new request is an internal error, not a 503.
+            error = {
+                "error": {
+                    "message": "the server is shutting down",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": 500,
+                }
+            }
+            await self._send_json(writer, 500, error, False, path)
+            return False
+        if path == HEALTH_PATH and method == "GET":
             await self._send_json(writer, 200, {"status": "ok", "node": self.settings.node}, keep_alive, path)
         elif path == "/metrics" and method == "GET":
             await self._send(
@@ -307,8 +468,11 @@ class ModelServer:
     async def _complete(self, writer, request, think, delay, keep_alive) -> None:
         tokens = self._tokens(request)
         await asyncio.sleep(think + delay * len(tokens))
+        await self._hold_if_past_timeout()
         self.stats.first_token(think + delay)
         self.stats.tokens += len(tokens)
+        self.stats.prompt_tokens += self._usage(request, 0)["prompt_tokens"]
+        self.stats.finished += 1
         answer = {
             **self._envelope("chat.completion"),
             "choices": [
@@ -357,10 +521,14 @@ class ModelServer:
         await asyncio.sleep(think)  # silent: no byte until the first token
         for index, token in enumerate(tokens):
             await asyncio.sleep(delay)
+            await self._hold_if_past_timeout()
             await event(chunk({"content": token}))
             if index == 0:
                 self.stats.first_token(time.monotonic() - started)
             self.stats.tokens += 1
+        await self._hold_if_past_timeout()
+        self.stats.prompt_tokens += self._usage(request, 0)["prompt_tokens"]
+        self.stats.finished += 1
         await event(chunk({"content": ""}, "stop"))
         if include_usage:
             await event(json.dumps({**envelope, "choices": [], "usage": self._usage(request, len(tokens))}))
@@ -375,7 +543,7 @@ class ModelServer:
     async def _send(
         self, writer, status, body: bytes, content_type: str, keep_alive: bool, path: str
     ) -> None:
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}[status]
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}[status]
         head = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
             f"X-Lab-Node: {self.settings.node}\r\nX-Lab-Image: {self.settings.image}\r\n"
@@ -384,6 +552,34 @@ class ModelServer:
         writer.write(head.encode() + body)
         await writer.drain()
         self.stats.requests[(path, status)] += 1
+
+    def _vllm_metrics(self) -> list[str]:
+        """VLLM_FAMILIES with the stand-in's own counts where it has them (0 elsewhere)."""
+        stats = self.stats
+        labels = f'model_name="{self.settings.model}",engine="0"'
+        values = {
+            "vllm:num_requests_running": stats.running,
+            "vllm:num_requests_waiting": max(0, stats.running - KV_SLOTS),
+            "vllm:kv_cache_usage_perc": min(stats.running, KV_SLOTS) / KV_SLOTS,
+            "vllm:prompt_tokens": stats.prompt_tokens,
+            "vllm:generation_tokens": stats.tokens,
+            "vllm:num_preemptions": 0,
+        }
+        lines: list[str] = []
+        for name, kind in VLLM_FAMILIES.items():
+            exposed = f"{name}_total" if kind == "counter" else name
+            lines += [f"# HELP {exposed} vLLM's {name} (stand-in).", f"# TYPE {exposed} {kind}"]
+            if name == "vllm:request_success":
+                lines.append(f'{exposed}{{{labels},finished_reason="stop"}} {stats.finished}')
+            elif name == "vllm:time_to_first_token_seconds":
+                lines += _histogram(
+                    name, labels, TTFT_BUCKETS, stats.ttft_buckets, stats.ttft_sum, stats.ttft_count
+                )
+            elif kind == "histogram":
+                lines += _histogram(name, labels, (), [], 0.0, 0)
+            else:
+                lines.append(f"{exposed}{{{labels}}} {values[name]:g}")
+        return lines
 
     def metrics(self) -> str:
         node = self.settings.node
@@ -405,37 +601,22 @@ class ModelServer:
             "# TYPE lab_requests_with_authorization_total counter",
             f'lab_requests_with_authorization_total{{node="{node}"}} {self.stats.with_authorization}',
         ]
-        # vLLM's own names and types (docs.vllm.ai, "Production Metrics"), so the cluster's
-        # alert rules read the stand-in as they read vLLM.
-        model = f'model_name="{self.settings.model}"'
-        stats = self.stats
+        lines += self._vllm_metrics()
         lines += [
-            "# HELP vllm:generation_tokens_total Tokens generated.",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{{{model}}} {stats.tokens}",
-            "# HELP vllm:num_requests_running Requests being answered now.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{model}}} {stats.running}",
-            "# HELP vllm:num_requests_waiting Requests waiting to be processed.",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{model}}} {max(0, stats.running - KV_SLOTS)}",
-            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
-            "# TYPE vllm:kv_cache_usage_perc gauge",
-            f"vllm:kv_cache_usage_perc{{{model}}} {min(stats.running, KV_SLOTS) / KV_SLOTS:g}",
-            "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
-            "# TYPE vllm:time_to_first_token_seconds histogram",
-            *(
-                f'vllm:time_to_first_token_seconds_bucket{{{model},le="{bound}"}} {count}'
-                for bound, count in zip(TTFT_BUCKETS, stats.ttft_buckets, strict=True)
-            ),
-            f'vllm:time_to_first_token_seconds_bucket{{{model},le="+Inf"}} {stats.ttft_count}',
-            f"vllm:time_to_first_token_seconds_sum{{{model}}} {stats.ttft_sum:.6f}",
-            f"vllm:time_to_first_token_seconds_count{{{model}}} {stats.ttft_count}",
             "# HELP process_start_time_seconds Start time of the process.",
             "# TYPE process_start_time_seconds gauge",
             f"process_start_time_seconds {self.stats.started:.3f}",
         ]
         return "\n".join(lines) + "\n"
+
+
+def _histogram(name: str, labels: str, buckets: tuple[float, ...], counts: list[int], total: float, n: int):
+    for bound, count in zip(buckets, counts, strict=True):
+        yield f'{name}_bucket{{{labels},le="{bound}"}} {count}'
+
+    yield f'{name}_bucket{{{labels},le="+Inf"}} {n}'
+    yield f"{name}_sum{{{labels}}} {total:.6f}"
+    yield f"{name}_count{{{labels}}} {n}"
 
 
 def _label(value: str) -> str:
@@ -445,10 +626,47 @@ def _label(value: str) -> str:
 
 
 async def serve(settings: Settings, host: str, port: int | None, hold: list[int]) -> None:
+    """Run until drained after SIGTERM (or killed)."""
     server = ModelServer(settings)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, server.shutdown)
+    loop.add_signal_handler(signal.SIGINT, server.shutdown)
     await server.start(host, port, hold)
-    print(f"model stand-in {settings.node} on {host}:{port} (hold {hold})", flush=True)
-    await asyncio.gather(*(srv.serve_forever() for srv in server.servers))
+    print(f"model stand-in {settings.node} on {host}:{port} (hold {hold}), loading", flush=True)
+    await server.exited.wait()
+    print(f"model stand-in {settings.node}: drained, exiting", flush=True)
+
+
+async def join(node: str, master: tuple[str, int], hold: list[int], host: str) -> None:
+    """A `--headless` member: no HTTP; it joins its head's master port and stays joined (and
+    joins again when the head restarts) until SIGTERM, which ends it at once, as vLLM's
+    run_headless does (its handler raises SystemExit)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    holders = [await asyncio.start_server(_accept_only, host, extra, reuse_address=True) for extra in hold]
+
+    async def member() -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(*master)
+            except OSError:
+                await asyncio.sleep(0.2)
+                continue
+            print(f"headless stand-in {node}: joined {master[0]}:{master[1]}", flush=True)
+            await reader.read()
+            writer.close()
+
+    task = asyncio.create_task(member())
+    await stop.wait()
+    task.cancel()
+    for holder in holders:
+        holder.close()
+
+
+async def _accept_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -461,12 +679,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--think", type=float, default=0.0)
     parser.add_argument("--tokens", type=int, default=8)
-    parser.add_argument("--load-delay", type=float, default=0.0, help="seconds of 503 before it serves")
+    parser.add_argument("--load-delay", type=float, default=0.0, help="seconds before the API port opens")
     parser.add_argument("--image", default="", help="the image it stands in for (X-Lab-Image)")
+    parser.add_argument("--shutdown-timeout", type=float, default=0.0, help="vLLM's, on the lab clock")
+    parser.add_argument("--master-port", type=int, help="a multi-node head: where its members join")
+    parser.add_argument("--members", type=int, default=0, help="how many members must join first")
+    parser.add_argument("--join", help="HOST:PORT: run as a headless member of that head")
     args = parser.parse_args(argv)
     hold = [int(port) for port in args.hold.split(",") if port.strip() and int(port) != args.port]
+    if args.join:
+        master_host, _, master_port = args.join.rpartition(":")
+        asyncio.run(join(args.node, (master_host, int(master_port)), hold, args.host))
+        return
     settings = Settings(
-        args.node, args.model, args.token_delay, args.think, args.tokens, args.load_delay, args.image
+        args.node,
+        args.model,
+        args.token_delay,
+        args.think,
+        args.tokens,
+        args.load_delay,
+        args.image,
+        args.shutdown_timeout,
+        args.master_port,
+        args.members,
     )
     asyncio.run(serve(settings, args.host, args.port, hold))
 

@@ -7,11 +7,15 @@ stand-ins. The node comes from the environment the executor sets (QCL_LAB_*).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from labkit import standins
@@ -229,29 +233,65 @@ def docker(args: list[str]) -> int:
     return 125
 
 
+def _flag(args: list[str], name: str, default: str | None = None) -> str | None:
+    """`--name value` or `--name=value` (the last one wins, as argparse's)."""
+    found = default
+    for index, word in enumerate(args):
+        if word == name and index + 1 < len(args):
+            found = args[index + 1]
+        elif word.startswith(name + "="):
+            found = word.split("=", 1)[1]
+    return found
+
+
 def vllm(args: list[str]) -> int:
-    """`vllm serve MODEL --host H --port P ...` -> the stand-in model server."""
+    """`vllm serve MODEL ...` -> the stand-in model server (labkit/modelserver.py), with vLLM
+    0.33.0's multi-node launch: `--nnodes N --node-rank R --master-addr A --master-port P`, the
+    head (rank 0) serving the API once its members joined P, a `--headless` member serving no
+    HTTP. The launch errors vLLM raises itself are raised here with its words
+    (vllm/config/parallel.py, vllm/engine/arg_utils.py, vllm/entrypoints/cli/serve.py)."""
     if not args or args[0] != "serve":
         print(f"lab vllm: only `vllm serve` is modelled, not {' '.join(args)}", file=sys.stderr)
         return 2
     model = args[1] if len(args) > 1 and not args[1].startswith("-") else "Qwen/Qwen3-32B"
-
-    def flag(name: str, default: str) -> str:
-        for index, word in enumerate(args):
-            if word == name and index + 1 < len(args):
-                return args[index + 1]
-            if word.startswith(name + "="):
-                return word.split("=", 1)[1]
-        return default
-
+    nnodes = int(_flag(args, "--nnodes", "1"))
+    rank = int(_flag(args, "--node-rank", "0"))
+    backend = _flag(args, "--distributed-executor-backend")
+    headless = "--headless" in args
+    api_servers = _flag(args, "--api-server-count")
+    if nnodes > 1 and backend not in (None, "mp", "uni", "external_launcher"):
+        print("ValueError: nnodes > 1 can only be set when distributed executor backend is mp, uni "
+              "or external_launcher.", file=sys.stderr)
+        return 1
+    if not 0 <= rank < nnodes:
+        print(f"ValueError: Invalid data-parallel launch options: `--node-rank` must be between 0 and "
+              f"{nnodes - 1}; got `--node-rank {rank}`.", file=sys.stderr)
+        return 1
+    if headless and api_servers is not None and int(api_servers) > 0:
+        print(f"ValueError: --api-server-count={api_servers} cannot be used with --headless",
+              file=sys.stderr)
+        return 1
     env = os.environ
-    argv = [sys.executable, "-m", "labkit.modelserver", "--node", env.get("QCL_LAB_NODE", "?")]
-    argv += ["--host", flag("--host", "0.0.0.0"), "--port", flag("--port", "8000"), "--model", model]
+    clock = float(env.get("QCL_LAB_CLOCK", "1"))
+    node = env.get("QCL_LAB_NODE", "?")
+    argv = [sys.executable, "-m", "labkit.modelserver", "--node", node]
+    master = f"{_flag(args, '--master-addr', '127.0.0.1')}:{_flag(args, '--master-port', '29501')}"
+    if headless:
+        print(f"lab vllm: headless stand-in (rank {rank} of {nnodes}) joining {master}", flush=True)
+        os.execv(sys.executable, [*argv, "--join", master, "--host", _flag(args, "--host", "0.0.0.0")])
+        return 0
+    argv += ["--host", _flag(args, "--host", "0.0.0.0"), "--port", _flag(args, "--port", "8000")]
+    argv += ["--model", model]
+    if nnodes > 1:
+        argv += ["--master-port", master.rsplit(":", 1)[1], "--members", str(nnodes - 1)]
+    shutdown = float(_flag(args, "--shutdown-timeout", "0"))
     argv += [
         "--token-delay",
         env.get("QCL_LAB_TOKEN_DELAY", "0"),
         "--load-delay",
         env.get("QCL_LAB_LOAD_DELAY", "0"),
+        "--shutdown-timeout",
+        f"{shutdown * clock:g}",  # on the lab clock, as the container's stop grace is
     ]
     argv += ["--image", env.get("QCL_LAB_IMAGE", "")]
     print(f"lab vllm: stand-in for `vllm serve {' '.join(args[1:])}`", flush=True)
@@ -259,7 +299,16 @@ def vllm(args: list[str]) -> int:
     return 0
 
 
+def _raylet_pidfile() -> Path:
+    state = Path(os.environ.get("QCL_LAB_NODE_STATE") or tempfile.gettempdir())
+    return state / f"raylet-{os.environ.get('QCL_LAB_CONTAINER', 'ray')}.pid"
+
+
 def ray(args: list[str]) -> int:
+    """`ray start` as Ray 2.60 does it, as far as the program's launch can tell: it returns once
+    the node runs, leaving its raylet behind (here a process named `raylet`, which the rendered
+    worker's watch looks for: qwen_cluster/render/vllm.py RAYLET_WATCH); `ray stop` ends it;
+    `--block` holds the command (an image's own launch may still use it)."""
     # As Ray 2.52+ does: in token mode `ray start` refuses to run without a token
     # (ray-project/ray python/ray/tests: test_ray_start_without_token_raises_error).
     if os.environ.get("RAY_AUTH_MODE") == "token" and not (
@@ -267,9 +316,31 @@ def ray(args: list[str]) -> int:
     ):
         print("lab ray: RAY_AUTH_MODE=token and no RAY_AUTH_TOKEN: refused", file=sys.stderr)
         return 1
+    if "--ray-client-server-port" in " ".join(args):
+        # Ray without ray[client] (grpcio), as measured with 2.60.
+        print("lab ray: Ray Client requires pip package `ray[client]`", file=sys.stderr)
+        return 1
+    if args[:1] == ["stop"]:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+            os.kill(int(_raylet_pidfile().read_text()), signal.SIGTERM)
+        print("lab ray: stopped")
+        return 0
     if "--block" in args:
         print("lab ray: holding like `ray start --block`", flush=True)
         signal.pause()
+    if args[:1] == ["start"]:
+        # A process whose name is `raylet`: `sleep` started through a link of that name.
+        link = _raylet_pidfile().with_suffix(".bin") / "raylet"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            link.symlink_to(shutil.which("sleep") or "/bin/sleep")
+        # Started through a shell that exits at once, so the raylet is nobody's child here
+        # (as Ray's daemonised raylet): whoever ends it, init reaps it.
+        started = subprocess.run(
+            ["sh", "-c", '"$0" infinity </dev/null >/dev/null 2>&1 & echo $!', str(link)],
+            capture_output=True, text=True, check=True, start_new_session=True,
+        )
+        _raylet_pidfile().write_text(started.stdout.strip())
     print(f"lab ray: `ray {' '.join(args)}`: ok")
     return 0
 

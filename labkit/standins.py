@@ -167,14 +167,26 @@ def _vllm_argv(container: Container) -> list[str]:
     return [*(container.entrypoints or ["vllm", "serve"]), *container.command]
 
 
+_MASTER_PORT_FLAG = re.compile(r"--master-port[= ]['\"]?(\d+)")
+
+
 def _vllm_ports(container: Container) -> list[int]:
+    """The API port of a `vllm serve` (none for a --headless member), and a multi-node head's
+    --master-port (rank 0), where its members join."""
     text = " ".join(_vllm_argv(container))
-    return [int(port) for port in _PORT_FLAG.findall(text)] if "vllm serve" in text else []
+    if "vllm serve" not in text:
+        return []
+    ports = [int(port) for port in _PORT_FLAG.findall(text)]
+    if "--headless" not in text:
+        ports += [int(port) for port in _MASTER_PORT_FLAG.findall(text)]
+    return ports
 
 
 def _as_command(container: Container, host: Host) -> Launch:
-    """The container's entrypoint and command with its env; `vllm` on PATH is the stand-in."""
-    return Launch(_vllm_argv(container), _environment(container, host), _vllm_ports(container), "")
+    """The container's entrypoint and command with its env; `vllm` on PATH is the stand-in. Not
+    waited for on its ports: vLLM opens its API port only once loaded (a multi-node head once its
+    members joined), and dockerd returns once the process runs; the rollout's health gate waits."""
+    return Launch(_vllm_argv(container), _environment(container, host), [], "")
 
 
 NGINX_CONF = "/etc/nginx/nginx.conf"

@@ -228,7 +228,7 @@ SHIMS = {
     "fetch (`docker run --rm ... snapshot_download`) records what it would have fetched",
     "timedatectl": "every namespace shares this machine's clock: synchronised by construction",
     "vllm": "`vllm serve` starts the stand-in model server (labkit/modelserver.py)",
-    "ray": "`ray start` succeeds; `--block` holds the container like a pipeline worker",
+    "ray": "`ray start` leaves a process named raylet behind (a Ray worker watches it), `ray stop` ends it",
 }
 
 

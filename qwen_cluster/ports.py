@@ -107,6 +107,28 @@ MONITORING_LOOPBACK_PORTS = {
     "dcgm exporter": 9400,
 }
 
+# What a replica that spans nodes opens at ports nothing pins (vLLM 0.33.0, config.DEFAULT_IMAGE;
+# the pinned ones, `--master-port` and Ray's, are laid into the cluster row by
+# qwen_cluster/topology.py). Each binds port 0, so the kernel picks it from the node's ephemeral
+# range; the only rule that admits them is the all-traffic rule between members ("cluster-all"
+# below), so they are reachable by cluster members only:
+# - the cross-node message queues of the multiprocessing executor: vllm/distributed/
+#   device_communicators/shm_broadcast.py MessageQueue binds `tcp://<VLLM_HOST_IP>:0`;
+# - NCCL's bootstrap and socket transport (NVIDIA/nccl#388: no port range) and Gloo's pairs,
+#   on the interface NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name;
+# - with Ray, the ports of the processes Ray does not pin (its workers stay in the pinned range).
+# VLLM_PORT pins none of them: in 0.33 only get_open_port() reads it (vllm/utils/network_utils.py),
+# which opens a port only for data parallelism or, on ROCm with AITER, the executor's TCPStore
+# (vllm/v1/executor/*_executor.py aiter_requires_tcp_store; a file store otherwise).
+UNPINNED_CLUSTER_LISTENERS = (
+    "vLLM cross-node message queues (shm_broadcast.py, tcp://<VLLM_HOST_IP>:0)",
+    "NCCL bootstrap and socket transport",
+    "Gloo pairs (torch.distributed CPU groups)",
+)
+# Linux's default net.ipv4.ip_local_port_range: where a port-0 bind lands.
+EPHEMERAL_PORTS = PortRange(32768, 60999)
+
+
 # The guide's table (section 3.1), the project's default, plus where the cluster's own
 # Prometheus and Alertmanager answer (their usual ports), reached like 8000.
 DEFAULT_PORTS: tuple[PortEntry, ...] = (
@@ -216,8 +238,9 @@ def exposures(
     bastion takes SSH from adminCidrs.
 
     Between nodes we allow all traffic from members only: NCCL cannot be pinned to a port
-    range (NVIDIA/nccl#388) and EFA needs an all-traffic self rule. The cluster-scope rows
-    stay in the table to document (and pin) Ray and vLLM ports.
+    range (NVIDIA/nccl#388), vLLM's cross-node message queues bind port 0
+    (UNPINNED_CLUSTER_LISTENERS) and EFA needs an all-traffic self rule. The cluster-scope rows
+    stay in the table to document (and pin) vLLM's `--master-port` and Ray's ports.
     """
     rules = [
         Exposure(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qwen_cluster import ports as port_table
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import nginx
 from qwen_cluster.render.vllm import HEALTH_PATH
@@ -11,6 +12,7 @@ from qwen_cluster.render.vllm import HEALTH_PATH
 
 def summary(cluster: ClusterConfig) -> dict[str, Any]:
     topology = cluster.topology
+    spans_nodes = topology.pipeline_parallel > 1
     bandwidth_source = (
         f"{cluster.aws.instance_type} baseline ({cluster.instance.bandwidth})"
         if cluster.aws
@@ -52,6 +54,9 @@ def summary(cluster: ClusterConfig) -> dict[str, Any]:
             "heads": [head.name for head in topology.heads],
             "loadBalancerTargets": [f"{head.ip}:{topology.model_port}" for head in topology.heads],
             "pinnedPorts": {name: str(span) for name, span in topology.ports.named().items()},
+            # What a replica that spans nodes opens at a random port, reached by members only.
+            "unpinnedClusterPorts": list(port_table.UNPINNED_CLUSTER_LISTENERS) if spans_nodes else [],
+            "distributedBackend": cluster.model.distributed_backend if spans_nodes else None,
         },
         "model": {"name": cluster.model.name, "image": cluster.model.image},
         # What a client reaches (docs/endpoint.md); the keys themselves are never here.

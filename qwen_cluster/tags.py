@@ -15,7 +15,7 @@ NODE_TAG = "qwen-cluster:node"  # the node's name from qwen-cluster:nodes
 # Values of CONTAINER_ROLE_LABEL (below), the docker label on every container the program runs:
 # the change plan reads it to tell a model server from the load balancer.
 HEAD_CONTAINER = "head"  # a replica head's model server (vLLM)
-PIPELINE_WORKER_CONTAINER = "pipeline-worker"  # a pipeline-parallel member's Ray worker
+PIPELINE_WORKER_CONTAINER = "pipeline-worker"  # a pipeline-parallel member after the head (headless)
 LOAD_BALANCER_CONTAINER = "load-balancer"  # nginx on bareMetal.loadBalancerNode
 MONITORING_CONTAINER = "monitoring"  # the exporters, the endpoint, Prometheus and Alertmanager
 

@@ -1,7 +1,13 @@
-"""Model topology: replicas x (tensor, pipeline) parallel, head nodes, pinned Ray/vLLM ports.
+"""Model topology: replicas x (tensor, pipeline) parallel, head nodes, the ports a replica
+that spans nodes opens between them.
 
-Ray and vLLM pick random ports unless told otherwise; we pin every one of them inside the
-port table's cluster range so the table documents what actually listens between nodes.
+A replica of `pipelineParallel` nodes runs vLLM's own multi-node launch by default (vLLM 0.33:
+`vllm serve --nnodes N --node-rank R --master-addr HEAD --master-port P` on the head, the same with
+`--headless` on the others, multiprocessing executor; no Ray). Its one fixed port, the
+torch.distributed rendezvous (`--master-port`), is pinned inside the port table's cluster range;
+what it cannot pin (NCCL and Gloo sockets, the cross-node message queues that bind
+`tcp://<node ip>:0`) is said to be random in qwen_cluster/ports.py. Ray stays for an image that
+carries it (`model.distributedBackend: ray`): every Ray port pinned inside the range as well.
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ from functools import cached_property
 from qwen_cluster.ports import PortEntry, PortRange, cluster_range
 
 # Ray's fixed ports, in the order they are laid into the cluster range
-# (https://docs.ray.io/en/latest/ray-core/configure.html#ports-configurations).
+# (https://docs.ray.io/en/latest/ray-core/configure.html#ports-configurations). No Ray client
+# server: `--ray-client-server-port` makes `ray start --head` fail at once without ray[client]
+# (grpcio), and nothing here uses the client. The two metrics servers bind 0.0.0.0 on the head
+# without a token and move only by environment variable (ray_metrics_environment).
 RAY_FIXED_PORTS = (
     "gcs",  # ray start --head --port
     "node_manager",  # --node-manager-port
@@ -23,16 +32,19 @@ RAY_FIXED_PORTS = (
     "dashboard_agent_http",  # --dashboard-agent-listen-port
     "metrics_export",  # --metrics-export-port
     "runtime_env_agent",  # --runtime-env-agent-port
-    "ray_client_server",  # --ray-client-server-port (head)
+    "autoscaler_metrics",  # env AUTOSCALER_METRIC_PORT (the monitor's metrics, head; default 44217)
+    "dashboard_metrics",  # env DASHBOARD_METRIC_PORT (the dashboard's metrics, head; default 44227)
 )
 # Where the Ray dashboard listens on a replica head: loopback, never the cluster network.
 DASHBOARD_HOST = "127.0.0.1"
-# vLLM takes VLLM_PORT and the ports after it for its own distributed setup.
-VLLM_PORT_BLOCK = 4
+# vLLM's fixed port across nodes: `--master-port` (vllm/config/parallel.py ParallelConfig.master_port,
+# default 29501), where the head's torch.distributed TCPStore listens for the world group when
+# nnodes > 1 (vllm/distributed/parallel_state.py init_distributed_environment).
+VLLM_FIXED_PORTS = ("vllm_master",)
 # Ray starts one worker process per port of --min/--max-worker-port; with 8 GPUs per node
 # and the driver and helpers, 16 is the least that does not starve the scheduler.
 MIN_WORKER_PORTS = 16
-MIN_CLUSTER_PORTS = len(RAY_FIXED_PORTS) + VLLM_PORT_BLOCK + MIN_WORKER_PORTS
+MIN_CLUSTER_PORTS = len(RAY_FIXED_PORTS) + len(VLLM_FIXED_PORTS) + MIN_WORKER_PORTS
 
 
 class TopologyError(ValueError):
@@ -49,14 +61,16 @@ class PinnedPorts:
     dashboard_agent_http: int
     metrics_export: int
     runtime_env_agent: int
-    ray_client_server: int
-    vllm: PortRange  # VLLM_PORT and the block after it
+    autoscaler_metrics: int
+    dashboard_metrics: int
+    vllm_master: int  # vllm serve --master-port (multi-node replicas)
     workers: PortRange  # --min-worker-port / --max-worker-port
 
     def named(self) -> dict[str, PortRange]:
         """Every pinned port or range by name, for tables and collision checks."""
-        ports = {name: PortRange(getattr(self, name), getattr(self, name)) for name in RAY_FIXED_PORTS}
-        return {**ports, "vllm": self.vllm, "ray_workers": self.workers}
+        fixed = (*RAY_FIXED_PORTS, *VLLM_FIXED_PORTS)
+        ports = {name: PortRange(getattr(self, name), getattr(self, name)) for name in fixed}
+        return {**ports, "ray_workers": self.workers}
 
     def ray_start_args(self, *, head: bool, head_ip: str | None = None) -> list[str]:
         """`ray start` flags for a head or a worker that keep Ray inside the range."""
@@ -78,12 +92,33 @@ class PinnedPorts:
                 # loopback only (Ray's CLI: `ray start --dashboard-host`, docs.ray.io cluster/cli).
                 f"--dashboard-host={DASHBOARD_HOST}",
                 f"--dashboard-port={self.dashboard}",
-                f"--ray-client-server-port={self.ray_client_server}",
                 *common,
             ]
         if not head_ip:
             raise TopologyError("a Ray worker needs the head's IP")
         return [f"--address={head_ip}:{self.gcs}", *common]
+
+    def ray_metrics_environment(self) -> dict[str, str]:
+        """The two Ray metrics servers no `ray start` flag moves: pinned by the variables Ray reads
+        (ray-project/ray: python/ray/autoscaler/_private/constants.py
+        `AUTOSCALER_METRIC_PORT = env_integer("AUTOSCALER_METRIC_PORT", 44217)`,
+        python/ray/dashboard/consts.py DASHBOARD_METRIC_PORT, 44227 by default),
+        inside the range, so the table holds them (they bind 0.0.0.0 on the head)."""
+        return {
+            "AUTOSCALER_METRIC_PORT": str(self.autoscaler_metrics),
+            "DASHBOARD_METRIC_PORT": str(self.dashboard_metrics),
+        }
+
+    def multinode_args(self, *, nnodes: int, node_rank: int, master_addr: str) -> list[str]:
+        """vLLM's own multi-node launch (vllm/engine/arg_utils.py: --nnodes, --node-rank,
+        --master-addr, --master-port; vllm/config/parallel.py: "for multi-node distributed
+        inference when distributed_executor_backend is mp")."""
+        return [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            f"--master-addr={master_addr}",
+            f"--master-port={self.vllm_master}",
+        ]
 
 
 def ray_auth_environment(token: str) -> dict[str, str]:
@@ -96,18 +131,17 @@ def ray_auth_environment(token: str) -> dict[str, str]:
 
 
 def pin_ports(entry: PortEntry) -> PinnedPorts:
-    """Lay Ray's and vLLM's ports into the cluster range, or say why it is too small."""
+    """Lay Ray's and vLLM's fixed ports into the cluster range, or say why it is too small."""
     span = entry.port
     if span.size < MIN_CLUSTER_PORTS:
         raise TopologyError(
             f"ports entry {entry.name} ({span}) holds {span.size} ports; pinning Ray and vLLM "
             f"needs at least {MIN_CLUSTER_PORTS} ({len(RAY_FIXED_PORTS)} Ray ports, "
-            f"{VLLM_PORT_BLOCK} for vLLM, {MIN_WORKER_PORTS} Ray worker ports)"
+            f"{len(VLLM_FIXED_PORTS)} for vLLM, {MIN_WORKER_PORTS} Ray worker ports)"
         )
-    fixed = {name: span.low + offset for offset, name in enumerate(RAY_FIXED_PORTS)}
-    vllm_low = span.low + len(RAY_FIXED_PORTS)
-    vllm = PortRange(vllm_low, vllm_low + VLLM_PORT_BLOCK - 1)
-    return PinnedPorts(**fixed, vllm=vllm, workers=PortRange(vllm.high + 1, span.high))
+    names = (*RAY_FIXED_PORTS, *VLLM_FIXED_PORTS)
+    fixed = {name: span.low + offset for offset, name in enumerate(names)}
+    return PinnedPorts(**fixed, workers=PortRange(span.low + len(names), span.high))
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ def test_vllm_containers_one_per_replica_head_with_pinned_ports_and_rdma(render)
         args = server.inputs
         envs = dict(e.split("=", 1) for e in args["envs"])
         assert envs["VLLM_HOST_IP"] == NODES[node]
-        assert envs["VLLM_PORT"] == "6009"  # pinned after Ray's nine fixed ports in 6000-6100
+        assert "VLLM_PORT" not in envs  # vLLM 0.33 opens nothing between nodes at it
         script = args["command"][0]
         assert "--port=5000" in script and "--tensor-parallel-size=4" in script
         assert 'export NCCL_SOCKET_IFNAME="=$iface" GLOO_SOCKET_IFNAME="$iface"' in script
@@ -224,7 +224,7 @@ def test_outputs(render):
     assert render.outputs["modelServers"] == [f"{ip}:5000" for ip in NODES.values()]
 
 
-def test_pipeline_workers_run_ray_against_their_head():
+def test_pipeline_members_run_vllms_own_multinode_launch_against_their_head():
     from tooling import stackfile
 
     stack = stackfile.read("onprem")
@@ -237,13 +237,16 @@ def test_pipeline_workers_run_ray_against_their_head():
     assert head["name"] == worker["name"] == tags.MODEL_SERVER_CONTAINER == ssm.CONTAINER_NAME
     assert {label["value"] for label in head["labels"]} == {tags.HEAD_CONTAINER}
     assert {label["value"] for label in worker["labels"]} == {tags.PIPELINE_WORKER_CONTAINER}
-    assert "ray start --node-ip-address=192.168.1.100 --head --port=6000" in head["command"][0]
-    assert "--distributed-executor-backend=ray" in head["command"][0]
-    assert (
-        "exec ray start --node-ip-address=192.168.1.101 --block --address=192.168.1.100:6000"
-        in worker["command"][0]
+    multinode = (
+        "--distributed-executor-backend=mp --nnodes=2 --node-rank={} "
+        "--master-addr=192.168.1.100 --master-port=6010"
     )
-    assert "--min-worker-port=6013" in worker["command"][0]
+    assert "exec vllm serve Qwen/Qwen3-32B --host=192.168.1.100 --port=5000" in head["command"][0]
+    assert multinode.format(0) in head["command"][0]
+    assert "exec vllm serve Qwen/Qwen3-32B --headless" in worker["command"][0]
+    assert multinode.format(1) in worker["command"][0]
+    assert "--port" not in worker["command"][0] and "ray " not in worker["command"][0]
+    assert not [e for e in worker["envs"] if e.startswith(("RAY_", "VLLM_PORT"))]
     assert result.outputs["modelServers"] == ["192.168.1.100:5000", "192.168.1.102:5000"]
 
 

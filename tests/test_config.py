@@ -279,8 +279,8 @@ def test_cluster_range_too_small_to_pin_ray_and_vllm(aws_raw):
     aws_raw["ports"] = ports(("model", 5000, "clients"), ("mesh", "6000-6010", "cluster"))
     assert_one_error(
         aws_raw,
-        "ports entry mesh (6000-6010) holds 11 ports; pinning Ray and vLLM needs at least 29 "
-        "(9 Ray ports, 4 for vLLM, 16 Ray worker ports)",
+        "ports entry mesh (6000-6010) holds 11 ports; pinning Ray and vLLM needs at least 27 "
+        "(10 Ray ports, 1 for vLLM, 16 Ray worker ports)",
     )
 
 

@@ -73,10 +73,11 @@ def test_closed_port_is_refused():
     assert not result.open and result.detail == "refused"
 
 
-def test_an_image_tagged_unhealthy_never_answers_health():
+def test_an_image_tagged_unhealthy_never_opens_its_port():
     settings = modelserver.Settings(node="node-b", image="vllm/vllm-openai:v0.33.1-unhealthy")
     with serving(settings, []) as (port, _):
-        assert probes.get("127.0.0.1", port, "/health").status == 503
+        reply = probes.get("127.0.0.1", port, "/health")
+        assert reply.status == 0 and "ConnectionRefused" in reply.error
 
 
 @pytest.mark.parametrize(

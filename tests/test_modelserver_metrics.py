@@ -31,3 +31,15 @@ def test_metrics_use_vllms_names_and_parse_with_prometheus_client():
     read = set(re.findall(r"vllm:[a-z_]+", rules))
     served = {s.name for family in families.values() for s in family.samples}
     assert read and read <= served
+
+
+def test_the_stand_in_exposes_the_releases_core_families_and_the_alerts_read_only_those():
+    settings = modelserver.Settings(node="n1")
+    with serving(settings) as (port, _):
+        text = probes.get("127.0.0.1", port, "/metrics").body.decode()
+    families = {f.name: f.type for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")}
+    # prometheus_client's parser names a counter family without its _total suffix.
+    assert families == modelserver.VLLM_FAMILIES
+    rules = " ".join(alert.expr for alert in alerts.alerts(stackfile.load("onprem")))
+    read = {re.sub(r"_(bucket|sum|count|total)$", "", name) for name in re.findall(r"vllm:[a-z_]+", rules)}
+    assert read <= set(modelserver.VLLM_FAMILIES)

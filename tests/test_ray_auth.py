@@ -1,6 +1,7 @@
 """Ray's own surfaces: the dashboard on loopback, token authentication with `rayAuthToken` as a
 Pulumi secret end to end (bare metal: the container's environment inside the secret's apply;
-AWS: an SSM SecureString the run script reads), required when replicas span nodes."""
+AWS: an SSM SecureString the run script reads), required when replicas span nodes through Ray
+(model.distributedBackend ray, with an image that carries Ray)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from tests.helpers.secrets import SECRET_SIG, shown_in_clear
 from tooling import offline, stackfile
 
 TOKEN = offline.OFFLINE_RAY_TOKEN
+# Ray runs only from an image that carries it (the official one does not since vLLM PR #36170).
+RAY = {"pipelineParallel": 2, "distributedBackend": "ray", "image": "registry.example/vllm-with-ray:v0.33.0"}
 
 
 @pytest.fixture(scope="module")
 def onprem_pipeline() -> offline.Render:
     stack = stackfile.read("onprem")
-    stack["qwen-cluster:model"] = {**stack["qwen-cluster:model"], "pipelineParallel": 2}
+    stack["qwen-cluster:model"] = {**stack["qwen-cluster:model"], **RAY}
     result = offline.render(stack, "onprem")
     assert result.error is None, result.error
     return result
@@ -29,7 +32,7 @@ def onprem_pipeline() -> offline.Render:
 
 @pytest.fixture(scope="module")
 def prod_pipeline() -> offline.Render:
-    return render(variant("prod", model={"pipelineParallel": 2}), "prod")
+    return render(variant("prod", model=RAY), "prod")
 
 
 def test_the_ray_dashboard_binds_loopback_on_the_head_only():
@@ -40,15 +43,19 @@ def test_the_ray_dashboard_binds_loopback_on_the_head_only():
 
 def test_a_pipeline_parallel_stack_without_a_ray_token_is_refused():
     cluster = stackfile.load("onprem")
-    two = cluster.model_copy(update={"model": cluster.model.model_copy(update={"pipeline_parallel": 2})})
+    update = {"pipeline_parallel": 2, "distributed_backend": "ray"}
+    two = cluster.model_copy(update={"model": cluster.model.model_copy(update=update)})
     pulumi.runtime.set_all_config({}, [])
     with pytest.raises(config.ConfigError) as refused:
         config.ray_auth_token(two)
     assert str(refused.value).endswith(
-        "qwen-cluster:rayAuthToken is required when model.pipelineParallel is 2 (Ray joins a replica's "
-        "nodes and authenticates with it): pulumi config set --secret rayAuthToken $(openssl rand -hex 32)"
+        "qwen-cluster:rayAuthToken is required when model.pipelineParallel is 2 with "
+        "model.distributedBackend ray (Ray joins a replica's nodes and authenticates with it): "
+        "pulumi config set --secret rayAuthToken $(openssl rand -hex 32)"
     )
     assert config.ray_auth_token(cluster) is None  # one node per replica: no Ray, no token
+    mp = cluster.model_copy(update={"model": cluster.model.model_copy(update={"pipeline_parallel": 2})})
+    assert config.ray_auth_token(mp) is None  # vLLM's own multi-node launch: no Ray, no token
 
 
 def test_bare_metal_gives_every_ray_container_the_token_as_a_secret(onprem_pipeline):
@@ -102,20 +109,22 @@ def test_the_run_script_reads_the_token_with_decryption_into_a_root_only_env_fil
     assert f"install -m 0600 /dev/null {ssm.ENV_FILE}" in script
 
 
-def test_the_labs_ray_refuses_token_mode_without_a_token_as_ray_does(monkeypatch, capsys):
+def test_the_labs_ray_refuses_token_mode_without_a_token_as_ray_does(monkeypatch, capsys, tmp_path):
     from labkit import shims
 
+    monkeypatch.setenv("QCL_LAB_NODE_STATE", str(tmp_path))  # where its raylet's pid goes
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
     assert shims.ray(["start", "--head"]) == 1
     monkeypatch.setenv("RAY_AUTH_TOKEN", "t")
     assert shims.ray(["start", "--head"]) == 0
+    assert shims.ray(["stop"]) == 0
 
 
 def _onprem_pipeline_with_token(token: str) -> offline.Render:
     stack = stackfile.read("onprem")
-    stack["qwen-cluster:model"] = {**stack["qwen-cluster:model"], "pipelineParallel": 2}
+    stack["qwen-cluster:model"] = {**stack["qwen-cluster:model"], **RAY}
     stack["qwen-cluster:rayAuthToken"] = token
     result = offline.render(stack, "onprem")
     assert result.error is None, result.error

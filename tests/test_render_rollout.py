@@ -33,13 +33,13 @@ class Replica:
     (`streaming` counts the streams it is sending); /health answers 503 for the next
     `loading_probes` probes, then `health`."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, port: int | None = None):
         self.name = name
         self.health = 200
         self.loading_probes = 0
         self.health_probes = 0
         self.streaming = 0
-        self.port = free_port()
+        self.port = port or free_port()
         replica = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -391,6 +391,31 @@ def test_ready_waits_for_health_then_puts_the_replica_back(cluster):
     assert down_line(b) not in lb.upstream() and settles_on(lb, {"a", "b"}) == {"a", "b"}
 
 
+def test_ready_counts_a_refused_connection_as_not_ready(cluster):
+    """vLLM opens its port only once loaded (no 503 while loading): the gate waits through
+    refused connections as through 503s."""
+    lb, a, b = cluster
+    assert lb.install([a.address, b.address]).returncode == 0
+    lb.start()
+    conf_dir = str(lb.conf_dir)
+    drain = rollout.drain_script(
+        b.address, replica="b", drain_timeout_seconds=5, fingerprint="f", conf_dir=conf_dir
+    )
+    assert lb.run(drain).returncode == 0
+    b.server.shutdown()
+    b.server.server_close()  # loading: nothing listens on b's port
+    ready = rollout.ready_script(
+        b.address, replica="b", health_timeout_seconds=2, fingerprint="f", only_if_down=False,
+        conf_dir=conf_dir, poll_seconds=1,
+    )
+    failed = lb.run(ready)
+    assert failed.returncode == 1 and "did not answer /health with 200" in failed.stderr
+    b.server = Replica("b", port=b.port).server  # loaded: the port opens, /health answers 200
+    passed = lb.run(ready)
+    assert passed.returncode == 0, passed.stderr
+    assert "is back in rotation" in passed.stdout
+
+
 def test_ready_on_create_leaves_a_server_in_rotation_alone(cluster):
     """Day 0: every server starts in rotation, so no gate waits and the replicas start
     together; only a server that is down (a node that joined later) waits for its health."""
@@ -424,7 +449,7 @@ def test_retire_drains_a_replica_that_left_the_upstream(cluster):
 
 
 def test_scripts_change_with_the_containers_they_gate():
-    spec = {"image": "vllm/vllm-openai:v0.33.0", "envs": ["VLLM_PORT=6009"]}
+    spec = {"image": "vllm/vllm-openai:v0.33.0", "envs": ["VLLM_HOST_IP=192.168.1.101"]}
     bumped = {**spec, "image": "vllm/vllm-openai:v0.33.1"}
     one, two = rollout.fingerprint([spec]), rollout.fingerprint([bumped])
     assert one != two and rollout.fingerprint([dict(reversed(spec.items()))]) == one

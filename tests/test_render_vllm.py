@@ -83,13 +83,71 @@ def test_flag_values_survive_the_shell():
         ("--tensor-parallel-size", 2, "model.tensorParallel"),
         ("--pipeline-parallel-size", 2, "model.pipelineParallel"),
         ("--gpu-memory-utilization", 0.95, "GPU_MEMORY_UTILIZATION"),
-        ("--distributed-executor-backend", "mp", "model.pipelineParallel"),
+        ("--distributed-executor-backend", "mp", "model.distributedBackend"),
+        ("--served-model-name", "other", "model.name"),
+        ("--nnodes", 2, "model.pipelineParallel"),
+        ("--node-rank", 1, "member order"),
+        ("--master-addr", "10.0.0.1", "head's address"),
+        ("--master-port", 29501, "ports (the cluster entry"),
+        ("--headless", True, "the topology"),
+        ("--api-server-count", 0, "the topology"),
     ],
 )
 def test_owned_flags_are_refused_naming_key_and_value(flag, value, source):
     (error,) = errors_of(with_flags({flag: value}))
     assert error.startswith(f"model.vllmFlags {flag} {value!r} is set by the program from ")
     assert source in error
+
+
+# The other names vLLM 0.33.0's parser gives the owned flags (vllm/engine/arg_utils.py,
+# vllm/entrypoints/common/cli_args.py), its underscore spelling, and argparse's prefixes.
+@pytest.mark.parametrize(
+    ("alias", "value", "canonical"),
+    [
+        ("--device-memory-utilization", 0.99, "--gpu-memory-utilization"),
+        ("-tp", 2, "--tensor-parallel-size"),
+        ("-pp", 2, "--pipeline-parallel-size"),
+        ("-dp", 2, "--data-parallel-size"),
+        ("-n", 2, "--nnodes"),
+        ("-r", 1, "--node-rank"),
+        ("-asc", 0, "--api-server-count"),
+        ("--gpu_memory_utilization", 0.99, "--gpu-memory-utilization"),
+        ("--served_model_name", "other", "--served-model-name"),
+        ("--tensor_parallel_size", 2, "--tensor-parallel-size"),
+    ],
+)
+def test_aliases_of_owned_flags_are_refused_naming_the_flag_vllm_reads(alias, value, canonical):
+    (error,) = errors_of(with_flags({alias: value}))
+    assert error.startswith(f"model.vllmFlags {alias} {value!r} is read by vLLM as {canonical}, which ")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [
+        ("--config", "/etc/vllm.yaml", "loads any flag"),
+        ("--uds", "/run/vllm.sock", "ignore --host and --port"),
+        ("--grpc", True, "gRPC on --port"),
+        ("--grpc-port", 6050, "another listener"),
+        ("--kv-cache-memory-bytes", "8G", "replaces --gpu-memory-utilization"),
+    ],
+)
+def test_indirections_of_owned_flags_are_refused(flag, value, why):
+    (error,) = errors_of(with_flags({flag: value}))
+    assert error.startswith(f"model.vllmFlags {flag} {value!r} ") and why in error
+    assert error.endswith("settings the program owns; remove it")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "whole"), [("--gpu-memory", "--gpu-memory-utilization"), ("--head", "--headless")]
+)
+def test_a_prefix_argparse_completes_to_an_owned_flag_is_refused(prefix, whole):
+    (error,) = errors_of(with_flags({prefix: 1}))
+    assert f"{prefix} 1 abbreviates {whole}" in error
+
+
+def test_flags_no_owned_flag_starts_with_pass():
+    cluster = cluster_of(with_flags({"--max-model-len": 8192, "--data-parallel-size-local": 1}))
+    assert "--max-model-len=8192" in vllm.serve_argv(cluster)
 
 
 def test_flags_are_long_dashed_names():
@@ -107,7 +165,7 @@ def test_both_targets_run_the_same_command():
     node = onprem.nodes[1]
     script, env = serving.server_command(onprem, node)
     assert script.endswith(vllm.server_script(onprem, node.name))
-    assert env["VLLM_HOST_IP"] == str(node.ip) and env["VLLM_PORT"] == "6009"
+    assert env["VLLM_HOST_IP"] == str(node.ip) and "VLLM_PORT" not in env
     prod = stackfile.load("prod")
     parameters = ssm.parameters(prod, "worker-1")
     assert ssm.decoded(parameters["ServerScript"]) == vllm.server_script(prod, "worker-1")
@@ -120,20 +178,85 @@ def test_a_flag_change_changes_the_command_on_both_targets():
         assert vllm.server_script(before, "master") != vllm.server_script(after, "master")
 
 
-def test_pipeline_parallel_heads_start_ray_head_and_workers_join_it():
-    cluster = cluster_of(variant("prod", model={"pipelineParallel": 2}))
+def pipeline(**model) -> config.ClusterConfig:
+    return cluster_of(variant("prod", model={"pipelineParallel": 2, **model}))
+
+
+def test_pipeline_parallel_replicas_use_vllms_own_multinode_launch_by_default():
+    cluster = pipeline()
+    master = cluster.topology.ports.vllm_master
+    head = shlex.split(vllm.server_script(cluster, "master").removeprefix("exec "))
+    worker = shlex.split(vllm.server_script(cluster, "worker-1").removeprefix("exec "))
+    assert head[:3] == worker[:3] and head[:2] == ["vllm", "serve"]
+    launch = ["--distributed-executor-backend=mp", "--nnodes=2", "--master-addr=10.50.1.100"]
+    launch.append(f"--master-port={master}")
+    for flag in launch:
+        assert flag in head and flag in worker
+    assert "--node-rank=0" in head and "--node-rank=1" in worker
+    # The head serves the API; the member after it is headless: no HTTP, no host or port.
+    assert "--port=5000" in head and "--headless" not in head
+    assert "--headless" in worker and not [arg for arg in worker if arg.startswith(("--port", "--host"))]
+    # Both build the same engine: the same engine flags apart from rank, host and port.
+    def engine(argv):
+        return [a for a in argv if not a.startswith(("--node-rank", "--host", "--port", "--headless"))]
+
+    assert engine(head) == engine(worker)
+    assert "ray" not in vllm.server_script(cluster, "master") + vllm.server_script(cluster, "worker-1")
+
+
+def test_the_master_port_is_pinned_inside_the_cluster_range():
+    cluster = pipeline()
+    assert cluster.topology.ports.vllm_master in range(6000, 6101)
+
+
+def test_no_vllm_port_variable_is_claimed_to_pin_anything():
+    cluster = pipeline()
+    for node in cluster.nodes:
+        assert vllm.environment(cluster, node.name) == {"VLLM_HOST_IP": str(node.ip)}
+
+
+def test_ray_with_the_official_image_is_refused_naming_the_key():
+    (error,) = errors_of(variant("prod", model={"pipelineParallel": 2, "distributedBackend": "ray"}))
+    assert error.startswith("model.distributedBackend 'ray' cannot start in model.image vllm/vllm-openai:")
+
+
+def test_ray_stays_for_an_image_that_carries_it():
+    cluster = pipeline(distributedBackend="ray", image="registry.example/vllm-with-ray:v0.33.0")
     pinned = cluster.topology.ports
     head = vllm.server_script(cluster, "master")
     worker = vllm.server_script(cluster, "worker-1")
     assert head.startswith("ray start --node-ip-address=10.50.1.100 --head")
     assert f"--port={pinned.gcs}" in head and "--distributed-executor-backend=ray" in head
     assert " && exec vllm serve " in head  # vLLM only once the Ray head is up
-    assert f"--min-worker-port={pinned.workers.low}" in head
+    assert "--nnodes" not in head  # vLLM refuses nnodes > 1 with the Ray executor
+    assert "ray-client-server-port" not in head + worker  # would need ray[client] (grpcio)
+    # The worker does not block in `ray start` (it outlives `ray stop`): it exits with its raylet.
+    assert "--block" not in worker
     assert worker == (
-        "exec ray start --node-ip-address=10.50.1.101 --block "
+        "ray start --node-ip-address=10.50.1.101 "
         + " ".join(pinned.ray_start_args(head=False, head_ip="10.50.1.100"))
+        + " && "
+        + vllm.RAYLET_WATCH
     )
-    assert vllm.environment(cluster, "worker-1")["RAY_ADDRESS"] == f"10.50.1.100:{pinned.gcs}"
+    env = vllm.environment(cluster, "worker-1")
+    assert env["RAY_ADDRESS"] == f"10.50.1.100:{pinned.gcs}"
+    assert env["AUTOSCALER_METRIC_PORT"] == str(pinned.autoscaler_metrics)
+    assert env["DASHBOARD_METRIC_PORT"] == str(pinned.dashboard_metrics)
+
+
+def test_a_ray_worker_exits_when_its_raylet_is_gone(tmp_path):
+    """The watch, run against a fake /proc: it loops while a `raylet` runs, exits 1 after."""
+    import subprocess
+
+    watch = vllm.RAYLET_WATCH.replace("/proc/", f"{tmp_path}/proc/").replace("sleep 5", "sleep 0.05")
+    (tmp_path / "proc" / "7").mkdir(parents=True)
+    (tmp_path / "proc" / "7" / "comm").write_text("bash\n")
+    done = subprocess.run(["bash", "-c", watch], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 1 and "raylet is gone" in done.stderr
+    (tmp_path / "proc" / "8").mkdir()
+    (tmp_path / "proc" / "8" / "comm").write_text("raylet\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(["bash", "-c", watch], capture_output=True, timeout=0.5)
 
 
 def test_rollout_defaults_and_bounds():

@@ -32,7 +32,7 @@ def test_pinned_ports_never_collide_and_stay_inside_the_range(bounds):
     for first, second in zip(spans, spans[1:], strict=False):
         assert not first.overlaps(second)
     assert pinned.workers.size >= topology.MIN_WORKER_PORTS
-    assert pinned.vllm.size == topology.VLLM_PORT_BLOCK
+    assert low <= pinned.vllm_master <= high
 
 
 @given(st.integers(min_value=1, max_value=topology.MIN_CLUSTER_PORTS - 1))
@@ -43,11 +43,24 @@ def test_a_range_too_small_is_refused_with_the_numbers(size):
         topology.pin_ports(cluster_entry(7000, 7000 + size - 1))
 
 
-def test_guide_range_pins_ray_from_the_bottom():
+def test_guide_range_pins_ray_then_vllms_master_port_from_the_bottom():
     pinned = topology.pin_ports(cluster_entry(6000, 6100))
     assert pinned.gcs == 6000
-    assert str(pinned.vllm) == "6009-6012"
-    assert str(pinned.workers) == "6013-6100"
+    assert (pinned.autoscaler_metrics, pinned.dashboard_metrics) == (6008, 6009)
+    assert pinned.vllm_master == 6010
+    assert str(pinned.workers) == "6011-6100"
+
+
+def test_rays_two_metrics_servers_are_pinned_by_the_variables_ray_reads():
+    pinned = topology.pin_ports(cluster_entry(6000, 6100))
+    environment = pinned.ray_metrics_environment()
+    assert environment == {"AUTOSCALER_METRIC_PORT": "6008", "DASHBOARD_METRIC_PORT": "6009"}
+
+
+def test_no_ray_client_server_whose_flag_needs_grpcio():
+    pinned = topology.pin_ports(cluster_entry(6000, 6100))
+    assert not [flag for flag in pinned.ray_start_args(head=True) if "ray-client-server" in flag]
+    assert "ray_client_server" not in pinned.named()
 
 
 def test_ray_head_and_worker_flags_carry_every_pinned_port():
@@ -57,7 +70,7 @@ def test_ray_head_and_worker_flags_carry_every_pinned_port():
     assert "--head" in head and "--port=6000" in head and "--dashboard-port=6003" in head
     assert worker[0] == "--address=192.168.1.100:6000"
     for flags in (head, worker):
-        assert "--min-worker-port=6013" in flags and "--max-worker-port=6100" in flags
+        assert "--min-worker-port=6011" in flags and "--max-worker-port=6100" in flags
         assert "--node-manager-port=6001" in flags and "--object-manager-port=6002" in flags
 
 

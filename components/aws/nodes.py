@@ -31,7 +31,7 @@ Day 2 (issue 10), what decides the design, from the providers' sources:
   every replica when it has loaded. A lane on day 0 is ceil(replicas / k) turns of launch,
   boot and server start (4 at the default 25 %, whatever the node count), not of model loads.
 - A pipeline-parallel replica drains as a whole: its workers' runs take the replica's head out
-  of the target group before they restart their Ray worker (ssm.py), and the head's run after
+  of the target group before they restart their headless vLLM (ssm.py), and the head's run after
   them.
 - Staging: each node has a staging association (`<node>-stage`, the staging document,
   qwen_cluster/render/ssm.py stage_document) that pulls the image and fetches the weights while

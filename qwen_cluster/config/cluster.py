@@ -49,7 +49,9 @@ class ClusterConfig(Section):
         description="The port table, each row `{name, port, scope, required}` (`ports[]` below). Names "
         f"unique; no two rows overlap and none includes SSH {port_table.SSH_PORT}; exactly one "
         "`clients` row (the model port) and at least one `cluster` row, the widest of which must hold "
-        f"the {topology_module.MIN_CLUSTER_PORTS} ports Ray and vLLM are pinned into. Scopes: `clients` "
+        f"the {topology_module.MIN_CLUSTER_PORTS} ports vLLM's `--master-port` and Ray are pinned into "
+        "(what nothing pins, NCCL, Gloo and vLLM's cross-node message queues, binds a random port that "
+        "only the cluster's members reach). Scopes: `clients` "
         "(through the load balancer only), `cluster` (node to node only: the node security group's "
         "members on AWS, the exact node IPs on bare metal), `monitoring` (`access.monitoringCidrs`), "
         "`admin` (`access.adminCidrs`).",
@@ -100,6 +102,11 @@ class ClusterConfig(Section):
     def topology(self) -> topology_module.Topology:
         """Computed once: the config is frozen, and renderers ask for it per node."""
         return topology_module.for_config(self)
+
+    @property
+    def runs_ray(self) -> bool:
+        """Replicas span nodes through Ray (model.distributedBackend ray), not vLLM's own launch."""
+        return self.topology.pipeline_parallel > 1 and self.model.distributed_backend == "ray"
 
     @functools.cached_property
     def max_unavailable(self) -> int:
@@ -189,7 +196,7 @@ SECRET_KEYS: dict[str, str] = {
     "sshPrivateKey": "The SSH private key pulumi connects to hosts and bastions with, a secret: "
     "`pulumi config set --secret sshPrivateKey < key`.",
     "rayAuthToken": "The token Ray's processes authenticate each other with (`RAY_AUTH_MODE=token`), a "
-    "secret; required when `model.pipelineParallel` > 1: "
+    "secret; required when `model.pipelineParallel` > 1 with `model.distributedBackend` `ray`: "
     "`pulumi config set --secret rayAuthToken $(openssl rand -hex 32)`.",
 }
 KNOWN_KEYS = (*SECTIONS, *SECRET_KEYS)

@@ -102,12 +102,12 @@ def decode_value(value: str | None) -> Any:
 
 
 def ray_auth_token(cluster: ClusterConfig) -> Any:
-    """`qwen-cluster:rayAuthToken` as an Output secret when Ray runs (pipelineParallel > 1), else
-    None; ConfigError when Ray runs without one (an unauthenticated Ray executes code for whoever
-    reaches its ports)."""
+    """`qwen-cluster:rayAuthToken` as an Output secret when Ray runs (pipelineParallel > 1 with
+    model.distributedBackend ray), else None; ConfigError when Ray runs without one (an
+    unauthenticated Ray executes code for whoever reaches its ports)."""
     import pulumi
 
-    if cluster.topology.pipeline_parallel == 1:
+    if not cluster.runs_ray:
         return None
     token = pulumi.Config(NAMESPACE).get_secret("rayAuthToken")
     if token is None:
@@ -118,6 +118,7 @@ def ray_auth_token(cluster: ClusterConfig) -> Any:
 def ray_token_missing(cluster: ClusterConfig) -> str:
     return (
         f"{NAMESPACE}:rayAuthToken is required when model.pipelineParallel is "
-        f"{cluster.topology.pipeline_parallel} (Ray joins a replica's nodes and authenticates with it): "
+        f"{cluster.topology.pipeline_parallel} with model.distributedBackend ray (Ray joins a replica's "
+        "nodes and authenticates with it): "
         "pulumi config set --secret rayAuthToken $(openssl rand -hex 32)"
     )

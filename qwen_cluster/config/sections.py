@@ -41,24 +41,37 @@ DEFAULT_WEIGHTS_CACHE = hostpaths.WEIGHTS_CACHE
 # Pinned: a moving tag would change every node on the next `pulumi up`. v0.33.0 is the newest
 # vLLM release the project has seen (vllm/vllm-openai tags follow vllm-project/vllm's releases).
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
+# The official image's repository (vllm-project/vllm docker/Dockerfile, target vllm-openai).
+OFFICIAL_IMAGE = DEFAULT_IMAGE.split(":", 1)[0]
+
+
+def official_image(image: str) -> bool:
+    """`vllm/vllm-openai` at any tag or digest (Docker Hub's own names for it included)."""
+    repository = image.split("@", 1)[0].rsplit(":", 1)[0] if "@" in image else image.rsplit(":", 1)[0]
+    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        repository = repository.removeprefix(prefix)
+    return repository == OFFICIAL_IMAGE
 # Extra `vllm serve` flags a Qwen3 deployment wants. Every flag the program renders, checked
-# against vLLM's own argument definitions (vllm-project/vllm: `vllm serve` builds its parser in
-# vllm/entrypoints/launchers/cli_args.py make_arg_parser from FrontendArgs, which holds
+# against vLLM's own argument definitions (vLLM 0.33.0, read in its wheel: `vllm serve` builds its
+# parser in vllm/entrypoints/common/cli_args.py make_arg_parser from FrontendArgs, which holds
 # --host/--port, and AsyncEngineArgs, vllm/engine/arg_utils.py, which holds the engine's flags,
 # each one dashed from an EngineArgs field):
-# - `--reasoning-parser qwen3`: thinking text comes back in `reasoning_content`, apart from the
-#   answer (EngineArgs.reasoning_parser, checked against vllm/reasoning's ReasoningParserManager;
-#   vllm/reasoning/qwen3_reasoning_parser.py registers the name "qwen3").
+# - `--reasoning-parser qwen3`: thinking text comes back in `reasoning` (0.33 renames the older
+#   `reasoning_content`: vllm/entrypoints/openai/chat_completion/protocol.py), apart from the
+#   answer (EngineArgs.reasoning_parser; vllm/reasoning/__init__.py registers "qwen3", in
+#   qwen3_engine_reasoning_parser.py).
 # - `--max-model-len 32768` (EngineArgs.max_model_len): Qwen3's pre-training context
 #   (QwenLM/Qwen3 docs, "The maximum context length in pre-training for Qwen3 models is 32,768
 #   tokens"); longer needs YaRN.
-# - `--shutdown-timeout 60`: on SIGTERM vLLM stops taking requests (503) and lets those in flight
-#   finish for at most this many seconds (0 aborts them at once); vLLM's own test of it is
-#   tests/entrypoints/launchers/test_shutdown.py (test_wait_timeout_completes_requests). The
+# - `--shutdown-timeout 60`: on SIGTERM vLLM lets the requests in flight finish for at most this
+#   many seconds (vllm/config/vllm.py VllmConfig.shutdown_timeout, "Shutdown grace period for
+#   in-flight requests", default 0; read by vllm/entrypoints/launchers/launcher.py). Measured
+#   (../shared/REAL-COMPONENTS.md): new requests get 500 meanwhile, /health stays 200, and a
+#   stream that outlasts it is held open until the process is killed. The
 #   container's stop grace follows the value in effect (qwen_cluster/render/vllm.py
 #   stop_grace_seconds), so docker never kills the server before its drain ends. An image older
 #   than the flag refuses it: drop it there with `model.vllmFlags: {--shutdown-timeout: false}`.
-# `--served-model-name` defaults to model.name (qwen_cluster/render/vllm.py), so clients ask for
+# `--served-model-name` is model.name (qwen_cluster/render/vllm.py; owned), so clients ask for
 # the model by the name in the stack file whatever path vLLM loads it from.
 DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
     "--reasoning-parser": "qwen3",
@@ -69,13 +82,45 @@ DEFAULT_VLLM_FLAGS: dict[str, str | int] = {
 # table, the topology or the memory plan (value: where the program takes it from).
 OWNED_VLLM_FLAGS: dict[str, str] = {
     "--model": "model.name",
+    "--served-model-name": "model.name (clients ask for the model by it)",
     "--host": "the program (bare metal: the node's address; AWS: loopback, behind the node's proxy)",
     "--port": "ports (the clients entry)",
     "--tensor-parallel-size": "model.tensorParallel",
     "--pipeline-parallel-size": "model.pipelineParallel",
     "--data-parallel-size": "nodes / model.pipelineParallel (one replica per head node)",
     "--gpu-memory-utilization": "qwen_cluster/catalog.py GPU_MEMORY_UTILIZATION (the memory plan)",
-    "--distributed-executor-backend": "model.pipelineParallel (ray across nodes, else multiprocessing)",
+    "--distributed-executor-backend": "model.distributedBackend and model.pipelineParallel",
+    "--nnodes": "model.pipelineParallel (nodes per replica)",
+    "--node-rank": "the replica's member order (the head is 0)",
+    "--master-addr": "the replica head's address",
+    "--master-port": "ports (the cluster entry, pinned by qwen_cluster/topology.py)",
+    "--headless": "the topology (every member of a replica but its head)",
+    "--api-server-count": "the topology (one API server on a replica head, none elsewhere)",
+}
+# Other spellings of the owned flags that vLLM 0.33.0's parser takes (config.DEFAULT_IMAGE's
+# release, read in its wheel): the second name of an `add_argument` in vllm/engine/arg_utils.py
+# (EngineArgs.add_cli_args) and vllm/entrypoints/common/cli_args.py (make_arg_parser).
+VLLM_FLAG_ALIASES: dict[str, str] = {
+    "--device-memory-utilization": "--gpu-memory-utilization",
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-n": "--nnodes",
+    "-r": "--node-rank",
+    "-asc": "--api-server-count",
+}
+# Flags that reach an owned setting another way (release files as above):
+VLLM_FLAG_INDIRECTIONS: dict[str, str] = {
+    # vllm/utils/argparse_utils.py FlexibleArgumentParser._pull_args_from_config: any flag from YAML.
+    "--config": "loads any flag, the program's own among them, from a YAML file",
+    # vllm/entrypoints/common/cli_args.py FrontendArgs.uds: "If set, host and port arguments are ignored."
+    "--uds": "makes vLLM ignore --host and --port and listen on a Unix socket",
+    # same file, make_arg_parser: --grpc serves gRPC on --port instead of the OpenAI HTTP API.
+    "--grpc": "serves gRPC on --port instead of the OpenAI HTTP API",
+    "--grpc-port": "opens another listener outside the port table",
+    # vllm/config/cache.py CacheConfig.kv_cache_memory_bytes: "(when not-None) ignores
+    # gpu_memory_utilization".
+    "--kv-cache-memory-bytes": "replaces --gpu-memory-utilization (the memory plan)",
 }
 _VLLM_FLAG = re.compile(r"^--[a-z0-9]+(-[a-z0-9]+)*$")
 # Shapes written more than once below.
@@ -232,21 +277,41 @@ def _pinned_image(value: object) -> object:
 VllmFlagValue = str | int | float | bool | None
 
 
+def _owned_spelling(key: str) -> str | None:
+    """Why `key` is the program's (to follow `<key> <value>`), or None. vLLM's parser turns `_`
+    into `-` in a long flag's name (vllm/utils/argparse_utils.py FlexibleArgumentParser.parse_args)
+    and, as argparse does by default (allow_abbrev), takes a unique prefix of a long flag for the
+    whole flag."""
+    dashed = f"--{key[2:].replace('_', '-')}" if key.startswith("--") else key
+    canonical = VLLM_FLAG_ALIASES.get(dashed, dashed)
+    if canonical in OWNED_VLLM_FLAGS:
+        if canonical == key:
+            return f"is set by the program from {OWNED_VLLM_FLAGS[canonical]}"
+        return f"is read by vLLM as {canonical}, which the program sets from {OWNED_VLLM_FLAGS[canonical]}"
+    if dashed in VLLM_FLAG_INDIRECTIONS:
+        return f"{VLLM_FLAG_INDIRECTIONS[dashed]}, settings the program owns"
+    if dashed.startswith("--") and len(dashed) > 3:
+        whole = [flag for flag in (*OWNED_VLLM_FLAGS, *VLLM_FLAG_INDIRECTIONS) if flag.startswith(dashed)]
+        if whole:
+            return f"abbreviates {whole[0]} (vLLM's parser takes a unique prefix), which the program owns"
+    return None
+
+
 def _vllm_flags(value: object) -> object:
-    """Keys are long flags as vLLM spells them; the program's own flags are refused."""
+    """Keys are long flags as vLLM spells them; the program's own flags are refused, under any
+    spelling vLLM would read as one of them."""
     if not isinstance(value, Mapping):
         return value
     errors = []
     for key, val in value.items():
         key_text = str(key)
-        if not _VLLM_FLAG.match(key_text):
+        owned = _owned_spelling(key_text)
+        if owned:
+            errors.append(f"{key_text} {val!r} {owned}; remove it")
+        elif not _VLLM_FLAG.match(key_text):
             hint = key_text.replace("_", "-")
             hint = hint if hint.startswith("--") else f"--{hint.lstrip('-')}"
             errors.append(f"{key_text!r} is not a long vLLM flag (write it as {hint!r})")
-        elif key_text in OWNED_VLLM_FLAGS:
-            errors.append(
-                f"{key_text} {val!r} is set by the program from {OWNED_VLLM_FLAGS[key_text]}; remove it"
-            )
         elif isinstance(val, list | dict):
             errors.append(f"{key_text} {val!r}: give one value (JSON arguments as a string)")
     if errors:
@@ -339,6 +404,15 @@ class Model(Section):
         ge=1,
         description="Nodes per replica: divides the node count; replicas = nodes / pipelineParallel.",
     )
+    distributed_backend: Literal["mp", "ray"] = Field(
+        default="mp",
+        description="How a replica spans its `pipelineParallel` nodes. `mp`: vLLM's own multi-node launch "
+        "(`--nnodes`/`--node-rank`/`--master-addr`/`--master-port`, `--headless` on the members after the "
+        "head; multiprocessing executor), which the official image runs. `ray`: a Ray cluster per replica "
+        "(`rayAuthToken` required), only with an image that carries Ray: refused with the official "
+        f"`{OFFICIAL_IMAGE}` images, whose vLLM package declares no Ray dependency since PR #36170 "
+        "(vllm-project/vllm, March 2026; the v0.33.0 wheel's METADATA has neither Ray nor a Ray extra).",
+    )
     vllm_flags: Annotated[dict[str, VllmFlagValue], BeforeValidator(_vllm_flags)] = Field(
         default={},
         description="Extra `vllm serve` flags, merged over the defaults "
@@ -355,6 +429,18 @@ class Model(Section):
         "with the image, before the first replica of a change drains; the model server then loads "
         "from the node's disk only.",
     )
+
+    @field_validator("distributed_backend")
+    @classmethod
+    def _ray_needs_an_image_with_ray(cls, backend: str, info: ValidationInfo) -> str:
+        image = info.data.get("image", DEFAULT_IMAGE)
+        if backend == "ray" and official_image(image):
+            raise ValueError(
+                f"'ray' cannot start in model.image {image}: the official vLLM image ships no Ray (its "
+                "package has no Ray dependency since vllm-project/vllm PR #36170), so `ray start` fails at "
+                "its first command. Use 'mp' (vLLM's own multi-node launch) or an image built with Ray"
+            )
+        return backend
 
 
 # rollout.maxUnavailable: a count, or a percentage of the replicas as Kubernetes writes it

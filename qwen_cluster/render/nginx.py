@@ -108,7 +108,7 @@ class Route:
 # `@router.get("/v1/responses/{response_id}")`, `@router.post("/v1/responses/{response_id}/cancel")`);
 # later releases split them into vllm/entrypoints/openai/{models,chat_completion,completion,
 # responses}/api_router.py with the same paths, registered for the "generate" task by
-# vllm/entrypoints/openai/generate/api_router.py. A method other than the route's is 403.
+# vllm/entrypoints/generate/api_router.py (0.33.0). A method other than the route's is 403.
 API_ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/models"),
     Route("POST", "/v1/chat/completions"),

@@ -22,9 +22,11 @@ What one run does on a node (idempotent, so re-running it on an unchanged node i
    replica loads at the same time and the NLB's health check admits each when it answers.
    Any failure fails the run, which fails the association, which stops `pulumi up` there with
    the replicas not yet reached untouched.
-Pipeline workers (not LB targets) drain their replica's head before restarting their Ray
-worker (so the replica is out of the load balancer before any of its members restarts); their
-replica head's run waits for the replica's health.
+Pipeline members after the head (not LB targets) drain their replica's head before restarting
+their headless `vllm serve` (or Ray worker, with model.distributedBackend ray), so the replica is
+out of the load balancer before any of its members restarts; their replica head's run waits for
+the replica's health. The hash is the replica's (config_hash): a change to any member restarts
+them all, since a multi-node replica meets again at its head's `--master-port`.
 
 Staging is a second document (`stage_document`), applied to each node by its own association
 before the node's model-server association: it pulls the image and fetches the weights into the
@@ -259,8 +261,9 @@ def environment(cluster: ClusterConfig, node_name: str) -> dict[str, str]:
 def config_hash(cluster: ClusterConfig, node_name: str) -> str:
     """What the node's replica runs, hashed: for each member its image, command, environment,
     docker options and the document itself. Equal hash, no restart (sysctl and drain settings
-    are not in it). The replica's, not the node's: a pipeline worker that restarts takes its
-    Ray worker out of the head's pipeline, so the head restarts (and is gated) with it."""
+    are not in it). The replica's, not the node's: a pipeline member that restarts leaves the
+    head's torch.distributed world (or its Ray cluster), so the head restarts (and is gated)
+    with it."""
     parts = []
     for member in cluster.topology.replica_of(node_name).members:
         parts += [
@@ -284,7 +287,7 @@ def parameters(
 ) -> dict[str, Any]:
     """The association parameters for one node. `target_group_arn` / `target_id` may be Pulumi
     Outputs (the component passes them); they are empty for pipeline workers. With Ray
-    (pipelineParallel > 1) `ray_token_parameter` names the SecureString holding rayAuthToken and
+    (cluster.runs_ray) `ray_token_parameter` names the SecureString holding rayAuthToken and
     `ray_token_version` is its version: the token itself is never a parameter."""
     topology = cluster.topology
     replica = topology.replica_of(node_name)
@@ -307,8 +310,8 @@ def parameters(
         "DrainSeconds": str(cluster.rollout.drain_timeout_seconds),
         "HealthSeconds": str(cluster.rollout.health_timeout_seconds),
         "StopSeconds": str(vllm.stop_grace_seconds(cluster)),
-        "RayTokenParameter": ray_token_parameter if topology.pipeline_parallel > 1 else "",
-        "RayTokenVersion": ray_token_version if topology.pipeline_parallel > 1 else "",
+        "RayTokenParameter": ray_token_parameter if cluster.runs_ray else "",
+        "RayTokenVersion": ray_token_version if cluster.runs_ray else "",
         # vLLM's own /health where it listens (loopback, behind the node's proxy).
         "HealthUrl": (
             f"http://{vllm.listen_address(cluster, node_name)}:{topology.model_port}{vllm.HEALTH_PATH}"

@@ -1,10 +1,21 @@
-"""The model server's command line: `vllm serve` on a replica head, `ray start` on the other
-members of a pipeline-parallel replica. One source for both targets (AWS runs it through SSM
-and the first boot, bare metal as a container's entry command), pure.
+"""The model server's command line on every node. One source for both targets (AWS runs it
+through SSM and the first boot, bare metal as a container's entry command), pure.
+
+A replica of one node: `vllm serve` on it. A replica of `pipelineParallel` nodes, by default
+(model.distributedBackend mp) vLLM's own multi-node launch as the release has it (vLLM 0.33.0,
+config.DEFAULT_IMAGE): `vllm serve --nnodes N --node-rank 0 --master-addr HEAD --master-port P` on
+the head, which serves the API; the same with `--node-rank R --headless` on every other member,
+which serves no HTTP (vllm/entrypoints/cli/serve.py run_headless: "Run headless workers (for
+multi-node PP/TP)", a MultiprocExecutor whose worker monitor runs inline, so the process exits
+with its workers). vLLM refuses `--nnodes` > 1 with any executor but mp, uni or
+external_launcher (vllm/config/parallel.py ParallelConfig). With model.distributedBackend ray
+(an image that carries Ray): `ray start --head` then `vllm serve` on the head, a Ray worker that
+exits when its raylet does elsewhere.
 
 The program owns the flags that must agree with the rest of the config (address, port,
-parallel sizes, memory plan, executor backend: config.OWNED_VLLM_FLAGS); everything else is
-`model.vllmFlags` over config.DEFAULT_VLLM_FLAGS.
+parallel sizes, memory plan, executor backend, the multi-node launch: config.OWNED_VLLM_FLAGS,
+under every spelling vLLM reads); everything else is `model.vllmFlags` over
+config.DEFAULT_VLLM_FLAGS.
 """
 
 from __future__ import annotations
@@ -19,13 +30,15 @@ from qwen_cluster.render import weights
 # which holds the node address and the model port, checks keys and routes and terminates TLS.
 LOOPBACK = "127.0.0.1"
 # vLLM's health route, the one definition of it here: `GET /health` in
-# vllm/entrypoints/openai/api_server.py (vllm-project/vllm, the release of config.DEFAULT_IMAGE)
-# answers 200 while the engine serves and 503 once it is dead (EngineDeadError); before the
-# weights are loaded nothing listens. The NLB health check, nginx's /health, the rollout gate,
-# the SSM run's wait and the lab's stand-in model server all ask this path.
+# vllm/entrypoints/serve/instrumentator/health.py (vLLM 0.33.0, the release of
+# config.DEFAULT_IMAGE) answers 200 while the engine serves, also while it drains after SIGTERM,
+# and 503 once the engine is dead (EngineDeadError); before the weights are loaded nothing
+# listens (a refused connection: not ready). The NLB health check, nginx's /health, the rollout
+# gate, the SSM run's wait and the lab's stand-in model server all ask this path.
 HEALTH_PATH = "/health"
-# vLLM's own graceful shutdown (config.DEFAULT_VLLM_FLAGS): on SIGTERM it refuses new requests
-# and lets those in flight finish for at most this many seconds.
+# vLLM's own graceful shutdown (config.DEFAULT_VLLM_FLAGS): on SIGTERM it answers new requests
+# with 500 and lets those in flight finish for at most this many seconds; a stream that outlasts
+# it stays open until the process is killed (measured, ../shared/REAL-COMPONENTS.md).
 SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
 # What docker waits beyond that before SIGKILL: the engine's processes exit and free the GPUs.
 STOP_MARGIN_SECONDS = 30
@@ -59,22 +72,53 @@ def listen_address(cluster: ClusterConfig, node_name: str) -> str:
     return str(next(node.ip for node in cluster.nodes if node.name == node_name))
 
 
-def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str]:
-    """`vllm serve MODEL ...` for a replica head (default: the first)."""
+def _member(cluster: ClusterConfig, node_name: str) -> tuple[int, str]:
+    """(rank in its replica, address) of `node_name`: the head is rank 0."""
+    replica = cluster.topology.replica_of(node_name)
+    rank = next(index for index, member in enumerate(replica.members) if member.name == node_name)
+    return rank, str(replica.members[rank].ip)
+
+
+def _engine_flags(cluster: ClusterConfig, node_name: str) -> list[str]:
+    """The owned engine flags every member of a replica gives alike, then the multi-node ones."""
     topology = cluster.topology
-    node_name = node_name or topology.heads[0].name
-    owned = [
-        f"--host={listen_address(cluster, node_name)}",
-        f"--port={topology.model_port}",
+    flags = [
         f"--tensor-parallel-size={topology.tensor_parallel}",
         f"--pipeline-parallel-size={topology.pipeline_parallel}",
         f"--gpu-memory-utilization={catalog.GPU_MEMORY_UTILIZATION}",
     ]
-    if topology.pipeline_parallel > 1:
-        owned.append("--distributed-executor-backend=ray")  # the replica spans nodes
+    if topology.pipeline_parallel == 1:
+        return flags
+    if cluster.runs_ray:
+        return [*flags, "--distributed-executor-backend=ray"]
+    rank, _ = _member(cluster, node_name)
+    head = topology.replica_of(node_name).head
+    multinode = topology.ports.multinode_args(
+        nnodes=topology.pipeline_parallel, node_rank=rank, master_addr=str(head.ip)
+    )
+    return [*flags, "--distributed-executor-backend=mp", *multinode]
+
+
+def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str]:
+    """`vllm serve MODEL ...` for a replica head (default: the first)."""
+    node_name = node_name or cluster.topology.heads[0].name
+    owned = [
+        f"--host={listen_address(cluster, node_name)}",
+        f"--port={cluster.topology.model_port}",
+        *_engine_flags(cluster, node_name),
+    ]
     extras = [_argument(flag, value) for flag, value in extra_flags(cluster).items()]
     # The repository id (resolved in the staged cache) or the staged S3 copy; clients still ask
     # for model.name (`--served-model-name`).
+    return ["vllm", "serve", weights.model_path(cluster), *owned, *extras]
+
+
+def headless_argv(cluster: ClusterConfig, node_name: str) -> list[str]:
+    """`vllm serve MODEL --headless ...` for a member after the head of a multi-node replica: the
+    same engine flags as the head (each builds the same engine config), no host or port (it serves
+    no HTTP)."""
+    extras = [_argument(flag, value) for flag, value in extra_flags(cluster).items()]
+    owned = ["--headless", *_engine_flags(cluster, node_name)]
     return ["vllm", "serve", weights.model_path(cluster), *owned, *extras]
 
 
@@ -88,38 +132,52 @@ def stop_grace_seconds(cluster: ClusterConfig) -> int:
 
 
 def ray_argv(cluster: ClusterConfig, node_name: str) -> list[str]:
-    """`ray start` for a member of a pipeline-parallel replica, its ports pinned in the range."""
+    """`ray start` for a member of a Ray replica, its ports pinned in the range. Not `--block` on a
+    worker: that process outlives `ray stop` (measured with Ray 2.60); RAYLET_WATCH watches
+    the raylet instead."""
     topology = cluster.topology
     replica = topology.replica_of(node_name)
-    node_ip = next(member.ip for member in replica.members if member.name == node_name)
+    _, node_ip = _member(cluster, node_name)
     ray = ["ray", "start", f"--node-ip-address={node_ip}"]
     if replica.head.name == node_name:
         return [*ray, *topology.ports.ray_start_args(head=True)]
-    return [*ray, "--block", *topology.ports.ray_start_args(head=False, head_ip=replica.head.ip)]
+    return [*ray, *topology.ports.ray_start_args(head=False, head_ip=str(replica.head.ip))]
+
+
+# A Ray worker's container lives as long as its raylet: bash only (no pgrep in every image),
+# the raylet's process name read from /proc; when it is gone the container exits non-zero and
+# docker's restart policy (or the rollout) starts it again.
+RAYLET_WATCH = (
+    "while grep -qsx raylet /proc/[0-9]*/comm; do sleep 5; done; "
+    'echo "ray worker: the raylet is gone, exiting" >&2; exit 1'
+)
 
 
 def server_script(cluster: ClusterConfig, node_name: str, prelude: str = "") -> str:
-    """The bash script the model server runs on `node_name` (`bash -c`): vLLM on a replica head
-    (after the Ray head when the replica spans nodes), a blocking Ray worker elsewhere.
-    `prelude` runs first (a target's own setup, e.g. finding the cluster interface)."""
+    """The bash script the model server runs on `node_name` (`bash -c`). `prelude` runs first (a
+    target's own setup, e.g. finding the cluster interface)."""
     topology = cluster.topology
-    if topology.pipeline_parallel == 1:
-        command = f"exec {shlex.join(serve_argv(cluster, node_name))}"
-    elif topology.is_head(node_name):
-        serve = shlex.join(serve_argv(cluster, node_name))
-        command = f"{shlex.join(ray_argv(cluster, node_name))} && exec {serve}"
+    if topology.is_head(node_name):
+        serve = f"exec {shlex.join(serve_argv(cluster, node_name))}"
+        command = f"{shlex.join(ray_argv(cluster, node_name))} && {serve}" if cluster.runs_ray else serve
+    elif cluster.runs_ray:
+        command = f"{shlex.join(ray_argv(cluster, node_name))} && {RAYLET_WATCH}"
     else:
-        command = f"exec {shlex.join(ray_argv(cluster, node_name))}"
+        command = f"exec {shlex.join(headless_argv(cluster, node_name))}"
     return prelude + command
 
 
 def environment(cluster: ClusterConfig, node_name: str) -> dict[str, str]:
-    """The environment every target gives the model server: the node's own address for vLLM and
-    the first port of vLLM's pinned block (and the replica's Ray head when it spans nodes)."""
+    """The environment every target gives the model server: the node's own address, which vLLM
+    binds its cross-node message queues to (vllm/utils/network_utils.py get_ip reads VLLM_HOST_IP;
+    vllm/distributed/device_communicators/shm_broadcast.py binds `tcp://<it>:0`). No VLLM_PORT:
+    in 0.33 nothing a replica opens takes its port from it (the TCPStore of a multi-node replica
+    is `--master-port`, the message queues bind port 0). With Ray: the replica's Ray head, and
+    Ray's two metrics servers pinned in the range."""
     topology = cluster.topology
-    replica = topology.replica_of(node_name)
-    node_ip = next(member.ip for member in replica.members if member.name == node_name)
-    env = {"VLLM_HOST_IP": str(node_ip), "VLLM_PORT": str(topology.ports.vllm.low)}
-    if topology.pipeline_parallel > 1:
-        env["RAY_ADDRESS"] = f"{replica.head.ip}:{topology.ports.gcs}"
+    _, node_ip = _member(cluster, node_name)
+    env = {"VLLM_HOST_IP": node_ip}
+    if cluster.runs_ray:
+        env["RAY_ADDRESS"] = f"{topology.replica_of(node_name).head.ip}:{topology.ports.gcs}"
+        env.update(topology.ports.ray_metrics_environment())
     return env

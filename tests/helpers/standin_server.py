@@ -19,14 +19,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serving(
-    settings: modelserver.Settings, hold: list[int] = ()
+    settings: modelserver.Settings, hold: list[int] = (), *, loaded: bool = True
 ) -> Iterator[tuple[int, modelserver.ModelServer]]:
     """Yields (API port, server) while the stand-in answers on 127.0.0.1, and `hold` ports
-    only accept."""
+    only accept. With `loaded` (and no load delay) it yields once the API port accepts; without,
+    at once (the port opens when the stand-in has loaded, or never)."""
     port = free_port()
     loop = asyncio.new_event_loop()
     instance = modelserver.ModelServer(settings)
     loop.run_until_complete(instance.start("127.0.0.1", port, list(hold)))
+    if loaded and not settings.load_delay and not modelserver.never_healthy(settings.image):
+        loop.run_until_complete(asyncio.wait_for(instance.api_open.wait(), timeout=10))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:

@@ -11,7 +11,8 @@ The pieces and why:
   has GPUs), with a counters file that enables `DCGM_EXP_XID_ERRORS_COUNT`: XID errors
   counted over a window by the exporter, not `DCGM_FI_DEV_XID_ERRORS`, the last XID seen,
   which a scrape can miss.
-- vLLM: its own `/metrics` on the model port (heads only: a pipeline worker runs Ray).
+- vLLM: its own `/metrics` on the model port (heads only: a pipeline member after the head serves
+  no HTTP).
 - Peers: blackbox_exporter probes from this node, ICMP to every other member and TCP
   connect to each member's model port and the pinned inter-node ports that listen there.
 - One port: `qwen_cluster/node/nodemetrics.py`, a small stdlib aggregator on :8000 that fetches all
@@ -51,20 +52,26 @@ def endpoint_port(cluster) -> int:
 
 
 def listening_ports(cluster, node_name: str) -> list[tuple[str, int]]:
-    """(name, port) of what listens on `node_name` for the other members: the model port
-    on a replica head; with pipeline parallelism the Ray ports pinned in the cluster range
-    (GCS on the head; node and object manager on every member)."""
+    """(name, port) of what listens on `node_name` for the other members at a pinned port: the
+    model port on a replica head; for a replica that spans nodes, vLLM's `--master-port` on its
+    head (mp), or the Ray ports pinned in the cluster range (GCS on the head; node and object
+    manager on every member). The ports vLLM, NCCL and Gloo choose at random are not probed."""
     topology = cluster.topology
     found: list[tuple[str, int]] = []
     if topology.is_head(node_name):
         found.append(
             (next(e.name for e in cluster.ports if e.scope is port_table.Scope.CLIENTS), cluster.model_port)
         )
-    if topology.pipeline_parallel > 1:
-        pinned = topology.ports
+    if topology.pipeline_parallel == 1:
+        return found
+    pinned = topology.ports
+    if not cluster.runs_ray:
         if topology.is_head(node_name):
-            found.append(("ray-gcs", pinned.gcs))
-        found += [("ray-node-manager", pinned.node_manager), ("ray-object-manager", pinned.object_manager)]
+            found.append(("vllm-master", pinned.vllm_master))
+        return found
+    if topology.is_head(node_name):
+        found.append(("ray-gcs", pinned.gcs))
+    found += [("ray-node-manager", pinned.node_manager), ("ray-object-manager", pinned.object_manager)]
     return found
 
 
