@@ -215,6 +215,10 @@ def ensure_model(log: Callable[[str], None] = print) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         try:
             _run([str(venv / "bin" / "python"), str(TINY_MODEL_SCRIPT), str(target)], log)
+            # safetensors writes 0600: readable by any user (a CI cache saved by a non-root
+            # runner, a server that does not run as root).
+            for path in target.iterdir():
+                path.chmod(0o644)
             (target / COMPLETE).write_text(f"{time.monotonic() - started:.0f} s\n")
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
