@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -49,6 +50,7 @@ TORCH_WHEEL_PREFIX = "torch-2.13.0+cpu-"
 # Where torch's CPU builds live when no find-links directory carries the wheel.
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 COMPLETE = ".complete"
+LAB_PYTHON = Path("/usr/bin/python3.11")
 
 
 def cache_root() -> Path:
@@ -63,10 +65,25 @@ def _digest(*parts: bytes) -> str:
     return sha.hexdigest()[:16]
 
 
+def interpreter() -> str:
+    """The Python the environment is made from: Debian's python3.11 where there is one (the
+    interpreter the lab's images carry, labkit/standins.py, so the environment copied into an
+    image at the same path runs there), else the one running this."""
+    return str(LAB_PYTHON) if LAB_PYTHON.exists() else sys.executable
+
+
 def venv_key() -> str:
     """What the environment is built from: the pinned list, the recipe, the interpreter."""
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return _digest(REQUIREMENTS.read_bytes(), RECIPE_VERSION.encode(), python.encode())
+    python = interpreter()
+    version = _version_of(python)
+    return _digest(REQUIREMENTS.read_bytes(), RECIPE_VERSION.encode(), python.encode(), version.encode())
+
+
+@functools.cache
+def _version_of(python: str) -> str:
+    return subprocess.run(
+        [python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def venv_dir() -> Path:
@@ -177,7 +194,7 @@ def ensure_venv(log: Callable[[str], None] = print) -> Path:
         started = time.monotonic()
         shutil.rmtree(target, ignore_errors=True)
         try:
-            _run([sys.executable, "-m", "venv", str(target)], log)
+            _run([interpreter(), "-m", "venv", str(target)], log)
             python = target / "bin" / "python"
             _run(
                 [
@@ -345,20 +362,35 @@ os.execv({real!r}, [{real!r}, *argv[1:]])
 '''
 
 
+def launcher_text(venv: Path, model: Path, labkit_parent: Path | str = HERE.parent) -> str:
+    """LAUNCHER for an environment, a model and where `labkit/` sits (the clone, or an image's
+    copy of the lab's code)."""
+    return LAUNCHER.format(
+        python=venv / "bin" / "python",
+        labkit_parent=str(labkit_parent),
+        real=str(venv / "bin" / "vllm"),
+        model=str(model),
+    )
+
+
 def write_launcher(directory: Path, venv: Path, model: Path, labkit_parent: Path = HERE.parent) -> Path:
     """Writes the lab's `vllm` (LAUNCHER) into `directory`; returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
     launcher = directory / "vllm"
-    launcher.write_text(
-        LAUNCHER.format(
-            python=venv / "bin" / "python",
-            labkit_parent=str(labkit_parent),
-            real=str(venv / "bin" / "vllm"),
-            model=str(model),
-        )
-    )
+    launcher.write_text(launcher_text(venv, model, labkit_parent))
     launcher.chmod(0o755)
     return launcher
+
+
+def image_content(labkit_parent: str, launcher_path: str = "/usr/local/bin/vllm") -> tuple[tuple, tuple]:
+    """What the lab's vLLM image needs for the real server, built first when missing: (trees,
+    files) in the image builder's terms (labkit/dockerd.py ImageSpec): the environment and the
+    model at their own paths (a venv names its interpreter by absolute path; the image's Python
+    is the one it was made from, `interpreter()`), and LAUNCHER as the image's `vllm`."""
+    venv, model = ensure_venv(), ensure_model()
+    trees = ((str(venv), str(venv)), (str(model), str(model)))
+    files = ((launcher_path, launcher_text(venv, model, labkit_parent), 0o755),)
+    return trees, files
 
 
 def main(argv: list[str] | None = None) -> int:

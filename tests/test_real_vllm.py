@@ -186,8 +186,8 @@ def test_real_server_drains_as_measured(real):
     assert drained.models_during == 200
     # A stream that outlasts --shutdown-timeout stops getting tokens but is never closed: no
     # [DONE], no error, while the process stays up and its listener is gone.
+    assert drained.stream_goes_quiet
     assert drained.stream_after_timeout == "open"
-    assert drained.chunks_after_timeout == 0
     assert drained.new_connection_after_timeout == scenario.REFUSED
     assert drained.alive_after_timeout
     # ... until its clients give up (or docker's stop grace SIGKILLs it).
@@ -258,8 +258,8 @@ def test_standin_drains_as_vllm_does(real, standin):
         "health_during",
         "new_chat_during",
         "models_during",
+        "stream_goes_quiet",
         "stream_after_timeout",
-        "chunks_after_timeout",
         "new_connection_after_timeout",
         "alive_after_timeout",
     ]
