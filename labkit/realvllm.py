@@ -290,6 +290,12 @@ CPU_ENVIRONMENT: dict[str, tuple[str, str]] = {
     "DO_NOT_TRACK": ("1", "the same, by the common convention vLLM also reads"),
     "HF_HUB_OFFLINE": ("1", "the model is a local directory; nothing is fetched from the Hub"),
 }
+# Environment the lab removes: the lab's image puts its own code and stand-in packages (a
+# pydantic of the project's, a huggingface_hub that only records) on PYTHONPATH, ahead of the
+# environment's site-packages; the real server must import its own.
+CPU_ENVIRONMENT_REMOVED: dict[str, str] = {
+    "PYTHONPATH": "the lab image's own code and stand-in packages would shadow the environment's",
+}
 # Rendered launches the CPU lab cannot run as one process: a replica spanning nodes.
 _MULTI_NODE = ("--pipeline-parallel-size", "--nnodes", "--node-rank", "--headless", "--master-addr")
 
@@ -357,6 +363,8 @@ if sys.argv[1:2] != ["serve"]:
 argv = realvllm.cpu_serve_argv(["vllm", *sys.argv[1:]], {model!r})
 for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items():
     os.environ[key] = value
+for key in realvllm.CPU_ENVIRONMENT_REMOVED:
+    os.environ.pop(key, None)
 print("lab vllm (real, CPU):", " ".join(argv), flush=True)
 os.execv({real!r}, [{real!r}, *argv[1:]])
 '''
@@ -382,15 +390,47 @@ def write_launcher(directory: Path, venv: Path, model: Path, labkit_parent: Path
     return launcher
 
 
-def image_content(labkit_parent: str, launcher_path: str = "/usr/local/bin/vllm") -> tuple[tuple, tuple]:
-    """What the lab's vLLM image needs for the real server, built first when missing: (trees,
-    files) in the image builder's terms (labkit/dockerd.py ImageSpec): the environment and the
-    model at their own paths (a venv names its interpreter by absolute path; the image's Python
-    is the one it was made from, `interpreter()`), and LAUNCHER as the image's `vllm`."""
+IMAGE_LAUNCHER = "/usr/local/bin/vllm"
+
+
+def image_trees(labkit_parent: str) -> tuple[tuple[str, str], ...]:
+    """What the lab's vLLM image needs for the real server, built first when missing, as
+    (host path, path in the image) pairs for the image builder (labkit/dockerd.py ImageSpec
+    trees): the environment and the model at their own paths (a venv names its interpreter by
+    absolute path; the image's Python is the one it was made from, `interpreter()`), and
+    LAUNCHER as the image's `vllm`, importing the lab's code from `labkit_parent` in the image."""
     venv, model = ensure_venv(), ensure_model()
-    trees = ((str(venv), str(venv)), (str(model), str(model)))
-    files = ((launcher_path, launcher_text(venv, model, labkit_parent), 0o755),)
-    return trees, files
+    text = launcher_text(venv, model, labkit_parent)
+    directory = cache_root() / f"launcher-{_digest(text.encode())}"
+    launcher = directory / "vllm"
+    if not launcher.exists() or launcher.read_text() != text:
+        write_launcher(directory, venv, model, Path(labkit_parent))
+    libraries = tuple((path, path) for path in system_libraries(venv))
+    return ((str(venv), str(venv)), (str(model), str(model)), (str(launcher), IMAGE_LAUNCHER), *libraries)
+
+
+SYSTEM_LIBRARIES = ".lab-system-libraries"
+
+
+def system_libraries(venv: Path) -> list[str]:
+    """The host libraries the environment's native code links (libstdc++, libgomp, libnuma,
+    ...: `ldd` over every shared object in it), each as linked and as its symlink's target, so
+    an image with only Python's own libraries can run it. Found once per environment."""
+    cached = venv / SYSTEM_LIBRARIES
+    if cached.exists():
+        return cached.read_text().split()
+    objects = [str(path) for path in venv.rglob("*.so*") if path.is_file() and not path.is_symlink()]
+    found: set[str] = set()
+    for start in range(0, len(objects), 100):
+        out = subprocess.run(["ldd", *objects[start : start + 100]], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            linked = parts[2] if "=>" in parts and len(parts) >= 4 else ""
+            if linked.startswith("/") and not linked.startswith(str(venv)):
+                found.add(linked)
+    paths = sorted(found | {os.path.realpath(path) for path in found})
+    cached.write_text("\n".join(paths) + "\n")
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:

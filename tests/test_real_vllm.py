@@ -40,6 +40,14 @@ STANDIN_HEALTHY_TIMEOUT = 60
 # The stand-in's lab knobs (labkit/shims.py vllm): a short load, and tokens slow enough that the
 # long stream outlasts the shutdown timeout.
 STANDIN_ENV = {"QCL_LAB_LOAD_DELAY": "1", "QCL_LAB_TOKEN_DELAY": "0.02"}
+# What vLLM does with a stream that outlasts --shutdown-timeout, both measured here: most often
+# (13 of 15 runs) it holds it open, no token, no [DONE], no error, until the client leaves or
+# the process is killed; sometimes it ends it at the timeout with an error event
+# (InternalServerError, "EngineCore encountered an issue") and [DONE]: a race in its shutdown
+# (vllm/entrypoints/launchers/launcher.py handle_shutdown stops the engine client, and
+# vllm/v1/engine/async_llm.py shutdown() cancels the output handler, which may or may not have
+# seen the engine core die first). Either way the client gets no complete answer.
+HELD_PAST_TIMEOUT = {"open", "error"}
 
 
 def stack() -> ClusterConfig:
@@ -113,6 +121,12 @@ def real(cluster, tmp_path_factory) -> Record:
     bin_dir = tmp_path_factory.mktemp("real-bin")
     realvllm.write_launcher(bin_dir, venv, model)
     argv, env = container(cluster, "master", bin_dir)
+    # As in the lab's image: PYTHONPATH holds the lab's own packages, which would shadow the
+    # environment's (realvllm.CPU_ENVIRONMENT_REMOVED); one that breaks any import of it here.
+    shadow = tmp_path_factory.mktemp("shadow")
+    (shadow / "pydantic").mkdir()
+    (shadow / "pydantic" / "__init__.py").write_text("raise ImportError('the lab image shadowed pydantic')\n")
+    env["PYTHONPATH"] = str(shadow)
     log = tmp_path_factory.mktemp("real-vllm") / "server.log"
     return _run("the real vLLM", cluster, "master", argv, env, log, REAL_HEALTHY_TIMEOUT)
 
@@ -184,10 +198,13 @@ def test_real_server_drains_as_measured(real):
     assert drained.health_during == 200  # /health says nothing of the drain
     assert drained.new_chat_during == 500  # not 503: "cannot schedule new futures after shutdown"
     assert drained.models_during == 200
-    # A stream that outlasts --shutdown-timeout stops getting tokens but is never closed: no
-    # [DONE], no error, while the process stays up and its listener is gone.
+    # A stream that outlasts --shutdown-timeout gets no token after it and no answer: held open,
+    # or ended by an error event (HELD_PAST_TIMEOUT), while the process stays up and its
+    # listener is gone.
     assert drained.stream_goes_quiet
-    assert drained.stream_after_timeout == "open"
+    assert drained.stream_after_timeout in HELD_PAST_TIMEOUT, drained
+    if drained.stream_after_timeout == "error":
+        assert "EngineCore encountered an issue" in drained.stream_error
     assert drained.new_connection_after_timeout == scenario.REFUSED
     assert drained.alive_after_timeout
     # ... until its clients give up (or docker's stop grace SIGKILLs it).
@@ -259,12 +276,16 @@ def test_standin_drains_as_vllm_does(real, standin):
         "new_chat_during",
         "models_during",
         "stream_goes_quiet",
-        "stream_after_timeout",
         "new_connection_after_timeout",
         "alive_after_timeout",
     ]
     assert standin.draining.probed_within < SHUTDOWN_TIMEOUT
     differences = _differences(real.draining, standin.draining, fields)
+    if standin.draining.stream_after_timeout not in HELD_PAST_TIMEOUT:
+        differences.append(
+            f"stream past the timeout: the stand-in {standin.draining.stream_after_timeout!r}, "
+            f"vLLM one of {sorted(HELD_PAST_TIMEOUT)}"
+        )
     assert not differences, "after SIGTERM, the stand-in differs from vLLM:\n" + "\n".join(differences)
 
 

@@ -192,6 +192,9 @@ class _Stream:
         self.done = False  # saw `data: [DONE]`
         self.ended = ""  # "" while open; "eof" or the error that ended it
         self.last_chunk_at = 0.0
+        self.done_at = 0.0
+        self.finish = ""  # the finish_reason the stream ended with, if any
+        self.error = ""  # an error event in the stream, if any
         self.thread = threading.Thread(target=self._read, args=(host, port), daemon=True)
         self.thread.start()
 
@@ -212,9 +215,17 @@ class _Stream:
                     return
                 if line.startswith(b"data: [DONE]"):
                     self.done = True
+                    self.done_at = time.monotonic()
                 elif line.startswith(b"data:"):
                     self.chunks += 1
                     self.last_chunk_at = time.monotonic()
+                    with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+                        event = json.loads(line[5:])
+                        if "error" in event:
+                            self.error = str(event["error"])[:300]
+                        finish = event["choices"][0].get("finish_reason")
+                        if finish:
+                            self.finish = finish
         except Exception as error:  # noqa: BLE001 - how the stream ended is what we record
             self.ended = self.ended or type(error).__name__
 
@@ -234,7 +245,12 @@ class Draining:
     new_chat_during: object = None
     models_during: object = None
     stream_status: int = 0
-    stream_after_timeout: str = ""  # "open", "done" ([DONE]) or "cut" (closed without [DONE])
+    # "open"; "error" (an error event, then [DONE]); "done" ([DONE], no error); "cut" (closed
+    # without [DONE])
+    stream_after_timeout: str = ""
+    stream_finish: str = ""  # the long stream's finish_reason, if it got one
+    stream_error: str = ""  # an error event the long stream carried, if any
+    stream_done_after: float = 0.0  # seconds after SIGTERM its [DONE] came, if it came
     stream_goes_quiet: bool = False  # no token for QUIET s (or ended) within AFTER_TIMEOUT_BOUND
     new_connection_after_timeout: object = None
     alive_after_timeout: bool = False
@@ -277,7 +293,12 @@ def observe_draining(host: str, port: int, process: subprocess.Popen, shutdown_t
             record.stream_goes_quiet = True
         except AssertionError:
             record.stream_goes_quiet = False  # tokens still flowing long past the timeout
-        if stream.done:
+        record.stream_finish = stream.finish
+        record.stream_error = stream.error
+        record.stream_done_after = stream.done_at - termed if stream.done else 0.0
+        if stream.error:
+            record.stream_after_timeout = "error"
+        elif stream.done:
             record.stream_after_timeout = "done"
         elif stream.ended:
             record.stream_after_timeout = "cut"
