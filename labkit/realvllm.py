@@ -405,34 +405,45 @@ def image_trees(labkit_parent: str) -> tuple[tuple[str, str], ...]:
     launcher = directory / "vllm"
     if not launcher.exists() or launcher.read_text() != text:
         write_launcher(directory, venv, model, Path(labkit_parent))
-    libraries = tuple((path, path) for path in system_libraries(venv))
-    return ((str(venv), str(venv)), (str(model), str(model)), (str(launcher), IMAGE_LAUNCHER), *libraries)
+    host = tuple((path, path) for path in system_files(venv))
+    return ((str(venv), str(venv)), (str(model), str(model)), (str(launcher), IMAGE_LAUNCHER), *host)
 
 
-SYSTEM_LIBRARIES = ".lab-system-libraries"
+SYSTEM_FILES = ".lab-system-files"
+# Host programs the CPU build runs (the vllm-cpu image carries them): vllm/utils/
+# cpu_resource_utils.py runs `lscpu --json --extended=CPU,CORE,NODE --online` when the engine
+# starts (exit 127 without it: "EngineCore failed to start"); vllm/utils/numa_utils.py asks
+# `numactl --show` (a warning without it).
+HOST_PROGRAMS = ("lscpu", "numactl")
 
 
-def system_libraries(venv: Path) -> list[str]:
-    """The host libraries the environment's native code links (libstdc++, libgomp, libnuma,
-    ...: `ldd` over every shared object in it), each as linked and as its symlink's target, so
-    an image with only Python's own libraries can run it. Found once per environment."""
-    cached = venv / SYSTEM_LIBRARIES
-    if cached.exists():
-        return cached.read_text().split()
-    objects = [str(path) for path in venv.rglob("*.so*") if path.is_file() and not path.is_symlink()]
+def _linked(objects: list[str], venv: Path | None = None) -> set[str]:
+    """The host libraries `objects` link (`ldd`), outside `venv`."""
     found: set[str] = set()
     for start in range(0, len(objects), 100):
         out = subprocess.run(["ldd", *objects[start : start + 100]], capture_output=True, text=True).stdout
         for line in out.splitlines():
             parts = line.split()
             linked = parts[2] if "=>" in parts and len(parts) >= 4 else ""
-            if linked.startswith("/") and not linked.startswith(str(venv)):
+            if linked.startswith("/") and not (venv and linked.startswith(str(venv))):
                 found.add(linked)
-    paths = sorted(found | {os.path.realpath(path) for path in found})
+    return found
+
+
+def system_files(venv: Path) -> list[str]:
+    """The host files the environment needs beside Python's own: the libraries its native code
+    links (libstdc++, libgomp, libnuma, ...: `ldd` over every shared object in it) and
+    HOST_PROGRAMS with theirs, each as found and as its symlink's target, so an image with
+    only Python and its libraries can run it. Found once per environment."""
+    cached = venv / SYSTEM_FILES
+    if cached.exists():
+        return cached.read_text().split()
+    objects = [str(path) for path in venv.rglob("*.so*") if path.is_file() and not path.is_symlink()]
+    programs = [found for name in HOST_PROGRAMS if (found := shutil.which(name))]
+    needed = _linked(objects, venv) | _linked(programs) | set(programs)
+    paths = sorted(needed | {os.path.realpath(path) for path in needed})
     cached.write_text("\n".join(paths) + "\n")
     return paths
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit.realvllm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
