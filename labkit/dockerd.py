@@ -80,7 +80,7 @@ GPU_HOOK = "nvidia-container-runtime-hook"
 # This machine's hard limits for root without CAP_SYS_RESOURCE (REAL-COMPONENTS.md).
 HARD_LIMITS = {"memlock": 8 * 1024 * 1024, "nofile": 20000}
 # Part of every image's cache key: bump it when build() changes what it writes.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 START_SECONDS = 120.0  # upper bound; a start ends as soon as the daemon answers or dies
 
 
@@ -473,8 +473,9 @@ def split_reference(image: str) -> tuple[str, str, str]:
 
 @dataclass(frozen=True)
 class ImageSpec:
-    """A single-layer image: host programs with their shared libraries, host trees copied in,
-    files written, and the image config. Every input is part of the cache key."""
+    """An image: the layers of `base` (if any) and one layer of its own, made of host programs
+    with their shared libraries, host trees copied in, files and links written; and the image
+    config (a field left empty is taken from the base). Every input is part of the cache key."""
 
     programs: tuple[str, ...] = ()  # host binaries, copied at the same path, with ldd's closure
     trees: tuple[tuple[str, str], ...] = ()  # (host path, path in the image): directories or files
@@ -487,14 +488,21 @@ class ImageSpec:
     user: str = ""
     stop_signal: str = ""
     exclude: tuple[str, ...] = ("__pycache__", "/test/", "/tests/")  # skipped in trees (substring)
+    base: ImageSpec | None = None  # its layers come first; its config is the default
 
 
 @dataclass(frozen=True)
 class Built:
-    """A built image in the cache: its layer (gzip), config and manifest."""
+    """A built image in the cache: its own layer (gzip), config and manifest, and its base."""
 
     key: str
     folder: Path
+    base: Built | None = None
+
+    @property
+    def layers(self) -> list[Path]:
+        """Every layer file, the base's first."""
+        return [*(self.base.layers if self.base else []), self.layer]
 
     @property
     def layer(self) -> Path:
@@ -580,7 +588,10 @@ def _entries(spec: ImageSpec) -> list[tuple[str, str]]:
 def cache_key(spec: ImageSpec) -> str:
     """sha256 over the spec and every input file's path, size and mtime."""
     digest = hashlib.sha256(f"{BUILDER_VERSION}\n".encode())
-    digest.update(json.dumps(spec.__dict__, default=list, sort_keys=True).encode())
+    fields = {name: value for name, value in spec.__dict__.items() if name != "base"}
+    digest.update(json.dumps(fields, default=list, sort_keys=True).encode())
+    if spec.base is not None:
+        digest.update(f"base {cache_key(spec.base)}\n".encode())
     for host, image in _entries(spec):
         with contextlib.suppress(FileNotFoundError):
             info = os.lstat(host)
@@ -604,8 +615,9 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
     """The image's layer, config and manifest, built once per cache key (concurrent builders
     of one key: the second finds the first's result or writes the same files)."""
     cache = cache or CACHE / "images"
+    base = build(spec.base, cache=cache) if spec.base is not None else None
     key = cache_key(spec)
-    built = Built(key, cache / key)
+    built = Built(key, cache / key, base)
     if built.manifest.exists():
         return built
     tmp = cache / f".{key}.{os.getpid()}"
@@ -615,15 +627,17 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
     made: set[str] = set()
     with tarfile.open(raw, "w", format=tarfile.PAX_FORMAT) as tar:
         for directory in ("tmp", "etc", "root", "dev", "proc", "sys", "run", "var/tmp"):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if "tmp" in directory else 0o755, 0
             made.add("/" + directory)
-            tar.addfile(info)
+            if base is None:
+                info = tarfile.TarInfo(directory)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if "tmp" in directory else 0o755, 0
+                tar.addfile(info)
         for name, target in MERGED_USR:
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
             made.add("/" + name)
-            tar.addfile(info)
+            if base is None:
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+                tar.addfile(info)
         for host, image in _entries(spec):
             _add_dirs(tar, image, made)
             info = tar.gettarinfo(host, arcname=image.lstrip("/"))
@@ -654,25 +668,35 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
     with open(raw, "rb") as source, gzip.open(tmp / "layer.tar.gz", "wb", compresslevel=1) as target:
         shutil.copyfileobj(source, target, 1 << 20)
     raw.unlink()
-    image_config = {
-        k: v
-        for k, v in {
-            "Env": list(spec.env),
-            "Entrypoint": list(spec.entrypoint) or None,
-            "Cmd": list(spec.cmd) or None,
-            "WorkingDir": spec.workdir,
-            "User": spec.user,
-            "StopSignal": spec.stop_signal or None,
-        }.items()
-        if v
-    }
+    base_config = json.loads(base.config.read_text()) if base else {}
+    image_config = dict(base_config.get("config", {}))
+    image_config.update(
+        {
+            k: v
+            for k, v in {
+                "Env": list(spec.env),
+                "Entrypoint": list(spec.entrypoint) or None,
+                "Cmd": list(spec.cmd) or None,
+                "WorkingDir": spec.workdir,
+                "User": spec.user,
+                "StopSignal": spec.stop_signal or None,
+            }.items()
+            if v
+        }
+    )
+    if spec.entrypoint and not spec.cmd:
+        image_config.pop("Cmd", None)  # as a Dockerfile's ENTRYPOINT resets the base's CMD
+    history = [{"created": "1970-01-01T00:00:00Z", "created_by": "labkit/dockerd.py build"}]
     config = {
         "architecture": "amd64",
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
         "config": image_config,
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "labkit/dockerd.py build"}],
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": [*base_config.get("rootfs", {}).get("diff_ids", []), diff_id],
+        },
+        "history": [*base_config.get("history", []), *history],
     }
     config_bytes = json.dumps(config, sort_keys=True).encode()
     (tmp / "config.json").write_bytes(config_bytes)
@@ -686,11 +710,12 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
             "digest": "sha256:" + hashlib.sha256(config_bytes).hexdigest(),
         },
         "layers": [
+            *(json.loads(base.manifest.read_text())["layers"] if base else []),
             {
                 "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
                 "size": layer.stat().st_size,
                 "digest": "sha256:" + _sha256_file(layer),
-            }
+            },
         ],
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
@@ -715,7 +740,8 @@ def publish(registry: Registry, image: str, built: Built) -> str:
     _, repository, tag = split_reference(image)
     base = f"{registry.url}/v2/{repository}"
     manifest = json.loads(built.manifest.read_text())
-    blobs = [(manifest["config"]["digest"], built.config), (manifest["layers"][0]["digest"], built.layer)]
+    layers = zip([layer["digest"] for layer in manifest["layers"]], built.layers, strict=True)
+    blobs = [(manifest["config"]["digest"], built.config), *layers]
     for digest, path in blobs:
         status, _, _ = _http(registry.namespace, "HEAD", f"{base}/blobs/{digest}")
         if status == 200:

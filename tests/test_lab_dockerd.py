@@ -32,6 +32,8 @@ BUSYBOX = dockerd.ImageSpec(
     cmd=("/bin/sh", "-c", "echo started; exec sleep 1000"),
     stop_signal="SIGTERM",
 )
+# A layer on top: the base's files stay, the config is the base's unless set.
+CHILD = dockerd.ImageSpec(files=(("/etc/lab-child", "child\n", 0o644),), base=BUSYBOX)
 
 
 def test_split_reference() -> None:
@@ -92,7 +94,8 @@ def lab(tmp_path: Path):
 
 def test_a_daemon_in_a_namespace_pulls_through_the_lab_registry(lab) -> None:
     registry, daemon = lab
-    built = dockerd.build(BUSYBOX)
+    built = dockerd.build(CHILD)
+    assert len(built.layers) == 2
     dockerd.start_registry(registry)
     assert dockerd.publish(registry, "lab/busybox:v1", built) == "lab/busybox:v1"
     dockerd.start(daemon)
@@ -107,12 +110,14 @@ def test_a_daemon_in_a_namespace_pulls_through_the_lab_registry(lab) -> None:
         == built.id
     )
 
-    run = ["run", "-d", "--name", "c1", "--network", "host", "--gpus", "all"]
+    run = ["run", "-d", "--name", "c1", "--network", "host", "--gpus", "all", "--stop-timeout", "1"]
     run += ["--ulimit", "nofile=20000:20000", "--label", "lab=yes", "lab/busybox:v1"]
     dockerd.docker(daemon, *run)
     state = dockerd.docker(daemon, "inspect", "-f", "{{.State.Running}}", "c1").stdout.strip()
     assert state == "true"
-    assert dockerd.docker(daemon, "exec", "c1", "cat", "/etc/lab-release").stdout == "lab\n"
+    shown = dockerd.docker(daemon, "exec", "c1", "cat", "/etc/lab-release", "/etc/lab-child").stdout
+    assert shown == "lab\nchild\n"
+    assert "started" in dockerd.docker(daemon, "logs", "c1").stdout
 
     # Every process (registry, dockerd, containerd, shim, the container) carries the mark.
     marked = dockerd.marked_pids(LABEL)
