@@ -80,7 +80,8 @@ GPU_HOOK = "nvidia-container-runtime-hook"
 # This machine's hard limits for root without CAP_SYS_RESOURCE (REAL-COMPONENTS.md).
 HARD_LIMITS = {"memlock": 8 * 1024 * 1024, "nofile": 20000}
 # Part of every image's cache key: bump it when build() changes what it writes.
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
+DPKG_STATUS = "/var/lib/dpkg/status"
 START_SECONDS = 120.0  # upper bound; a start ends as soon as the daemon answers or dies
 
 
@@ -184,7 +185,10 @@ def dockerd_argv(daemon: Daemon) -> list[str]:
 def start_script(daemon: Daemon) -> str:
     """What runs inside `ip netns exec NS unshare --mount`: the cgroup mounts, the hosts file,
     the mark, then dockerd."""
-    lines = ["set -e", "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup"]
+    # / shared inside the daemon's own mount namespace (it is private on a host without systemd):
+    # a bind with rslave propagation (node-exporter's rootfs mount) needs a shared or slave
+    # source, and nothing made here reaches the host (`ip netns exec` made its copy a slave).
+    lines = ["set -e", "mount --make-rshared /", "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup"]
     for kind, point, options in _cgroup_mounts():
         lines.append(f"mkdir -p {shlex.quote(point)}")
         source = "cgroup2" if kind == "cgroup2" else "cgroup"
@@ -274,7 +278,7 @@ def start(daemon: Daemon, *, timeout: float = START_SECONDS) -> str:
         env["PATH"] = f"{daemon.bin_dir}:{env['PATH']}"
     script = daemon.root / "start.sh"
     script.write_text(start_script(daemon))
-    argv = ["ip", "netns", "exec", daemon.namespace, "unshare", "--mount", "--propagation", "private"]
+    argv = ["ip", "netns", "exec", daemon.namespace, "unshare", "--mount", "--propagation", "slave"]
     with open(daemon.log, "ab") as out:
         process = subprocess.Popen(
             [*argv, "sh", str(script)],
@@ -481,6 +485,7 @@ class ImageSpec:
     trees: tuple[tuple[str, str], ...] = ()  # (host path, path in the image): directories or files
     files: tuple[tuple[str, str, int], ...] = ()  # (path in the image, content, mode)
     links: tuple[tuple[str, str], ...] = ()  # (path in the image, target)
+    dirs: tuple[tuple[str, int], ...] = ()  # (empty directory in the image, mode)
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
     env: tuple[str, ...] = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
@@ -586,16 +591,23 @@ def _entries(spec: ImageSpec) -> list[tuple[str, str]]:
 
 
 def cache_key(spec: ImageSpec) -> str:
-    """sha256 over the spec and every input file's path, size and mtime."""
+    """sha256 over the spec, its base's key, and each input file's path, size and mtime: the
+    programs themselves (their libraries change only with a package, so Debian's package
+    database stands for them) and every file of the trees. Cheap: no ldd, no reading."""
     digest = hashlib.sha256(f"{BUILDER_VERSION}\n".encode())
     fields = {name: value for name, value in spec.__dict__.items() if name != "base"}
     digest.update(json.dumps(fields, default=list, sort_keys=True).encode())
     if spec.base is not None:
         digest.update(f"base {cache_key(spec.base)}\n".encode())
-    for host, image in _entries(spec):
+    paths = [shutil.which(program) or program for program in spec.programs]
+    if spec.programs:
+        paths.append(DPKG_STATUS)
+    for host_path, _ in spec.trees:
+        paths += _tree_files(host_path, spec.exclude)
+    for path in paths:
         with contextlib.suppress(FileNotFoundError):
-            info = os.lstat(host)
-            digest.update(f"{host}\0{image}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+            info = os.stat(path)
+            digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:32]
 
 
@@ -656,6 +668,13 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
             _add_dirs(tar, image, made)
             info = tarfile.TarInfo(image.lstrip("/"))
             info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+            tar.addfile(info)
+        for image, mode in spec.dirs:
+            image = in_usr(image)
+            _add_dirs(tar, image, made)
+            made.add(image)
+            info = tarfile.TarInfo(image.lstrip("/"))
+            info.type, info.mode = tarfile.DIRTYPE, mode
             tar.addfile(info)
         for image, content, mode in spec.files:
             image = in_usr(image)
