@@ -117,6 +117,9 @@ class Daemon:
     hosts: dict[str, str] = field(default_factory=dict)  # name -> IP in the daemon's /etc/hosts
     mark: str | None = None  # cgroup mark (kill_marked); None: no mark
     gpu_stub: bool = True
+    # Containers outlive their daemon (a stop, a crash), as with dockerd's `live-restore`: a lab
+    # node whose docker is down keeps serving, and one back up adopts its containers again.
+    live_restore: bool = True
     group: str = "docker"  # the socket's group (dockerd -G), when the group exists
     extra_args: tuple[str, ...] = ()
 
@@ -173,6 +176,8 @@ def dockerd_argv(daemon: Daemon) -> list[str]:
 
         grp.getgrnam(daemon.group)
         argv.append(f"--group={daemon.group}")
+    if daemon.live_restore:
+        argv.append("--live-restore")
     if daemon.mirror:
         argv.append(f"--registry-mirror={daemon.mirror}")
         argv.append(f"--insecure-registry={daemon.mirror.split('://', 1)[-1]}")

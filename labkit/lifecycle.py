@@ -454,6 +454,7 @@ def apply(
     rendered, report.notes = executor.render(
         config, plan.label, options.clock_scale, ssh_identity(plan, options), endpoint_identity(plan)
     )
+    report.notes += [f"docker: {what} ({why})" for what, why in substitutions.DOCKER.items()]
     published = publish_images(plan, options, rendered)
     report.steps.append(StepResult("-", "images", True, "; ".join(published), op="fixture"))
     for member in plan.nodes:
