@@ -7,7 +7,7 @@ on a loopback address of its own: the container's `bash -c` command and environm
 components/baremetal/serving.py registers them, with the lab's real `vllm` first on PATH (it
 applies realvllm.CPU_CHANGES, the one place). The scenario (tests/helpers/serving_scenario.py)
 records what a client sees while it loads, while it serves and after SIGTERM; the same scenario
-runs against the stand-in started the same way with the lab's stand-in `vllm` on PATH, and the
+runs against the stand-in started the same way with the lab image's stand-in `vllm` on PATH, and the
 comparisons below hold the stand-in to the real server's record.
 """
 
@@ -17,13 +17,14 @@ import copy
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from components.baremetal import serving
-from labkit import realvllm, substitutions
+from labkit import imagebin, realvllm, standins
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import vllm
 from qwen_cluster.render.monitoring import alerts, containers
@@ -37,9 +38,10 @@ SHUTDOWN_TIMEOUT = 6
 # Bounds for a busy machine (7 agents on 2 cores): a quiet start is ~31-45 s.
 REAL_HEALTHY_TIMEOUT = 600
 STANDIN_HEALTHY_TIMEOUT = 60
-# The stand-in's lab knobs (labkit/shims.py vllm): a short load, and tokens slow enough that the
-# long stream outlasts the shutdown timeout.
-STANDIN_ENV = {"QCL_LAB_LOAD_DELAY": "1", "QCL_LAB_TOKEN_DELAY": "0.02"}
+# The stand-in's lab knobs (labkit/standins.py LabKnobs): a short load, and tokens slow enough
+# that the long stream outlasts the shutdown timeout.
+STANDIN_LOAD_DELAY = 1.0
+STANDIN_TOKEN_DELAY = 0.02
 # What vLLM does with a stream that outlasts --shutdown-timeout, both measured here: most often
 # (13 of 15 runs) it holds it open, no token, no [DONE], no error, until the client leaves or
 # the process is killed; sometimes it ends it at the timeout with an error event
@@ -133,11 +135,26 @@ def real(cluster, tmp_path_factory) -> Record:
 
 @pytest.fixture(scope="module")
 def standin(cluster, tmp_path_factory) -> Record:
-    """The worker's container command, with the lab's stand-in `vllm` on PATH (as the lab runs
-    it: labkit/substitutions.py install_shims)."""
-    bin_dir = substitutions.install_shims(tmp_path_factory.mktemp("standin-bin"), ROOT)
+    """The worker's container command, with the `vllm` of the lab's vLLM image on PATH: the
+    image's launcher (labkit/standins.py) reading the lab layer the image would carry
+    (standins.LabKnobs, written where the image has it: here a file of the test's)."""
+    node = next(n for n in cluster.nodes if n.name == "worker-1")
+    knobs = standins.LabKnobs(
+        token_delay=STANDIN_TOKEN_DELAY, load_delay=STANDIN_LOAD_DELAY, nodes={str(node.ip): node.name}
+    )
+    spec = standins.stand_in_for_image(cluster.model.image).spec(cluster.model.image, knobs)
+    lab_file = tmp_path_factory.mktemp("standin-lab") / "image.json"
+    lab_file.write_text(next(text for path, text, _mode in spec.files if path == imagebin.LAB_FILE))
+    bin_dir = tmp_path_factory.mktemp("standin-bin")
+    launcher = bin_dir / "vllm"
+    launcher.write_text(
+        f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from labkit import imagebin; "
+        f"imagebin.LAB_FILE = sys.argv[1]; sys.exit(imagebin.main([\"vllm\", *sys.argv[2:]]))' "
+        f'{lab_file} "$@"\n'
+    )
+    launcher.chmod(0o755)
     argv, env = container(cluster, "worker-1", bin_dir)
-    env.update({"QCL_LAB_NODE": "worker-1", "QCL_LAB_IMAGE": cluster.model.image, **STANDIN_ENV})
+    env["PYTHONPATH"] = str(ROOT)  # the image's APP_DIR
     log = tmp_path_factory.mktemp("standin") / "server.log"
     return _run("the stand-in", cluster, "worker-1", argv, env, log, STANDIN_HEALTHY_TIMEOUT)
 
