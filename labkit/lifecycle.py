@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import dockerd, endpoint, executor, netns, probes, renderers, sshd, standins, substitutions
+from labkit import (
+    dockerd,
+    endpoint,
+    executor,
+    netns,
+    probes,
+    realvllm,
+    renderers,
+    sshd,
+    standins,
+    substitutions,
+)
 from labkit.blueprint import (
     BRIDGE,
     MEMBER_IF,
@@ -79,6 +90,9 @@ class Options:
     ssh_user: str = sshd.DEPLOY_USER
     # Host keys pinned in place of the ones the lab's sshd's hold (a wrong one must be refused).
     host_key_overrides: dict[str, str] = field(default_factory=dict)
+    # The real vLLM (its CPU build serving the tiny Qwen3 model, labkit/realvllm.py) in the
+    # lab's vLLM images instead of the stand-in (`lab.py up --real-model`).
+    real_model: bool = False
 
 
 @dataclass
@@ -422,6 +436,7 @@ def publish_images(plan: LabPlan, options: Options, rendered: Render) -> list[st
         token_delay=options.token_delay,
         load_delay=round(options.model_load_seconds * options.clock_scale, 3),
         nodes={member.ip: str(member.node) for member in plan.nodes},
+        extra_trees=realvllm.image_trees(standins.APP_DIR) if options.real_model else (),
     )
     return standins.publish(registry(plan), [image for image in images if image and image != "None"], knobs)
 

@@ -284,6 +284,11 @@ CPU_CHANGES: tuple[CpuChange, ...] = (
         "cores; it changes speed, not what a client sees",
     ),
 )
+# The lab clock with the real model: it loads in real time (~30-45 s quiet, minutes under
+# load), so the health gates (rollout.healthTimeoutSeconds, 1800 s: 600 s at 1/3) and the wait
+# for every replica must not shrink to the stand-in's 1/30 (60 s); drains (300 s: 100 s) stay
+# bounded. The rendered --shutdown-timeout and the container's stop grace are not scaled.
+REAL_MODEL_CLOCK = 1 / 3
 # Environment the lab adds to the rendered one (qwen_cluster/render/vllm.py environment()).
 CPU_ENVIRONMENT: dict[str, tuple[str, str]] = {
     "VLLM_NO_USAGE_STATS": ("1", "vLLM reports usage to stats.vllm.ai; lab traffic stays in the lab"),
@@ -444,6 +449,17 @@ def system_files(venv: Path) -> list[str]:
     paths = sorted(needed | {os.path.realpath(path) for path in needed})
     cached.write_text("\n".join(paths) + "\n")
     return paths
+def client_load(max_requests: int):
+    """The upgrade's client load against the real server: it writes ~250 tokens/s on a quiet
+    machine shared by every request, and a random model may not stop before its context is
+    full, so fewer requests, each with a token cap."""
+    from labkit import upgrade
+
+    return upgrade.LoadSettings(
+        max_requests=max_requests, rate=2.0, workers=4, stream_tokens=16, chat_tokens=16
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit.realvllm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -277,13 +277,18 @@ def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
         "load_delay": knobs.load_delay,
         "nodes": dict(sorted(knobs.nodes.items())),
     }
+    base = app_layer()
+    if knobs.extra_trees:
+        # The real vLLM (labkit/realvllm.py) in a layer of its own, shared by every tag (a bump
+        # adds the few bytes below), whole: compiled modules included, three processes import
+        # torch and vLLM at every start.
+        base = dockerd.ImageSpec(trees=knobs.extra_trees, exclude=(), env=APP_ENV, base=base)
     return dockerd.ImageSpec(
-        trees=knobs.extra_trees,
         files=(("/etc/qcl-lab/image.json", json.dumps(lab, sort_keys=True) + "\n", 0o644),),
         env=APP_ENV,
         # The release's Dockerfile: ENTRYPOINT ["vllm", "serve"] (the program sets its own).
         entrypoint=("vllm", "serve"),
-        base=app_layer(),
+        base=base,
     )
 
 
