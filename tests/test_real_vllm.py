@@ -327,3 +327,13 @@ def test_the_tiny_model_builds_the_same_bytes_again(tmp_path):
 
     assert digests(tmp_path) == digests(cached)
     assert "model.safetensors" in digests(cached)
+
+
+def test_the_lab_image_gets_the_environment_the_model_the_launcher_and_host_files():
+    trees = dict((image, host) for host, image in realvllm.image_trees(standins.APP_DIR))
+    venv, model = str(realvllm.venv_dir()), str(realvllm.model_dir())
+    assert trees[venv] == venv and trees[model] == model
+    launcher = Path(trees[realvllm.IMAGE_LAUNCHER]).read_text()
+    assert launcher.startswith(f"#!{venv}/bin/python") and repr(standins.APP_DIR) in launcher
+    assert "/usr/bin/lscpu" in trees  # the CPU engine runs it at start
+    assert any("libstdc++" in path for path in trees) and any("libgomp" in path for path in trees)
