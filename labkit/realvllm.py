@@ -414,7 +414,7 @@ def image_trees(labkit_parent: str) -> tuple[tuple[str, str], ...]:
     return ((str(venv), str(venv)), (str(model), str(model)), (str(launcher), IMAGE_LAUNCHER), *host)
 
 
-SYSTEM_FILES = ".lab-system-files"
+SYSTEM_FILES = ".lab-system-files-2"
 # Host programs the CPU build runs (the vllm-cpu image carries them): vllm/utils/
 # cpu_resource_utils.py runs `lscpu --json --extended=CPU,CORE,NODE --online` when the engine
 # starts (exit 127 without it: "EngineCore failed to start"); vllm/utils/numa_utils.py asks
@@ -446,7 +446,11 @@ def system_files(venv: Path) -> list[str]:
     objects = [str(path) for path in venv.rglob("*.so*") if path.is_file() and not path.is_symlink()]
     programs = [found for name in HOST_PROGRAMS if (found := shutil.which(name))]
     needed = _linked(objects, venv) | _linked(programs) | set(programs)
-    paths = sorted(needed | {os.path.realpath(path) for path in needed})
+    # Each at the path its directory resolves to (merged /usr: /lib/x/libc.so.6 is /usr/lib/x/
+    # libc.so.6, one file in the image; a layer naming a path twice is refused by dockerd:
+    # "duplicates of file paths not supported") and its symlink's target.
+    canonical = {os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p)) for p in needed}
+    paths = sorted(canonical | {os.path.realpath(path) for path in canonical})
     cached.write_text("\n".join(paths) + "\n")
     return paths
 def client_load(max_requests: int):
