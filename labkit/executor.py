@@ -10,10 +10,16 @@ two renders, resource by resource:
   own sshd, the OpenSSH client from the admin vantage; pulumi-command
   provider/pkg/provider/remote/commandController.go: Update runs `update` if set, else
   `create`; Delete runs the stored state's `delete`);
-- a `docker:index/container:Container` becomes a stand-in process (standins.STAND_INS) in
-  the namespace of its provider's `ssh://` host, once that provider's ssh, as its user and
-  with its `sshOpts`, has reached the node's docker (as pulumi-docker dials `docker system
-  dial-stdio`); an image pull and the providers are no-ops;
+- a `docker:index/container:Container` and a `docker:index/remoteImage:RemoteImage` are
+  carried out on the real dockerd of the node their provider's `ssh://` host names, as the
+  provider would (labkit/dockerprovider.py, citing kreuzwerker/terraform-provider-docker):
+  over that provider's ssh, as its user and with its `sshOpts` (the program's pinned host key),
+  first `docker version` (as pulumi-docker dials `docker system dial-stdio`), then one session
+  per step; a container is deleted by the id the state holds, with its `destroyGraceSeconds`;
+- a container whose create failed after docker created it (it would not start) stays in the
+  state with its id and `initErrors`, as the engine records a partial create
+  (dockerprovider.py cites where); the next apply updates it (the engine's `#initerror` diff)
+  or, when its inputs changed, replaces it: deleted by id, so no name conflict is left behind;
 - what changed, and whether a change updates in place or replaces (create-before-delete, or
   delete-before-replace), is decided by `tooling/changes/` (`diff`), the project's one
   table of replacement rules.
@@ -29,6 +35,7 @@ finish), as `pulumi up` does without --continue-on-error.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import subprocess
@@ -40,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import sshd, standins, substitutions
+from labkit import dockerprovider, sshd, standins, substitutions
 from qwen_cluster.render.shell import MAX_ARG_STRLEN
 from tooling import offline
 from tooling.offline import RecordedResource, Render
@@ -51,6 +58,9 @@ IMAGE = "docker:index/remoteImage:RemoteImage"
 PROVIDER_PREFIX = "pulumi:providers:"
 SECRET_SIG = "4dabf18193072939515e22adb298388d"  # Pulumi's marker of a secret value
 COMMAND_TIMEOUT = 900.0
+# An image pull or a container step over SSH: bounded by what the daemon is asked to wait for
+# (a stop's grace) plus this margin, so a hung daemon fails the step instead of the apply.
+DOCKER_STEP_MARGIN = 120.0
 
 
 @dataclass
@@ -278,6 +288,9 @@ class Executor:
         self.hosts = hosts
         self.ssh = ssh  # how commands reach the nodes; None: they cannot (unit tests of the graph)
         self._docker_dialled: dict[str, tuple[bool, str]] = {}
+        # What the docker provider left of each resource this apply (its outputs in the state:
+        # a container's id, initErrors after a partial create); None: deleted.
+        self.live: dict[str, dict[str, Any] | None] = {}
         self.workers = workers
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -398,36 +411,130 @@ class Executor:
             if not text:
                 return True, f"no {op} command"
             return self._run_command(resource, host, op, text, inputs)
-        if resource.type == CONTAINER:
+        if resource.type in (CONTAINER, IMAGE):
             if host is None:
                 raise ExecutorError(f"{resource.name}: its docker provider has no ssh:// host")
-            container = standins.Container.from_inputs(resource.name, inputs)
             if op != "delete":
                 dialled, why = self._dial_docker(resource, rendered)
                 if not dialled:
                     return False, why
-            try:
-                standins.stand_in_for(container)
-            except standins.StandInError as error:
-                # Shown in every report; the lab stays usable until the table has an entry.
-                return True, f"not run: {error}"
-            if op == "delete":
-                grace = container.destroy_grace_seconds * float(host.lab_env.get("QCL_LAB_CLOCK", "1"))
-                return True, standins.stop(host, container.name, grace=grace)
-            if op == "update":
-                return True, "updated in place (no process change)"
-            if op == "rerun":
-                running = standins.running(host, container.name)
-                if running is not None and running.container == asdict(container):
-                    return True, "running"
-                standins.stop(host, container.name)
-            detail, _ = standins.start(container, host)
-            return True, detail
-        if resource.type == IMAGE:
-            return True, "no docker pull in the lab: a stand-in needs no image"
+            if resource.type == IMAGE:
+                return self._image(op, resource, rendered)
+            return self._container(op, resource, host, rendered)
         if resource.type.startswith(PROVIDER_PREFIX):
             return True, "provider"
         return True, f"the lab has nothing to run for {resource.type} (skipped)"
+
+    # ------------------------------------------------ containers and images (dockerprovider.py)
+
+    def _docker(self, resource: RecordedResource, rendered: Render, request: dict, timeout: float) -> dict:
+        """One step of the docker provider on the resource's host: the agent over the provider's
+        ssh, as its user, with its `sshOpts`."""
+        provider = self._provider(resource, rendered)
+        if provider is None or self.ssh is None:
+            raise ExecutorError(f"{resource.name}: no docker provider to reach its host")
+        inputs = plain(provider.inputs)
+        user, _, ip = str(inputs.get("host", "")).removeprefix("ssh://").rpartition("@")
+        done = self.ssh.run(
+            user=user or "root",
+            ip=ip.split(":")[0],
+            command=dockerprovider.agent_command(),
+            host_key=None,
+            verify=_ssh_opts(inputs.get("sshOpts")),
+            stdin=json.dumps(request),
+            timeout=timeout,
+        )
+        for text in (done.stdout, done.stderr):
+            lines = [line for line in text.strip().splitlines() if line.startswith("{")]
+            if lines:
+                with contextlib.suppress(ValueError):
+                    return json.loads(lines[-1])
+        return {"ok": False, "error": f"docker provider: {sshd.describe(done)[-1500:]}"}
+
+    def _provider(self, resource: RecordedResource, rendered: Render) -> RecordedResource | None:
+        name = resource.provider.split("::")[-2] if resource.provider and "::" in resource.provider else ""
+        return next((r for r in rendered.resources if r.name == name), None)
+
+    def _image(self, op: str, resource: RecordedResource, rendered: Render) -> tuple[bool, str]:
+        inputs = plain(resource.inputs)
+        if op == "delete":
+            # resourceDockerImageDelete -> removeImage: keep_locally leaves the image.
+            return True, "kept locally" if inputs.get("keepLocally") else "left (the lab removes no image)"
+        answer = self._docker(
+            resource, rendered, {"op": "pull", "image": inputs["name"]}, timeout=DOCKER_STEP_MARGIN * 5
+        )
+        if not answer.get("ok"):
+            return False, f"Unable to read Docker image into resource: {answer.get('error')}"
+        self._live(resource.name, {"repoDigest": answer["id"]})
+        return (
+            True,
+            f"{inputs['name']} {'pulled' if answer.get('pulled') else 'found locally'} ({answer['id'][:19]})",
+        )
+
+    def _live(self, name: str, outputs: dict[str, Any] | None) -> None:
+        with self._lock:
+            self.live[name] = outputs
+
+    def _container(
+        self, op: str, resource: RecordedResource, host: standins.Host, rendered: Render
+    ) -> tuple[bool, str]:
+        inputs = plain(resource.inputs)
+        known = dict(resource.outputs or {})  # what the state holds: id, initErrors, mustRun
+        ident = str(known.get("id") or inputs.get("name") or resource.name)
+        clock = float(host.lab_env.get("QCL_LAB_CLOCK", "1"))
+        if op == "delete":
+            grace = round(float(inputs.get("destroyGraceSeconds") or 0) * clock)
+            request = {"op": "delete", "id": ident, "grace": grace}
+            answer = self._docker(resource, rendered, request, timeout=grace + DOCKER_STEP_MARGIN)
+            if not answer.get("ok"):
+                return False, str(answer.get("error"))
+            self._live(resource.name, None)
+            return True, f"stopped (grace {grace} s) and removed {ident[:12]}"
+        if op in ("update", "rerun") and known.get("id"):
+            # resourceDockerContainerUpdate: the in-place fields, then a container that is not
+            # running (a partial create, or `must_run` false after a read) is started again.
+            if op == "update":
+                body = {"RestartPolicy": {"Name": str(inputs.get("restart") or "no"), "MaximumRetryCount": 0}}
+                answer = self._docker(
+                    resource, rendered, {"op": "update", "id": ident, "body": body}, DOCKER_STEP_MARGIN
+                )
+                if not answer.get("ok"):
+                    return False, str(answer.get("error"))
+            state = self._docker(resource, rendered, {"op": "inspect", "id": ident}, DOCKER_STEP_MARGIN)
+            running = bool((state.get("state") or {}).get("Running"))
+            if running and not known.get("initErrors"):
+                self._live(resource.name, {"id": ident, "mustRun": True})
+                return True, "running" if op == "rerun" else "updated in place"
+            if state.get("state") is not None:
+                answer = self._docker(resource, rendered, {"op": "start", "id": ident}, DOCKER_STEP_MARGIN)
+                if not answer.get("ok"):
+                    self._live(resource.name, {"id": ident, "initErrors": [str(answer.get("error"))]})
+                    return False, str(answer.get("error"))
+                self._live(resource.name, {"id": ident, "mustRun": True})
+                return True, f"started {ident[:12]} again"
+            op = "create"  # gone from the daemon: created afresh
+        body, notes = dockerprovider.create_body(
+            inputs,
+            lambda path: substitutions.host_path(path, etc_root=host.etc_root, state_dir=host.state_dir),
+        )
+        request = {
+            "op": "create",
+            "name": str(inputs.get("name") or resource.name),
+            "body": body,
+            "uploads": dockerprovider.uploads(inputs),
+            "start": inputs.get("start", True) is not False,
+        }
+        answer = self._docker(resource, rendered, request, timeout=DOCKER_STEP_MARGIN * 5)
+        if not answer.get("ok"):
+            if answer.get("id"):
+                # Created, then failed (upload, start): the state keeps it, with its id.
+                self._live(resource.name, {"id": answer["id"], "initErrors": [str(answer.get("error"))]})
+            return False, str(answer.get("error"))
+        state = answer.get("state") or {}
+        # resourceDockerContainerRead: a container not running records must_run = false.
+        self._live(resource.name, {"id": answer["id"], "mustRun": bool(state.get("Running"))})
+        shown = "running" if state.get("Running") else f"exited {state.get('ExitCode')} (must_run false)"
+        return True, "; ".join([f"container {answer['id'][:12]} {shown}", *notes])
 
     def _run_command(
         self, resource: RecordedResource, host: standins.Host, op: str, text: str, inputs: dict[str, Any]
@@ -501,14 +608,19 @@ class Executor:
         def step(name: str) -> list[StepResult]:
             change = changes[name]
             resource = new_by_name[name]
+            before = old_by_name.get(name)
             results: list[StepResult] = []
             action = change.action
+            if action == "same" and before is not None and (before.outputs or {}).get("initErrors"):
+                # pulumi/pulumi pkg/resource/deploy/step_generator.go applyReplaceOnChanges: a
+                # resource with init errors gets an update even when its inputs are unchanged.
+                action = "update"
             if rerun and action == "same":
                 action = "rerun"
             if action == "same":
                 return results
             if action == "replace" and change.delete_before_replace:
-                results.append(self.run_op("delete", old_by_name[name], old))
+                results.append(self.run_op("delete", before, old))
                 if not results[-1].ok:
                     return results
                 applied.state.pop(name, None)
@@ -518,9 +630,17 @@ class Executor:
                 action = "create"
             if action == "rerun" and resource.type == COMMAND:
                 action = "update"
+            if action in ("update", "rerun") and before is not None and resource.type == CONTAINER:
+                # The provider acts on the container the state holds (its id).
+                resource = dataclasses.replace(resource, outputs=dict(before.outputs or {}))
             results.append(self.run_op(action, resource, new))
-            if results[-1].ok:
-                applied.state[name] = resource
+            with self._lock:
+                live = self.live.get(name, resource.outputs) if name in self.live else None
+            if results[-1].ok or (live and live.get("initErrors")):
+                # A partial create is recorded too, with its id and init errors (the engine's
+                # StatusPartialFailure), so the next apply finds what docker holds.
+                stored = resource if live is None else dataclasses.replace(resource, outputs=dict(live))
+                applied.state[name] = stored
             return results
 
         pending = {name: set(deps.get(name, ())) & set(order) for name in order}

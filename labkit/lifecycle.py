@@ -21,8 +21,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import endpoint, executor, netns, probes, renderers, sshd, standins, substitutions
-from labkit.blueprint import BRIDGE, MEMBER_IF, PREFIX, STATE_ROOT, LabPlan, Member, namespace_prefix
+from labkit import (
+    dockerd,
+    endpoint,
+    executor,
+    netns,
+    probes,
+    realvllm,
+    renderers,
+    sshd,
+    standins,
+    substitutions,
+)
+from labkit.blueprint import (
+    BRIDGE,
+    MEMBER_IF,
+    PREFIX,
+    REGISTRY_IP,
+    REGISTRY_PORT,
+    STATE_ROOT,
+    LabPlan,
+    Member,
+    namespace_prefix,
+)
 from labkit.executor import StepResult
 from qwen_cluster.config import NAMESPACE
 from qwen_cluster.ports import Vantage
@@ -45,6 +66,15 @@ THINKING_PAUSE = NGINX_DEFAULT_READ_TIMEOUT + 1
 DEFAULT_CLOCK_SCALE = 1 / 30
 
 
+# Each node's Docker engine (labkit/dockerd.py): its images and containers on disk, its sockets
+# under /run (short: a unix socket path ends at 108 bytes). Both per lab label; `down` removes them.
+DOCKER_DATA_ROOT = Path("/var/lib/qwen-cluster-lab")
+DOCKER_RUN_ROOT = Path("/run/qcl-docker")
+# Registries the lab's dockerds reach over plain HTTP besides the mirror: NGC (dcgm-exporter's
+# image), mapped to the lab's registry in each daemon's /etc/hosts.
+LAB_REGISTRY_HOSTS = ("nvcr.io",)
+
+
 # vLLM loads Qwen3-32B's weights for minutes before /health answers; the stand-in takes this
 # long (on the lab clock: 2 s at 1/30), refusing connections meanwhile, as vLLM does.
 MODEL_LOAD_SECONDS = 60.0
@@ -61,6 +91,9 @@ class Options:
     ssh_user: str = sshd.DEPLOY_USER
     # Host keys pinned in place of the ones the lab's sshd's hold (a wrong one must be refused).
     host_key_overrides: dict[str, str] = field(default_factory=dict)
+    # The real vLLM (its CPU build serving the tiny Qwen3 model, labkit/realvllm.py) in the
+    # lab's vLLM images instead of the stand-in (`lab.py up --real-model`).
+    real_model: bool = False
 
 
 @dataclass
@@ -183,8 +216,14 @@ def ssh_client(plan: LabPlan) -> sshd.Client:
 
 
 def session_env(node_host: standins.Host) -> dict[str, str]:
-    """What a node's sshd gives every session (SetEnv): the shims first on PATH, the lab hooks."""
-    return {"PATH": f"{node_host.bin_dir}:{standins.BASE_PATH}", "LANG": "C.UTF-8", **node_host.lab_env}
+    """What a node's sshd gives every session (SetEnv): the shims first on PATH, the lab hooks,
+    the node's own Docker engine as DOCKER_HOST."""
+    return {
+        "PATH": f"{node_host.bin_dir}:{standins.BASE_PATH}",
+        "LANG": "C.UTF-8",
+        "DOCKER_HOST": node_host.docker_host,
+        **node_host.lab_env,
+    }
 
 
 def ssh_daemons(plan: LabPlan, options: Options) -> list[StepResult]:
@@ -204,7 +243,7 @@ def ssh_daemons(plan: LabPlan, options: Options) -> list[StepResult]:
             authorized_keys=keys.authorized_keys,
             env=session_env(host(plan, member, options)),
         )
-        detail = sshd.start(member.namespace, node_dir, text)
+        detail = sshd.start(member.namespace, node_dir, text, mark=mark(plan, member, "sshd"))
         steps.append(StepResult(member.node, "sshd", True, detail, op="fixture"))
     return steps
 
@@ -216,6 +255,38 @@ def state_file(plan: LabPlan) -> Path:
 
 def state_file_for(label: str) -> Path:
     return Path(STATE_ROOT) / label / "applied.json"
+
+
+def mark(plan: LabPlan, member: Member | None, what: str) -> str:
+    """The cgroup mark of a lab process (netns.kill_marked): <label>/<node>/<what>."""
+    return f"{plan.label}/{member.node if member else 'lab'}/{what}"
+
+
+def registry(plan: LabPlan) -> dockerd.Registry:
+    """The lab's registry: in the switch namespace, on the bridge (every node has an on-link
+    route to it), storing in the machine's cache so that what one lab published the next finds."""
+    return dockerd.Registry(
+        namespace=plan.switch,
+        address=REGISTRY_IP,
+        port=REGISTRY_PORT,
+        root=dockerd.CACHE / "registry",
+        run_dir=state_dir(plan) / "registry",
+        mark=mark(plan, None, "registry"),
+    )
+
+
+def daemon(plan: LabPlan, member: Member) -> dockerd.Daemon:
+    """The node's Docker engine, pulling through the lab's registry."""
+    return dockerd.Daemon(
+        name=member.node or member.namespace,
+        namespace=member.namespace,
+        root=DOCKER_DATA_ROOT / plan.label / str(member.node),
+        run_dir=DOCKER_RUN_ROOT / plan.label / str(member.node),
+        mirror=f"http://{REGISTRY_IP}:{REGISTRY_PORT}",
+        insecure=LAB_REGISTRY_HOSTS,
+        hosts={name: REGISTRY_IP for name in LAB_REGISTRY_HOSTS},
+        mark=mark(plan, member, "docker"),
+    )
 
 
 def host(plan: LabPlan, member: Member, options: Options) -> standins.Host:
@@ -240,6 +311,7 @@ def host(plan: LabPlan, member: Member, options: Options) -> standins.Host:
             "QCL_LAB_LOAD_DELAY": f"{options.model_load_seconds * options.clock_scale:.3f}",
             **substitutions.environment(node_etc(member), state, str(bin_dir(plan))),
         },
+        docker_host=daemon(plan, member).host,
     )
 
 
@@ -279,6 +351,7 @@ def _start(plan: LabPlan, member: Member, name: str, argv: list[str]) -> StepRes
         argv,
         state_dir(plan) / f"{member.node}.{name}.log",
         env={"PYTHONPATH": str(PROJECT_ROOT)},
+        mark=mark(plan, member, name),
     )
     pidfile.write_text(str(process.pid))
     argfile.write_text(json.dumps(argv))
@@ -338,9 +411,45 @@ def machines(plan: LabPlan, options: Options) -> list[StepResult]:
     for member in plan.nodes:
         _etc_copy(member.namespace)
         _hosts_file(member)
-        (Path(node_state(plan, member)) / "containers").mkdir(parents=True, exist_ok=True)
+        Path(node_state(plan, member)).mkdir(parents=True, exist_ok=True)
         steps.append(_start(plan, member, "iperf3", ["iperf3", "-s", "-p", str(IPERF_PORT)]))
-    return steps + ssh_daemons(plan, options)
+    return steps + docker_engines(plan, options) + ssh_daemons(plan, options)
+
+
+def docker_engines(plan: LabPlan, options: Options) -> list[StepResult]:
+    """The lab's registry on the switch's bridge, and a Docker engine in every node's namespace
+    pulling through it (labkit/dockerd.py). Idempotent."""
+    netns.run(["ip", "-n", plan.switch, "addr", "replace", f"{REGISTRY_IP}/32", "dev", BRIDGE])
+    for member in plan.nodes:
+        netns.run(["ip", "-n", plan.switch, "route", "replace", f"{member.ip}/32", "dev", BRIDGE])
+        netns.run(["ip", "-n", member.namespace, "route", "replace", f"{REGISTRY_IP}/32", "dev", MEMBER_IF])
+    lab_registry = registry(plan)
+    steps = [StepResult("-", "registry", True, dockerd.start_registry(lab_registry), op="fixture")]
+
+    def start(member: Member) -> StepResult:
+        try:
+            return StepResult(member.node, "dockerd", True, dockerd.start(daemon(plan, member)), op="fixture")
+        except dockerd.DockerdError as error:
+            return StepResult(member.node, "dockerd", False, str(error), op="fixture")
+
+    with ThreadPoolExecutor(max_workers=options.workers) as pool:
+        steps += list(pool.map(start, plan.nodes))
+    return steps
+
+
+def publish_images(plan: LabPlan, options: Options, rendered: Render) -> list[str]:
+    """Every image the render pulls or runs, built (cached) and published to the lab's registry
+    under its own name; the vLLM stand-in's lab layer carries the lab's clock and node names."""
+    images = [str(executor.plain(r.inputs).get("name")) for r in rendered.of_type(executor.IMAGE)]
+    images += [str(executor.plain(r.inputs).get("image")) for r in rendered.of_type(executor.CONTAINER)]
+    knobs = standins.LabKnobs(
+        token_delay=options.token_delay,
+        load_delay=round(options.model_load_seconds * options.clock_scale, 3),
+        clock=options.clock_scale,
+        nodes={member.ip: str(member.node) for member in plan.nodes},
+        extra_trees=realvllm.image_trees(standins.APP_DIR) if options.real_model else (),
+    )
+    return standins.publish(registry(plan), [image for image in images if image and image != "None"], knobs)
 
 
 def _prune(plan: LabPlan) -> list[str]:
@@ -371,6 +480,9 @@ def apply(
     rendered, report.notes = executor.render(
         config, plan.label, options.clock_scale, ssh_identity(plan, options), endpoint_identity(plan)
     )
+    report.notes += [f"docker: {what} ({why})" for what, why in substitutions.DOCKER.items()]
+    published = publish_images(plan, options, rendered)
+    report.steps.append(StepResult("-", "images", True, "; ".join(published), op="fixture"))
     for member in plan.nodes:
         report.steps.append(holder(plan, member, rendered))
     previous = executor.load_state(state_file(plan))
@@ -410,7 +522,10 @@ def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
     from labkit import probes
 
     started = time.monotonic()
-    limit = options.model_load_seconds * options.clock_scale + 15
+    # Bounded by the stack's own health gate on the lab clock (what a rollout would wait for a
+    # replica), never less than a few load times: a busy machine slows it, nothing hangs it.
+    gate = plan.cluster.rollout.health_timeout_seconds * options.clock_scale
+    limit = max(gate, 3 * options.model_load_seconds * options.clock_scale, 5.0)
     lb = plan.load_balancer.namespace
     waiting = list(plan.heads)
     while waiting and time.monotonic() - started < limit:
@@ -433,40 +548,70 @@ def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
     )
 
 
-# ---------------------------------------------------------------- stand-ins, for fault tests
+# ---------------------------------------------------------------- containers, for fault tests
 
 
-def _record(plan: LabPlan, member: Member, kind: str, options: Options | None = None):
-    node_host = host(plan, member, options or Options())
-    for record in standins.all_records(state_dir(plan)):
-        if record.kind == kind and record.host["node"] == member.node:
-            return node_host, record
-    raise standins.StandInError(f"no {kind} container on {member.node}")
+def containers(plan: LabPlan, member: Member, kind: str | None = None) -> dict[str, dict[str, Any]]:
+    """The containers on a node's Docker engine (as root, over its socket): name -> its
+    `docker inspect` State, Id and Image (the reference it was created from); `kind`: only
+    those of that stand-in kind ("model", "nginx", ...)."""
+    engine = daemon(plan, member)
+    listed = dockerd.docker(engine, "ps", "-aq", check=False).stdout.split()
+    if not listed:
+        return {}
+    shown = json.loads(dockerd.docker(engine, "inspect", *listed).stdout or "[]")
+    found = {}
+    for entry in shown:
+        image = entry["Config"]["Image"]
+        try:
+            entry_kind = standins.stand_in_for_image(image).kind
+        except standins.StandInError:
+            entry_kind = None
+        if kind is None or entry_kind == kind:
+            found[entry["Name"].lstrip("/")] = {"State": entry["State"], "Id": entry["Id"], "Image": image}
+    return found
+
+
+def _container(plan: LabPlan, member: Member, kind: str) -> str:
+    found = containers(plan, member, kind)
+    if not found:
+        raise standins.StandInError(f"no {kind} container on {member.node}")
+    return sorted(found)[0]
 
 
 def stop_model_server(plan: LabPlan, member: Member) -> None:
-    """The model container dies (SIGKILL, as a crash)."""
-    node_host, record = _record(plan, member, "model")
-    if standins.alive(record.pid):
-        os.killpg(record.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and standins.alive(record.pid):
-            time.sleep(0.02)
+    """The model container dies (SIGKILL, as a crash): `docker kill` on the node's engine."""
+    dockerd.docker(daemon(plan, member), "kill", _container(plan, member, "model"))
 
 
 def start_model_server(plan: LabPlan, member: Member, options: Options) -> StepResult:
     """The same container started again (`docker start`, or its restart policy)."""
     try:
-        node_host, record = _record(plan, member, "model", options)
-        return StepResult(member.node, "model", True, standins.restart(node_host, record.name))
-    except standins.StandInError as error:
+        name = _container(plan, member, "model")
+        dockerd.docker(daemon(plan, member), "start", name)
+        return StepResult(member.node, "model", True, f"docker start {name}")
+    except (standins.StandInError, dockerd.DockerdError) as error:
         return StepResult(member.node, "model", False, str(error))
 
 
 def delivered_nginx_conf(plan: LabPlan) -> str:
-    """The nginx.conf the load balancer runs: what the program delivered, as the lab runs it."""
-    node_host, record = _record(plan, plan.load_balancer, "nginx")
-    return standins.nginx_conf_path(standins.Container(**record.container), node_host).read_text()
+    """The nginx.conf the load balancer runs: read inside its container, at the path its
+    command gives with `-c` (else the image's default)."""
+    engine = daemon(plan, plan.load_balancer)
+    name = _container(plan, plan.load_balancer, "nginx")
+    shown = json.loads(dockerd.docker(engine, "inspect", name).stdout)[0]
+    words = [*(shown["Config"].get("Entrypoint") or []), *(shown["Config"].get("Cmd") or [])]
+    conf = next((words[i + 1] for i, word in enumerate(words[:-1]) if word == "-c"), "/etc/nginx/nginx.conf")
+    return dockerd.docker(engine, "exec", name, "cat", conf).stdout
+
+
+def docker_daemon_down(plan: LabPlan, member: Member) -> str:
+    """The node's dockerd stops (a fault test): killed, as a crash; its containers keep running."""
+    return dockerd.stop(daemon(plan, member), kill=True)
+
+
+def docker_daemon_up(plan: LabPlan, member: Member) -> str:
+    return dockerd.start(daemon(plan, member))
 
 
 # ---------------------------------------------------------------- a rule set of the test's own
@@ -500,8 +645,12 @@ def lab_namespaces(label: str | None = None) -> list[str]:
 
 
 def down(label: str | None = None) -> list[str]:
-    """Remove every namespace (and its processes and /etc/netns dir) of the lab `label`,
-    or of every lab when label is None. Works from names alone, so also after a crash."""
+    """Remove everything of the lab `label` (every lab when None): its processes first, found by
+    their cgroup mark even when the namespaces were deleted from outside (dockerd, containerd,
+    the containers, sshd, the registry, iperf3, the holder), then the namespaces, their /etc/netns
+    dirs, the Docker engines' data and sockets, and the state directory. Works from names alone,
+    so also after a crash."""
+    netns.kill_marked(label or "")
     removed = lab_namespaces(label)
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(netns.delete, removed))
@@ -510,6 +659,8 @@ def down(label: str | None = None) -> list[str]:
         for leftover in netns.NETNS_ETC.iterdir():
             if leftover.name.startswith(prefix):
                 shutil.rmtree(leftover, ignore_errors=True)
+    for docker_root in (DOCKER_DATA_ROOT, DOCKER_RUN_ROOT):
+        shutil.rmtree(docker_root / label if label else docker_root, ignore_errors=True)
     root = Path(STATE_ROOT)
     if label:
         shutil.rmtree(root / label, ignore_errors=True)

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 NETNS_RUN = Path("/run/netns")
+# Every long-lived process of a lab lives under one cgroup of the v1 pids hierarchy, its mark
+# (<MARK_ROOT>/<label>/...), so `down` finds it without the namespace, which may be gone.
+CGROUP_PIDS = Path("/sys/fs/cgroup/pids")
+MARK_ROOT = "qwen-cluster-lab"
 NETNS_ETC = Path("/etc/netns")
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
@@ -114,14 +119,19 @@ def remove_etc_root_if_empty(created: bool) -> None:
 
 
 def spawn(
-    namespace: str, argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None
+    namespace: str,
+    argv: Sequence[str],
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    mark: str | None = None,
 ) -> subprocess.Popen:
     """Start a long-running program inside the namespace, detached from our session, its
-    output in `log`. `down` finds it again through `ip netns pids`, even after a crash."""
+    output in `log`, under `mark` (kill_marked finds it even after the namespace is gone)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
-            ["ip", "netns", "exec", namespace, *argv],
+            marked_argv(mark, ["ip", "netns", "exec", namespace, *argv]),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -153,3 +163,60 @@ def call_in(namespace: str, function: Callable[..., T], *args: Any, **kwargs: An
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+# ---------------------------------------------------------------- marks (cgroups)
+
+
+def mark_dir(mark: str) -> Path:
+    return CGROUP_PIDS / MARK_ROOT / mark
+
+
+def mark_shell(mark: str) -> str:
+    """Shell text that moves the current shell (and so what it execs) under `mark`."""
+    path = mark_dir(mark)
+    return f"mkdir -p {shlex.quote(str(path))} && echo $$ > {shlex.quote(str(path))}/cgroup.procs\n"
+
+
+def marked_argv(mark: str | None, argv: Sequence[str]) -> list[str]:
+    """`argv` run under the mark. Run on the host side: inside `ip netns exec` /sys is a fresh
+    sysfs without the cgroup mounts, so the mark goes around `ip netns exec ...`."""
+    if not mark or not CGROUP_PIDS.is_dir():
+        return list(argv)
+    return ["sh", "-c", mark_shell(mark) + 'exec "$@"', "marked", *argv]
+
+
+def marked_pids(mark: str) -> list[int]:
+    root = mark_dir(mark)
+    found: list[int] = []
+    if not root.is_dir():
+        return found
+    for procs in root.rglob("cgroup.procs"):
+        with contextlib.suppress(OSError):
+            found += [int(line) for line in procs.read_text().split()]
+    return found
+
+
+def kill_marked(mark: str, *, timeout: float = 10.0) -> int:
+    """SIGKILL every process under the mark (repeated: a dying parent may still fork), then
+    remove the cgroups. Returns how many processes were killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = marked_pids(mark)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.05)
+    root = mark_dir(mark)
+    if root.is_dir():
+        # Deepest first: a cgroup with children cannot be removed.
+        for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        with contextlib.suppress(OSError):
+            root.rmdir()
+    return len(killed)

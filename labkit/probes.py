@@ -155,10 +155,15 @@ def chat(
     *,
     timeout: float = 10.0,
     headers: dict[str, str] | None = None,
+    max_tokens: int | None = None,
     access: ClientAccess = PLAIN,
 ) -> Reply:
-    """One non-streaming chat completion."""
-    body = json.dumps({"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": prompt}]})
+    """One non-streaming chat completion (a real model without `max_tokens` may write until its
+    context is full)."""
+    request = {"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": prompt}]}
+    if max_tokens is not None:
+        request["max_tokens"] = max_tokens
+    body = json.dumps(request)
     headers = {"Content-Type": "application/json", **access.headers(), **(headers or {})}
     return _request(ip, port, "POST", "/v1/chat/completions", body, headers, timeout, access)
 

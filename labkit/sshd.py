@@ -9,10 +9,12 @@ login shell as `$SHELL -c '<command>'`. The host key is checked against `connect
 (connection.go: `ssh.FixedHostKey`), or not at all when the stack pins none.
 
 The lab's departures, each for a reason:
-- sshd's `SetEnv` gives a session the lab hooks (qwen_cluster/render/shell.py LAB_HOOKS) and the
-  shims first on PATH (labkit/substitutions.py): a namespace shares this machine's disk, so the
-  scripts need them; a real host has neither. The deploy user's sudoers entry keeps them
-  (`env_keep`, no `secure_path`), as the same scripts run under `sudo -n`.
+- sshd's `SetEnv` gives a session the lab hooks (qwen_cluster/render/shell.py LAB_HOOKS), the
+  shims first on PATH (labkit/substitutions.py) and `DOCKER_HOST`, the node's own dockerd
+  socket (labkit/dockerd.py): a namespace shares this machine's disk, so the scripts need them;
+  a real host has none of them (its docker is at /var/run/docker.sock). The deploy user's
+  sudoers entry keeps them (`env_keep`, no `secure_path`), as the same scripts run under
+  `sudo -n`.
 - The users are this machine's (one passwd for every namespace): `DEPLOY_USER` has passwordless
   sudo and is in group `docker`, as the bare-metal docs ask of a host; `PLAIN_USER` has neither.
 """
@@ -87,8 +89,8 @@ def _ensure_user(name: str, groups: tuple[str, ...]) -> None:
 
 
 SUDOERS_TEXT = f"""# qwen-cluster lab: {DEPLOY_USER} has passwordless sudo, as bareMetal.sshUser needs.
-# The lab hooks and the shims' PATH reach the scripts under sudo too (labkit/sshd.py).
-Defaults:{DEPLOY_USER} env_keep += "PATH QWEN_* QCL_LAB_*"
+# The lab hooks, the shims' PATH and the node's DOCKER_HOST reach the scripts under sudo too.
+Defaults:{DEPLOY_USER} env_keep += "PATH QWEN_* QCL_LAB_* DOCKER_HOST"
 Defaults:{DEPLOY_USER} !secure_path
 {DEPLOY_USER} ALL=(ALL) NOPASSWD: ALL
 """
@@ -201,8 +203,9 @@ def sshd_config(
     )
 
 
-def start(namespace: str, node_dir: Path, config_text: str) -> str:
-    """Start (or restart, when its config changed) the node's sshd; returns what was done."""
+def start(namespace: str, node_dir: Path, config_text: str, *, mark: str | None = None) -> str:
+    """Start (or restart, when its config changed) the node's sshd under `mark` (netns.kill_marked
+    finds it without the namespace); returns what was done."""
     node_dir.mkdir(parents=True, exist_ok=True)
     config, pid_file, log = node_dir / "sshd_config", node_dir / "sshd.pid", node_dir / "sshd.log"
     running = _pid(pid_file, namespace)
@@ -214,7 +217,9 @@ def start(namespace: str, node_dir: Path, config_text: str) -> str:
     config.write_text(config_text)
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     netns.run(["ip", "netns", "exec", namespace, SSHD, "-t", "-f", str(config)])
-    netns.run(["ip", "netns", "exec", namespace, SSHD, "-f", str(config), "-E", str(log)])
+    netns.run(
+        netns.marked_argv(mark, ["ip", "netns", "exec", namespace, SSHD, "-f", str(config), "-E", str(log)])
+    )
     # The daemon writes its pid file once it listens, just after its parent has exited.
     deadline = time.monotonic() + 10
     pid = _pid(pid_file, namespace)
@@ -315,4 +320,3 @@ def describe(done: subprocess.CompletedProcess) -> str:
     if done.returncode == 255:
         return f"ssh: connection failed (exit 255): {output[-1500:]}"
     return output
-

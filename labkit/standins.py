@@ -1,42 +1,50 @@
-"""Containers the program registers, run as stand-in processes in a node's namespace.
+"""The images the lab builds in place of the ones the program pulls, and where a container runs.
 
-`STAND_INS` is the one table from a container's image to the process the lab runs for it;
-extend it for a new image (e.g. a monitoring container). A stand-in is started with the
-container's own environment and command where that means something here (the vLLM image's
-`bash -c` script runs as is; `vllm` on PATH is the stand-in model server), or with the real
-program and the files the container would see (nginx with the delivered nginx.conf).
+The lab runs every container the program registers on the node's own Docker engine
+(labkit/dockerd.py), as registered (labkit/dockerprovider.py). What it cannot have is the real
+images (no Docker Hub here), so it builds small ones from this machine's own programs and
+serves them from its registry under the names the program pulls: `STAND_INS`, one table from
+an image repository to how its image is made, the name reports give its step, and the ports a
+container of it serves (known from its inputs alone, for the probes' port holder). Extend it for
+a new image; an image without an entry cannot be pulled in the lab, and its step fails saying so.
 
-Each running stand-in has a record, `<lab state>/<node>/containers/<name>.json`, which the
-executor and the `docker` shim (labkit/shims.py) both use: Docker names containers
-per host, so (node, name) is the identity, and a second container of the same name on the
-same host is refused as dockerd refuses it.
+- vllm/vllm-openai: host Python, bash, busybox; `vllm` and `ray` on PATH start the stand-ins
+  (labkit/imagebin.py; the model server is labkit/modelserver.py); a lab layer per tag;
+- nginx: Debian's nginx, its /etc/nginx, the official image's user and paths, STOPSIGNAL SIGQUIT;
+- prom/*: Debian's prometheus, alertmanager, node and blackbox exporters at the official
+  images' entrypoints, as `nobody` where those run so;
+- python: host Python (Debian's 3.11 for the pinned CPython: the aggregator is stdlib only);
+- nvcr.io/nvidia/k8s/dcgm-exporter: no GPU here, every counter of its counters file served at 0.
+
+Every image sits on shared, cached layers (busybox, Python, the lab's code), so a new tag or a
+new lab adds a layer of a few bytes. `realvllm` adds trees to the vLLM image with `extra_trees`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import importlib.util
 import json
-import os
 import re
-import signal
-import subprocess
+import shutil
 import sys
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import substitutions
+from labkit import dockerd
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-READY_SECONDS = 15.0
+
+
+class StandInError(RuntimeError):
+    pass
 
 
 @dataclass(frozen=True)
 class Container:
-    """The inputs of a `docker:index/container:Container` the lab acts on."""
+    """The inputs of a `docker:index/container:Container` the lab reads to name and probe it."""
 
     resource: str
     name: str
@@ -71,178 +79,290 @@ class Container:
             },
             labels={lab["label"]: lab["value"] for lab in inputs.get("labels") or []},
             stop_signal=inputs.get("stopSignal"),
-            # kreuzwerker/terraform-provider-docker resourceDockerContainerDelete: ContainerStop
-            # with timeout destroy_grace_seconds (0 when unset: the stop signal, then SIGKILL at
-            # once), then ContainerRemove(Force).
             destroy_grace_seconds=int(inputs.get("destroyGraceSeconds") or 0),
         )
 
     @property
     def repository(self) -> str:
-        image = self.image.split("@", 1)[0]
-        head, _, tail = image.rpartition(":")
-        return head if head and "/" not in tail else image
+        return repository_of(self.image)
+
+
+def repository_of(image: str) -> str:
+    image = image.split("@", 1)[0]
+    head, _, tail = image.rpartition(":")
+    return head if head and "/" not in tail else image
 
 
 @dataclass(frozen=True)
 class Host:
-    """Where a stand-in runs: one lab node."""
+    """One lab node: its namespace, address, files, and its Docker engine."""
 
     node: str
     namespace: str
     ip: str
     etc_root: str  # /etc/netns/<ns>
     state_dir: str  # the node's lab state (what /var/lib/qwen-cluster becomes)
-    bin_dir: str  # the shims, first on PATH
-    lab_env: dict[str, str] = field(default_factory=dict)  # QCL_LAB_* for the shims
-
-    @property
-    def containers(self) -> Path:
-        return Path(self.state_dir) / "containers"
+    bin_dir: str  # the lab's shims (systemctl, timedatectl), first on PATH
+    lab_env: dict[str, str] = field(default_factory=dict)  # what the node's sshd gives a session
+    docker_host: str = ""  # unix:// socket of the node's dockerd (DOCKER_HOST in its sessions)
 
 
-@dataclass(frozen=True)
-class Launch:
-    argv: list[str]
-    env: dict[str, str]
-    ports: list[int]  # ports the process serves (ready when they accept); the holder skips them
-    run_dir: str
+# ---------------------------------------------------------------- the lab's knobs
 
 
 @dataclass(frozen=True)
-class StandIn:
-    repository: str  # the image without its tag
-    kind: str  # the step name reports use ("model", "nginx")
-    launch: Callable[[Container, Host], Launch]
-    stop_signal: str  # the image's STOPSIGNAL (docker stop sends it first)
-    serves: Callable[[Container], list[int]]  # its ports, known from the inputs alone
+class LabKnobs:
+    """What the vLLM stand-in reads from its image's lab layer (labkit/imagebin.py LAB_FILE)."""
+
+    token_delay: float = 0.0
+    load_delay: float = 0.0
+    clock: float = 1.0  # the lab's clock scale: --shutdown-timeout is put on it, as stop graces are
+    nodes: dict[str, str] = field(default_factory=dict)  # node IP -> node name
+    extra_trees: tuple[tuple[str, str], ...] = ()  # (host path, path in the vLLM image)
 
 
-def _run_dir(container: Container, host: Host) -> Path:
-    return host.containers / container.name
+# ---------------------------------------------------------------- layers
+
+BUSYBOX_APPLETS = (
+    "sh",
+    "awk",
+    "basename",
+    "cat",
+    "chmod",
+    "cp",
+    "cut",
+    "date",
+    "dirname",
+    "echo",
+    "env",
+    "expr",
+    "false",
+    "find",
+    "grep",
+    "head",
+    "hostname",
+    "id",
+    "kill",
+    "ln",
+    "ls",
+    "mkdir",
+    "mv",
+    "nc",
+    "nproc",
+    "printf",
+    "ps",
+    "readlink",
+    "rm",
+    "sed",
+    "seq",
+    "sleep",
+    "sort",
+    "stat",
+    "tail",
+    "tee",
+    "test",
+    "timeout",
+    "touch",
+    "tr",
+    "true",
+    "uname",
+    "uniq",
+    "wc",
+    "which",
+    "xargs",
+)
+PASSWD = (
+    "root:x:0:0:root:/root:/bin/sh\n"
+    "www-data:x:33:33:www-data:/var/www:/usr/sbin/nologin\n"
+    "nginx:x:101:101:nginx user:/nonexistent:/bin/false\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+)
+GROUP = "root:x:0:\nwww-data:x:33:\nnginx:x:101:\nnogroup:x:65534:\n"
+PYTHON = "/usr/bin/python3.11"
+PYTHON_LIB = "/usr/lib/python3.11"
+# Not needed to run a server; left out to keep the layer small.
+PYTHON_EXCLUDE = (
+    "__pycache__",
+    "/test/",
+    "/tests/",
+    "/idlelib/",
+    "/tkinter/",
+    "/turtledemo/",
+    "/ensurepip/",
+    "/lib2to3/",
+    "/config-3.11",
+    "/site-packages/",
+    "/dist-packages/",
+)
+APP_DIR = "/opt/qcl-lab/app"
+SITE_DIR = "/opt/qcl-lab/site"
+# The model server's third-party imports (labkit/modelserver.py -> qwen_cluster.render.vllm).
+APP_PACKAGES = ("pydantic", "pydantic_core", "typing_extensions", "annotated_types", "typing_inspection")
+APP_ENV = (f"PATH={BASE_PATH}", f"PYTHONPATH={APP_DIR}:{SITE_DIR}", "PYTHONDONTWRITEBYTECODE=1")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace a file's content in one rename, and only when it differs: the scripts that run
-    side by side (a reload here, an `nginx -t` or a `docker ps` there) read the files the lab
-    writes for them, and must never see one truncated or half written."""
-    with contextlib.suppress(FileNotFoundError):
-        if path.read_text() == text:
-            return
-    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    partial.write_text(text)
-    os.replace(partial, path)
+def _launcher(name: str) -> str:
+    return f'#!/bin/sh\nexec python3 -m labkit.imagebin {name} "$@"\n'
 
 
-def _mounts(container: Container, host: Host) -> dict[str, str]:
-    """Container path -> host path: uploads are written under the stand-in's run dir."""
-    run_dir = _run_dir(container, host)
-    mounts = {}
-    for path, content in container.uploads.items():
-        target = run_dir / "uploads" / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(target, content)
-        mounts[path] = str(target)
-    for path, host_path in container.volumes.items():
-        mounts[path] = substitutions.host_path(host_path, etc_root=host.etc_root, state_dir=host.state_dir)
-    return mounts
+def busybox_layer() -> dockerd.ImageSpec:
+    return dockerd.ImageSpec(
+        programs=("busybox",),
+        files=(
+            ("/etc/passwd", PASSWD, 0o644),
+            ("/etc/group", GROUP, 0o644),
+            ("/etc/nsswitch.conf", "passwd: files\ngroup: files\nhosts: files dns\n", 0o644),
+        ),
+        links=(
+            *((f"/usr/bin/{name}", "busybox") for name in BUSYBOX_APPLETS),
+            ("/var/run", "/run"),  # as on Debian and in the official images
+        ),
+        env=(f"PATH={BASE_PATH}",),
+        cmd=("sh",),
+    )
 
 
-def _environment(container: Container, host: Host) -> dict[str, str]:
-    return {
-        "PATH": f"{host.bin_dir}:{BASE_PATH}",
-        "HOME": "/root",
-        **container.env,
-        **host.lab_env,
-        "QCL_LAB_CONTAINER": container.name,
-        "QCL_LAB_IMAGE": container.image,
+def python_layer() -> dockerd.ImageSpec:
+    dynload = sorted(str(path) for path in Path(PYTHON_LIB, "lib-dynload").glob("*.so"))
+    return dockerd.ImageSpec(
+        programs=(PYTHON, "bash", *dynload),
+        trees=((PYTHON_LIB, PYTHON_LIB),),
+        links=(("/usr/bin/python3", "python3.11"), ("/usr/bin/python", "python3.11")),
+        exclude=PYTHON_EXCLUDE,
+        cmd=("python3",),
+        base=busybox_layer(),
+    )
+
+
+def _package_paths(name: str) -> list[str]:
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        raise StandInError(f"{name} is not installed in {sys.prefix}: the lab's image needs it")
+    if spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)
+    return [spec.origin] if spec.origin else []
+
+
+def app_layer() -> dockerd.ImageSpec:
+    """The lab's code and the model server's dependencies, with the launchers."""
+    trees = [(str(PROJECT_ROOT / package), f"{APP_DIR}/{package}") for package in ("labkit", "qwen_cluster")]
+    libraries: list[str] = []  # compiled modules bring their shared libraries (libgcc_s, ...)
+    for name in APP_PACKAGES:
+        for path in _package_paths(name):
+            trees.append((path, f"{SITE_DIR}/{Path(path).name}"))
+            libraries += sorted(str(so) for so in Path(path).glob("*.so")) if Path(path).is_dir() else []
+    # No Hub: the staging's weights fetch records what it would fetch (labkit/imagesite/).
+    trees.append(
+        (str(PROJECT_ROOT / "labkit" / "imagesite" / "huggingface_hub"), f"{SITE_DIR}/huggingface_hub")
+    )
+    return dockerd.ImageSpec(
+        programs=tuple(libraries),
+        trees=tuple(trees),
+        files=(
+            ("/usr/local/bin/vllm", _launcher("vllm"), 0o755),
+            ("/usr/local/bin/ray", _launcher("ray"), 0o755),
+            ("/usr/local/dcgm/dcgm-exporter-entrypoint.sh", _launcher("dcgm-exporter"), 0o755),
+        ),
+        env=APP_ENV,
+        base=python_layer(),
+    )
+
+
+# ---------------------------------------------------------------- one spec per repository
+
+
+def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+    lab = {
+        "image": image,
+        "token_delay": knobs.token_delay,
+        "load_delay": knobs.load_delay,
+        "clock": knobs.clock,
+        "nodes": dict(sorted(knobs.nodes.items())),
     }
+    base = app_layer()
+    if knobs.extra_trees:
+        # The real vLLM (labkit/realvllm.py) in a layer of its own, shared by every tag (a bump
+        # adds the few bytes below), whole: compiled modules included, three processes import
+        # torch and vLLM at every start.
+        base = dockerd.ImageSpec(trees=knobs.extra_trees, exclude=(), env=APP_ENV, base=base)
+    return dockerd.ImageSpec(
+        files=(("/etc/qcl-lab/image.json", json.dumps(lab, sort_keys=True) + "\n", 0o644),),
+        env=APP_ENV,
+        # The release's Dockerfile: ENTRYPOINT ["vllm", "serve"] (the program sets its own).
+        entrypoint=("vllm", "serve"),
+        base=base,
+    )
 
+
+def _nginx(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+    return dockerd.ImageSpec(
+        programs=("/usr/sbin/nginx",),
+        trees=(("/etc/nginx", "/etc/nginx"), ("/usr/share/nginx", "/usr/share/nginx")),
+        # The official image's paths (its nginx is built with them) and Debian's (this nginx's).
+        dirs=(
+            ("/var/cache/nginx", 0o755),
+            ("/var/log/nginx", 0o755),
+            ("/var/lib/nginx", 0o755),
+            ("/etc/nginx/conf.d", 0o755),
+        ),
+        cmd=("nginx", "-g", "daemon off;"),
+        # The official image's Dockerfile: STOPSIGNAL SIGQUIT (nginx's graceful shutdown).
+        stop_signal="SIGQUIT",
+        base=busybox_layer(),
+    )
+
+
+def _debian(
+    binary: str, entrypoint: str, user: str = "", data: tuple[str, ...] = ()
+) -> Callable[[str, LabKnobs], dockerd.ImageSpec]:
+    """A Prometheus project image: Debian's binary at the official image's entrypoint, with the
+    data files Debian's build reads (`data`: its templates, web assets)."""
+
+    def spec(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+        links = () if dockerd.in_usr(entrypoint) == binary else ((entrypoint, binary),)
+        return dockerd.ImageSpec(
+            programs=(binary,),
+            trees=tuple((path, path) for path in data if Path(path).exists()),
+            links=links,
+            entrypoint=(entrypoint,),
+            user=user,
+            base=busybox_layer(),
+        )
+
+    return spec
+
+
+def _python(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+    return python_layer()
+
+
+def _dcgm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+    return dockerd.ImageSpec(
+        entrypoint=("/usr/local/dcgm/dcgm-exporter-entrypoint.sh",),
+        env=APP_ENV,
+        base=app_layer(),
+    )
+
+
+# ---------------------------------------------------------------- ports a container serves
 
 _PORT_FLAG = re.compile(r"--port[= ]['\"]?(\d+)")
-
-
-def _vllm_argv(container: Container) -> list[str]:
-    # The image's ENTRYPOINT is `vllm serve` when the program does not set one.
-    return [*(container.entrypoints or ["vllm", "serve"]), *container.command]
-
-
+_LISTEN = re.compile(r"^\s*listen\s+(?:[\d.]+:)?(\d+)", re.M)
+_LISTEN_FLAG = re.compile(r"^--web\.listen-address=(?:[^:]*):(\d+)$")
+_DCGM_ADDRESS = re.compile(r"^(?:[\d.]*):(\d+)$")
 _MASTER_PORT_FLAG = re.compile(r"--master-port[= ]['\"]?(\d+)")
 
 
 def _vllm_ports(container: Container) -> list[int]:
     """The API port of a `vllm serve` (none for a --headless member), and a multi-node head's
     --master-port (rank 0), where its members join."""
-    text = " ".join(_vllm_argv(container))
+    text = " ".join([*(container.entrypoints or ["vllm", "serve"]), *container.command])
     if "vllm serve" not in text:
         return []
     ports = [int(port) for port in _PORT_FLAG.findall(text)]
     if "--headless" not in text:
         ports += [int(port) for port in _MASTER_PORT_FLAG.findall(text)]
     return ports
-
-
-def _as_command(container: Container, host: Host) -> Launch:
-    """The container's entrypoint and command with its env; `vllm` on PATH is the stand-in. Not
-    waited for on its ports: vLLM opens its API port only once loaded (a multi-node head once its
-    members joined), and dockerd returns once the process runs; the rollout's health gate waits."""
-    return Launch(_vllm_argv(container), _environment(container, host), [], "")
-
-
-NGINX_CONF = "/etc/nginx/nginx.conf"
-_LISTEN = re.compile(r"^\s*listen\s+(?:[\d.]+:)?(\d+)", re.M)
-
-
-def nginx_conf_path(container: Container, host: Host) -> Path:
-    return _run_dir(container, host) / "nginx.conf"
-
-
-def _in_host(path: str, mounts: dict[str, str]) -> str | None:
-    """Where a container path lives on the host: the longest mount that holds it."""
-    for container_path in sorted(mounts, key=len, reverse=True):
-        if path == container_path or path.startswith(container_path.rstrip("/") + "/"):
-            return mounts[container_path] + path[len(container_path) :]
-    return None
-
-
-def write_nginx_conf(container: Container, host: Host) -> Path:
-    """The delivered nginx.conf (uploaded or mounted; `-c` in the command, else the image's
-    default), for a process outside the image. nginx resolves a relative include against the
-    directory of its -c file, so those become absolute paths on the host."""
-    run_dir = _run_dir(container, host)
-    (run_dir / "nginx").mkdir(parents=True, exist_ok=True)
-    mounts = _mounts(container, host)
-    words = container.command
-    conf = next((words[i + 1] for i, word in enumerate(words[:-1]) if word == "-c"), NGINX_CONF)
-    source = Path(_in_host(conf, mounts) or "")
-    if not source.is_file():
-        raise StandInError(f"{container.resource}: {conf} is not delivered (no upload or volume holds it)")
-    text = re.sub(
-        r"^(\s*include\s+)(?!/)([^;\s]+)\s*;",
-        lambda match: f"{match.group(1)}{source.parent}/{match.group(2)};",
-        source.read_text(),
-        flags=re.M,
-    )
-    text = substitutions.nginx_conf(text, run_dir=str(run_dir), mounts=mounts)
-    path = nginx_conf_path(container, host)
-    write_atomic(path, text)
-    return path
-
-
-def _nginx(container: Container, host: Host) -> Launch:
-    path = write_nginx_conf(container, host)
-    run_dir = str(_run_dir(container, host))
-    test = subprocess.run(
-        ["ip", "netns", "exec", host.namespace, "nginx", "-t", "-q", "-p", run_dir, "-c", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if test.returncode != 0:
-        raise StandInError(f"{container.resource}: nginx -t: {(test.stderr or test.stdout).strip()}")
-    ports = [int(port) for port in _LISTEN.findall(path.read_text())]
-    # Foreground, so the pid recorded is nginx's master (as in the image: `daemon off`).
-    argv = ["nginx", "-p", run_dir, "-c", str(path), "-g", "daemon off;"]
-    return Launch(argv, _environment(container, host), ports, run_dir)
 
 
 def _nginx_ports(container: Container) -> list[int]:
@@ -252,65 +372,14 @@ def _nginx_ports(container: Container) -> list[int]:
     return [int(port) for port in _LISTEN.findall(uploaded)] or [80]
 
 
-# ---------------------------------------------------------------- monitoring (issue 12)
-# Debian's prometheus, prometheus-alertmanager, prometheus-node-exporter and
-# prometheus-blackbox-exporter run with the container's own arguments, container paths
-# mapped to the files the container would see; the endpoint runs qwen_cluster/node/nodemetrics.py as
-# uploaded; with no GPU in a namespace, dcgm-exporter's stand-in serves its counters at 0.
-
-_LISTEN_FLAG = re.compile(r"^--web\.listen-address=(?:[^:]*):(\d+)$")
-
-
-def _mapped(args: list[str], mounts: dict[str, str]) -> list[str]:
-    """Arguments with container paths replaced by where the lab keeps those files."""
-    result = []
-    for arg in args:
-        for path in sorted(mounts, key=len, reverse=True):
-            if path in arg:
-                arg = arg.replace(path, mounts[path])
-                break
-        result.append(arg)
-    return result
-
-
 def _listen_ports(container: Container) -> list[int]:
     return [int(m.group(1)) for arg in container.command if (m := _LISTEN_FLAG.match(arg))]
 
 
-def _debian(binary: str, data_flag: str | None = None):
-    def launch(container: Container, host: Host) -> Launch:
-        mounts = _mounts(container, host)
-        run_dir = _run_dir(container, host)
-        args = _mapped([arg for arg in container.command if not arg.startswith("--path.rootfs")], mounts)
-        for arg in args:
-            if data_flag and arg.startswith(f"{data_flag}="):
-                Path(arg.split("=", 1)[1]).mkdir(parents=True, exist_ok=True)
-        return Launch([binary, *args], _environment(container, host), _listen_ports(container), str(run_dir))
-
-    return launch
-
-
-def _endpoint_config(container: Container) -> dict[str, Any]:
-    text = next((content for path, content in container.uploads.items() if path.endswith(".json")), "{}")
-    return json.loads(text)
-
-
-def _endpoint(container: Container, host: Host) -> Launch:
-    mounts = _mounts(container, host)
-    argv = _mapped(list(container.entrypoints), mounts)
-    if argv and argv[0].startswith("python"):
-        argv[0] = sys.executable
-    return Launch(
-        argv, _environment(container, host), _endpoint_ports(container), str(_run_dir(container, host))
-    )
-
-
 def _endpoint_ports(container: Container) -> list[int]:
-    listen = str(_endpoint_config(container).get("listen", ""))
+    text = next((content for path, content in container.uploads.items() if path.endswith(".json")), "{}")
+    listen = str(json.loads(text).get("listen", ""))
     return [int(listen.rpartition(":")[2])] if listen else []
-
-
-_DCGM_ADDRESS = re.compile(r"^(?:[\d.]*):(\d+)$")
 
 
 def _dcgm_ports(container: Container) -> list[int]:
@@ -322,71 +391,66 @@ def _dcgm_ports(container: Container) -> list[int]:
     ]
 
 
-def _dcgm(container: Container, host: Host) -> Launch:
-    """No GPU here: the counters the program enabled, every one 0, served as /metrics."""
-    run_dir = _run_dir(container, host)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    counters = next(iter(container.uploads.values()), "")
-    lines = []
-    for row in counters.splitlines():
-        if row.strip() and not row.startswith("#"):
-            field_name, kind = (part.strip() for part in row.split(",")[:2])
-            lines += [f"# TYPE {field_name} {kind}", f'{field_name}{{gpu="0",UUID="GPU-lab",xid="0"}} 0']
-    (run_dir / "metrics").write_text("\n".join(lines) + "\n")
-    port = (_dcgm_ports(container) or [9400])[0]
-    argv = [
-        sys.executable,
-        "-m",
-        "http.server",
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-        str(run_dir),
-        str(port),
-    ]
-    return Launch(argv, _environment(container, host), [port], str(run_dir))
+@dataclass(frozen=True)
+class StandIn:
+    repository: str  # the image without its tag
+    kind: str  # the step name reports use ("model", "nginx")
+    spec: Callable[[str, LabKnobs], dockerd.ImageSpec]  # (image reference, knobs) -> its image
+    serves: Callable[[Container], list[int]]  # its ports, known from the inputs alone
 
 
-MONITORING_STAND_INS: tuple[StandIn, ...] = (
+STAND_INS: tuple[StandIn, ...] = (
+    StandIn("vllm/vllm-openai", "model", _vllm, _vllm_ports),
+    StandIn("nginx", "nginx", _nginx, _nginx_ports),
+    # prom/*: the official Dockerfiles' ENTRYPOINT and USER.
     StandIn(
-        "prom/node-exporter", "node-exporter", _debian("prometheus-node-exporter"), "SIGTERM", _listen_ports
+        "prom/node-exporter",
+        "node-exporter",
+        _debian("/usr/bin/prometheus-node-exporter", "/bin/node_exporter", "nobody"),
+        _listen_ports,
     ),
     StandIn(
         "prom/blackbox-exporter",
         "blackbox-exporter",
-        _debian("prometheus-blackbox-exporter"),
-        "SIGTERM",
+        _debian("/usr/bin/prometheus-blackbox-exporter", "/bin/blackbox_exporter"),
         _listen_ports,
     ),
     StandIn(
         "prom/prometheus",
         "prometheus",
-        _debian("prometheus", "--storage.tsdb.path"),
-        "SIGTERM",
+        _debian("/usr/bin/prometheus", "/bin/prometheus", "nobody", ("/usr/share/prometheus/web",)),
         _listen_ports,
     ),
     StandIn(
         "prom/alertmanager",
         "alertmanager",
-        _debian("prometheus-alertmanager", "--storage.path"),
-        "SIGTERM",
+        _debian(
+            "/usr/bin/prometheus-alertmanager",
+            "/bin/alertmanager",
+            "nobody",
+            ("/usr/share/prometheus/alertmanager",),
+        ),
         _listen_ports,
     ),
-    StandIn("python", "nodemetrics", _endpoint, "SIGTERM", _endpoint_ports),
-    StandIn("nvcr.io/nvidia/k8s/dcgm-exporter", "dcgm-exporter", _dcgm, "SIGTERM", _dcgm_ports),
+    StandIn("python", "nodemetrics", _python, _endpoint_ports),
+    StandIn("nvcr.io/nvidia/k8s/dcgm-exporter", "dcgm-exporter", _dcgm, _dcgm_ports),
 )
 
 
-STAND_INS: tuple[StandIn, ...] = (
-    StandIn("vllm/vllm-openai", "model", _as_command, "SIGTERM", _vllm_ports),
-    # The official image's Dockerfile: STOPSIGNAL SIGQUIT (nginx's graceful shutdown).
-    StandIn("nginx", "nginx", _nginx, "SIGQUIT", _nginx_ports),
-    *MONITORING_STAND_INS,
-)
+def stand_in_for(container: Container) -> StandIn:
+    return stand_in_for_image(container.image, container.resource)
 
 
-class StandInError(RuntimeError):
-    pass
+def stand_in_for_image(image: str, resource: str = "") -> StandIn:
+    repository = repository_of(image)
+    for entry in STAND_INS:
+        if repository == entry.repository:
+            return entry
+    known = ", ".join(entry.repository for entry in STAND_INS)
+    raise StandInError(
+        f"{resource or image}: image {image} has no stand-in in the lab "
+        f"(labkit/standins.py STAND_INS knows {known})"
+    )
 
 
 def serves(container: Container) -> list[int]:
@@ -396,206 +460,25 @@ def serves(container: Container) -> list[int]:
         return []
 
 
-def stand_in_for(container: Container) -> StandIn:
-    for entry in STAND_INS:
-        if container.repository == entry.repository:
-            return entry
-    known = ", ".join(entry.repository for entry in STAND_INS)
-    raise StandInError(
-        f"{container.resource}: image {container.image} has no stand-in in the lab "
-        f"(labkit/standins.py STAND_INS knows {known})"
-    )
+def publish(registry: dockerd.Registry, images: list[str], knobs: LabKnobs) -> list[str]:
+    """Build (or find in the cache) and publish every image the lab has a stand-in for; one
+    line per image. Those without one are left out: their pull fails as for a missing tag."""
+    done = []
+    for image in sorted(set(images)):
+        try:
+            entry = stand_in_for_image(image)
+        except StandInError as error:
+            done.append(f"{image}: not published ({error})")
+            continue
+        built = dockerd.build(entry.spec(image, knobs))
+        dockerd.publish(registry, image, built)
+        done.append(f"{image}: {entry.kind} image {built.id[:19]}")
+    return done
 
 
-# ---------------------------------------------------------------- records
-
-
-@dataclass
-class Record:
-    resource: str
-    name: str
-    kind: str
-    namespace: str
-    pid: int
-    argv: list[str]
-    env: dict[str, str]
-    ports: list[int]
-    stop_signal: str
-    container: dict[str, Any]
-    host: dict[str, Any]
-    started: float
-
-
-def record_path(host: Host, name: str) -> Path:
-    return host.containers / f"{name}.json"
-
-
-def read_record(host: Host, name: str) -> Record | None:
-    try:
-        return Record(**json.loads(record_path(host, name).read_text()))
-    except FileNotFoundError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state == "Z":  # a zombie has stopped; only its parent has not waited yet
-            return False
-    return True
-
-
-def running(host: Host, name: str) -> Record | None:
-    record = read_record(host, name)
-    return record if record is not None and alive(record.pid) else None
-
-
-def _spawn(host: Host, launch: Launch, log: Path) -> subprocess.Popen:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            ["ip", "netns", "exec", host.namespace, *launch.argv],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop reaches every process of it
-            env=launch.env,
-        )
-
-
-def _accepts(host: Host, port: int) -> bool:
-    """Accepting on loopback (the exporters) or on the node's address (the servers that bind
-    the cluster address), whichever the container binds."""
-    from labkit import netns, probes
-
-    return any(
-        netns.call_in(host.namespace, probes.tcp_connect, address, port, 0.3).open
-        for address in ("127.0.0.1", host.ip)
-    )
-
-
-def start(container: Container, host: Host) -> tuple[str, Record]:
-    """`docker run -d`: refused if a running container on this host has the name."""
-    existing = running(host, container.name)
-    if existing is not None:
-        raise StandInError(
-            f'{container.resource}: Conflict. The container name "/{container.name}" is already in use '
-            f"by {existing.resource} on {host.node} (a fixed name needs deleteBeforeReplace)"
-        )
-    entry = stand_in_for(container)
-    launch = entry.launch(container, host)
-    process = _spawn(host, launch, host.containers / f"{container.name}.log")
-    record = Record(
-        resource=container.resource,
-        name=container.name,
-        kind=entry.kind,
-        namespace=host.namespace,
-        pid=process.pid,
-        argv=launch.argv,
-        env=launch.env,
-        ports=launch.ports,
-        stop_signal=container.stop_signal or entry.stop_signal,
-        container=asdict(container),
-        host=asdict(host),
-        started=time.time(),
-    )
-    write_atomic(record_path(host, container.name), json.dumps(asdict(record), indent=1))
-    # dockerd returns once the process runs; the lab also waits for the stand-in to accept on
-    # its ports, so an interpreter's start-up is not mistaken for the model's load time.
-    deadline = time.monotonic() + READY_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log = (host.containers / f"{container.name}.log").read_text()[-600:]
-            raise StandInError(f"{container.resource}: exited {process.returncode} at start: {log}")
-        if all(_accepts(host, port) for port in launch.ports):
-            break
-        time.sleep(0.05)
-    else:
-        raise StandInError(
-            f"{container.resource}: not accepting on {launch.ports} within {READY_SECONDS:g} s"
-        )
-    return f"{entry.kind} stand-in pid {process.pid}", record
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def stop(host: Host, name: str, *, grace: float = 0.0) -> str:
-    """`docker stop -t grace` + `docker rm -f`: the stop signal to the main process, SIGKILL to
-    all of it after `grace` seconds. Nothing running is not an error (as the provider's delete
-    ignores "No such container")."""
-    record = read_record(host, name)
-    if record is None:
-        return "no such container"
-    if alive(record.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(record.pid, getattr(signal, record.stop_signal, signal.SIGTERM))
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and alive(record.pid):
-            time.sleep(0.05)
-    _signal_group(record.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and alive(record.pid):
-        time.sleep(0.02)
-    record_path(host, name).unlink(missing_ok=True)
-    return f"stopped pid {record.pid}"
-
-
-def nginx_test(host: Host, name: str) -> subprocess.CompletedProcess:
-    """`nginx -t` on the delivered config, as `docker exec NAME nginx -t` would run it."""
-    record = running(host, name)
-    if record is None:
-        raise StandInError(f"Error response from daemon: No such container: {name} (on {host.node})")
-    container = Container(**record.container)
-    path = write_nginx_conf(container, host)
-    run_dir = str(_run_dir(container, host))
-    return subprocess.run(
-        ["ip", "netns", "exec", host.namespace, "nginx", "-t", "-q", "-p", run_dir, "-c", str(path)],
-        capture_output=True,
-        text=True,
-    )
-
-
-def running_kind(host: Host, kind: str) -> Record | None:
-    """The running container of a kind on this host (e.g. its nginx)."""
-    for path in sorted(host.containers.glob("*.json")):
-        record = running(host, path.stem)
-        if record is not None and record.kind == kind:
-            return record
-    return None
-
-
-def send(host: Host, name: str, sig: int) -> str:
-    """`docker kill -s SIG`: nginx re-reads the delivered config first (it may have changed on
-    the host: a mounted file), as nginx in the container would see it."""
-    record = running(host, name)
-    if record is None:
-        raise StandInError(f"Error response from daemon: No such container: {name} (on {host.node})")
-    if record.kind == "nginx" and sig == signal.SIGHUP:
-        write_nginx_conf(Container(**record.container), host)
-    os.kill(record.pid, sig)
-    return f"{signal.Signals(sig).name} to {name} pid {record.pid}"
-
-
-def restart(host: Host, name: str) -> str:
-    """`docker restart` (and the `unless-stopped` policy after a crash): the same container again."""
-    record = read_record(host, name)
-    if record is None:
-        raise StandInError(f"Error response from daemon: No such container: {name} (on {host.node})")
-    stop(host, name, grace=0)
-    detail, _ = start(Container(**record.container), host)
-    return detail
-
-
-def all_records(state_root: Path) -> list[Record]:
-    records = []
-    for path in sorted(state_root.glob("*/containers/*.json")):
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            records.append(Record(**json.loads(path.read_text())))
-    return records
+def missing_requirements() -> list[str]:
+    reasons = []
+    for binary in ("busybox", PYTHON, "bash"):
+        if shutil.which(binary) is None:
+            reasons.append(f"{binary} is not installed (scripts/setup-system.sh)")
+    return reasons

@@ -9,9 +9,11 @@ a host, though, so a few things are substituted, each for the reason given besid
 2. Script text (after the render): paths that would land on this machine's disk, and the
    health gates' timeout where the lab's clock goes below the config's floor (`gate_clock`).
 3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
-   machine rather than on the namespace (`systemctl`, `docker`, `timedatectl`), and the
-   container stand-ins (`vllm`, `ray`).
-4. The container stand-ins themselves (`labkit/standins.py`: image -> process).
+   machine rather than on the namespace (`systemctl`, `timedatectl`).
+4. The Docker engine (`DOCKER`): each node runs its own dockerd, reached as the program
+   reaches a host's; the images are the lab's own (`labkit/standins.py`), served by the lab's
+   registry; what this machine cannot give a container is adapted in one place
+   (`labkit/dockerd.py` clamp_ulimits, the stub GPU hook).
 
 After substitution a script must not name any of `FORBIDDEN`: if a program change brings a
 new host path, the lab refuses to run it (naming the resource) instead of touching the host.
@@ -20,7 +22,6 @@ new host path, the lab refuses to run it (naming the resource) instead of touchi
 from __future__ import annotations
 
 import copy
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,42 +224,35 @@ def environment(etc_root: str, state_dir: str, bin_dir: str) -> dict[str, str]:
 # name -> why the lab answers it itself (the handler is labkit/shims.py)
 SHIMS = {
     "systemctl": "no persistence: nothing is enabled for a boot that never comes",
-    "docker": "containers are stand-in processes: kill/exec/restart reach them, not dockerd; the lab "
-    "has no registry and no Hub, so `docker pull` records the image and the staging's weights "
-    "fetch (`docker run --rm ... snapshot_download`) records what it would have fetched",
     "timedatectl": "every namespace shares this machine's clock: synchronised by construction",
-    "vllm": "`vllm serve` starts the stand-in model server (labkit/modelserver.py)",
-    "ray": "`ray start` leaves a process named raylet behind (a Ray worker watches it), `ray stop` ends it",
 }
 
 
 def install_shims(bin_dir: Path, project_root: Path) -> Path:
     """Write one small launcher per shim into `bin_dir` (prepended to PATH in namespaces)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    from labkit import shims  # the handlers' module; imported here, it needs this one
-
     python = f"PYTHONPATH={project_root} exec {sys.executable} -m labkit.shims"
     for name in SHIMS:
         path = bin_dir / name
-        text = shims.docker_launcher(python) if name == "docker" else f'#!/bin/sh\n{python} {name} "$@"\n'
-        path.write_text(text)
+        path.write_text(f'#!/bin/sh\n{python} {name} "$@"\n')
         path.chmod(0o755)
     return bin_dir
 
 
-# -------------------------------------------------------------- 4. nginx's image filesystem
+# -------------------------------------------------------------- 4. the Docker engine
 
-# The official nginx image's own paths, as the real nginx process the lab runs keeps them.
-NGINX_IMAGE_PATHS = ("/var/cache/nginx", "/var/log/nginx", "/var/run/nginx.pid", "/run/nginx.pid")
-
-
-def nginx_conf(text: str, *, run_dir: str, mounts: dict[str, str]) -> str:
-    """The delivered nginx.conf for a process outside the image: the image's paths under
-    `run_dir`, files the container mounts at their host paths, workers as nginx's default
-    user (the image's `nginx` user does not exist here)."""
-    text = re.sub(r"^\s*user\s+[^;]+;\s*$\n?", "", text, flags=re.M)
-    for container_path in sorted(mounts, key=len, reverse=True):
-        text = text.replace(container_path, mounts[container_path])
-    for path in NGINX_IMAGE_PATHS:
-        text = text.replace(path, f"{run_dir}/{Path(path).name}")
-    return text
+# What a node's Docker engine departs from a host's, each for its reason (docs/lab.md lists them).
+DOCKER = {
+    "one dockerd per node namespace": "a namespace is not a host: its own data-root, exec-root and "
+    "socket, started in a private mount namespace with the cgroup mounts re-created "
+    "(`ip netns exec` mounts a fresh sysfs) (labkit/dockerd.py)",
+    "DOCKER_HOST=unix://<node socket>": "the program's `docker` and the provider's ssh reach the "
+    "node's daemon as on a host they reach /var/run/docker.sock: sshd's SetEnv gives it, sudo keeps it",
+    "--iptables=false --bridge=none --ip-forward=false": "host networking only (as the program runs every "
+    "container), and no node turned into a router",
+    "--registry-mirror / --insecure-registry, nvcr.io in the daemon's /etc/hosts": "no Docker Hub, no "
+    "NGC: the lab's registry serves the images it built (labkit/standins.py) under the names pulled",
+    "ulimits clamped (memlock, nofile)": "root here lacks CAP_SYS_RESOURCE: hard limits memlock 8 MiB, "
+    "nofile 20000 (labkit/dockerd.py clamp_ulimits, the only change to a container spec)",
+    "stub nvidia-container-runtime-hook": "no NVIDIA toolkit: `gpus: all` is accepted, no GPU is given",
+}

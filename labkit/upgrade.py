@@ -39,6 +39,7 @@ class LoadSettings:
     stream_every: int = 3  # every third request is streamed
     stream_tokens: int = 20
     stream_token_delay: float = 0.05  # a streamed answer lasts about a second
+    chat_tokens: int | None = None  # max_tokens of the plain requests (None: the server's default)
     access: probes.ClientAccess | None = None  # None: the lab's own key (lifecycle.client_access)
 
 
@@ -109,7 +110,14 @@ class ClientLoad:
                     seen.error,
                 )
             else:
-                reply = probes.chat(self.ip, self.port, f"upgrade {ticket}", timeout=60, access=self.access)
+                reply = probes.chat(
+                    self.ip,
+                    self.port,
+                    f"upgrade {ticket}",
+                    timeout=60,
+                    max_tokens=self.settings.chat_tokens,
+                    access=self.access,
+                )
                 outcome = Outcome(
                     False,
                     reply.ok,

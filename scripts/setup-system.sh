@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and the lab run for real (nginx -t, shellcheck,
 # network namespaces, firewalls, probes, promtool, Prometheus and its exporters, sshd and sudo
-# for the lab's nodes). Skips what
+# for the lab's nodes, a Docker engine and registry). Skips what
 # is already there; needs root for apt.
 set -euo pipefail
 
@@ -26,6 +26,12 @@ declare -A needed=(
   [prometheus-alertmanager]=prometheus-alertmanager
   [prometheus-node-exporter]=prometheus-node-exporter
   [prometheus-blackbox-exporter]=prometheus-blackbox-exporter
+  # A real Docker engine in every lab node's namespace (labkit/dockerd.py), Debian's registry as
+  # the lab's Docker Hub mirror, and a static busybox for the small images the lab builds.
+  # The package scripts do not start a daemon here (no init; policy-rc.d): the lab starts its own.
+  [dockerd]=docker.io
+  [docker-registry]=docker-registry
+  [busybox]=busybox-static
 )
 
 missing=()

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from labkit import blueprint, check, lifecycle, netns, probes, standins, upgrade
+from labkit import blueprint, check, lifecycle, netns, probes, upgrade
 from qwen_cluster.config import NAMESPACE
 from qwen_cluster.ports import Vantage
 from tests.helpers.wait import wait_until
@@ -92,11 +92,12 @@ def _config_with_keys(lab_plan, keys: list[str]) -> dict:
     return {**config, f"{NAMESPACE}:access": access}
 
 
-def _model_pids(lab_plan) -> dict[str, int]:
+def _model_pids(lab_plan) -> dict[str, str]:
+    """Each node's model container, as its id and when it last started (a restart changes it)."""
     return {
-        record.host["node"]: record.pid
-        for record in standins.all_records(lifecycle.state_dir(lab_plan))
-        if record.kind == "model"
+        f"{member.node}/{name}": f"{shown['Id']} {shown['State']['StartedAt']}"
+        for member in lab_plan.nodes
+        for name, shown in lifecycle.containers(lab_plan, member, "model").items()
     }
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkit import executor, sshd, standins, substitutions
-from tooling import stackfile
+from labkit import dockerd, dockerprovider, executor, sshd, standins, substitutions
+from tooling import offline, stackfile
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +99,107 @@ def test_each_container_image_has_one_stand_in(onprem):
         standins.stand_in_for(unknown)
 
 
-def test_nginx_conf_moves_the_image_paths_and_the_mounts():
-    text = (
-        "user nginx;\npid /var/run/nginx.pid;\nerror_log /var/log/nginx/error.log;\n"
-        "include /etc/nginx/up.conf;\n"
+def test_the_provider_creates_with_the_inputs_and_clamps_only_the_ulimits(onprem):
+    """The Engine API body carries what the program registered, as kreuzwerker builds it;
+    the lab moves host paths and clamps ulimits to this machine's limits, nothing else."""
+    rendered, _ = onprem
+
+    def moved(path):
+        return substitutions.host_path(path, etc_root="/e/n", state_dir="/r/n")
+
+    inputs = executor.plain(rendered.named("master-model-vllm").inputs)
+    body, notes = dockerprovider.create_body(inputs, moved)
+    assert body["Image"] == inputs["image"] and body["Entrypoint"] == ["/bin/bash", "-c"]
+    assert body["Cmd"] == inputs["command"] and body["Env"] == inputs["envs"]
+    assert body["Labels"] == {"qwen-cluster.role": "head"}
+    assert body["StopTimeout"] == inputs["stopTimeout"]
+    host = body["HostConfig"]
+    assert host["NetworkMode"] == "host" and host["IpcMode"] == "host"
+    assert host["RestartPolicy"]["Name"] == "unless-stopped"
+    assert host["DeviceRequests"][0]["Count"] == -1 and host["DeviceRequests"][0]["Capabilities"] == [["gpu"]]
+    assert host["Binds"] == ["/r/n/cache/huggingface:/root/.cache/huggingface:rw,z"]
+    assert notes == []
+
+    rdma = {**inputs, "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}]}
+    body, notes = dockerprovider.create_body(rdma, moved)
+    limit = dockerd.HARD_LIMITS["memlock"]
+    assert body["HostConfig"]["Ulimits"] == [{"Name": "memlock", "Soft": limit, "Hard": limit}]
+    assert notes and "CAP_SYS_RESOURCE" in notes[0]
+
+    exporter = executor.plain(rendered.named("master-monitoring-node-exporter").inputs)
+    mount = dockerprovider.create_body(exporter, moved)[0]["HostConfig"]["Mounts"][0]
+    assert mount == {
+        "Type": "bind",
+        "Target": "/host",
+        "Source": "/",
+        "ReadOnly": True,
+        "BindOptions": {"Propagation": "rslave"},
+    }
+
+
+def _one_container(image: str) -> offline.Render:
+    provider = offline.RecordedResource(
+        "pulumi:providers:docker", "n1-docker", {"host": "ssh://u@10.0.0.1"}, {}, True
     )
-    moved = substitutions.nginx_conf(text, run_dir="/r", mounts={"/etc/nginx/up.conf": "/h/up.conf"})
-    assert moved == "pid /r/nginx.pid;\nerror_log /r/nginx/error.log;\ninclude /h/up.conf;\n"
+    container = offline.RecordedResource(
+        executor.CONTAINER,
+        "n1-model",
+        {"name": "qwen-head", "image": image, "restart": "unless-stopped"},
+        {},
+        True,
+        provider="urn:pulumi:s::p::pulumi:providers:docker::n1-docker::id",
+        delete_before_replace=True,
+    )
+    return offline.Render("s", [provider, container], {}, [])
+
+
+def test_a_container_that_fails_to_start_stays_in_the_state_and_the_next_change_converges(tmp_path):
+    """A create that docker accepted and a start that failed: the state keeps the container with
+    its id and init errors (the engine's partial create); the next apply with the same inputs
+    updates it (starts it again), one with a new image deletes it by id first: no name conflict."""
+    host = standins.Host("n1", "ns", "10.0.0.1", "/e", str(tmp_path), "/b")
+    calls = []
+
+    def fake(self, resource, rendered, request, timeout):
+        calls.append(request)
+        image = (request.get("body") or {}).get("Image", "")
+        if request["op"] == "create" and image.endswith("bad"):
+            return {
+                "ok": False,
+                "id": "c1",
+                "stage": "start",
+                "error": "Unable to start container: exec failed",
+            }
+        if request["op"] == "create":
+            return {"ok": True, "id": "c2", "state": {"Running": True}}
+        if request["op"] == "inspect":
+            return {"ok": True, "state": {"Running": False}}
+        return {"ok": True, "id": request.get("id")}
+
+    executor.Executor._docker, original = fake, executor.Executor._docker
+    try:
+        bad = _one_container("vllm/vllm-openai:bad")
+        first = executor.Executor({"10.0.0.1": host}, log_dir=tmp_path / "s").apply(None, bad)
+        assert not first.ok
+        assert first.state["n1-model"].outputs == {
+            "id": "c1",
+            "initErrors": ["Unable to start container: exec failed"],
+        }
+        old = executor.state_render("s", first.state, bad)
+
+        calls.clear()
+        again = executor.Executor({"10.0.0.1": host}, log_dir=tmp_path / "s").apply(old, bad)
+        assert [call["op"] for call in calls] == ["update", "inspect", "start"]
+        assert again.ok and again.state["n1-model"].outputs == {"id": "c1", "mustRun": True}
+
+        calls.clear()
+        good = _one_container("vllm/vllm-openai:good")
+        fixed = executor.Executor({"10.0.0.1": host}, log_dir=tmp_path / "s").apply(old, good)
+        assert [call["op"] for call in calls] == ["delete", "create"]
+        assert calls[0]["id"] == "c1"
+        assert fixed.ok and fixed.state["n1-model"].outputs == {"id": "c2", "mustRun": True}
+    finally:
+        executor.Executor._docker = original
 
 
 def test_every_host_path_of_the_program_is_moved_and_none_is_left(onprem):

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import blueprint, check, executor, lifecycle, netns, probes, renderers, shims, substitutions
+from labkit import blueprint, check, dockerd, executor, lifecycle, netns, probes, renderers, substitutions
 from labkit import cli as lab_cli
+from labkit.imagesite import huggingface_hub as hub
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.firewall import Rule
 from tests.helpers.wait import wait_until
@@ -146,11 +147,13 @@ def test_every_node_staged_the_image_and_the_weights_into_its_host_cache(running
     ran = {step.resource: step for step in report.steps if step.resource}
     for member in lab_plan.nodes:
         state = lifecycle.node_state(lab_plan, member)
-        assert shims.pulled(state) == [ONPREM.model.image]
+        # Pulled through the lab's registry into the node's own Docker engine.
+        engine = lifecycle.daemon(lab_plan, member)
+        assert dockerd.docker(engine, "image", "inspect", ONPREM.model.image, check=False).returncode == 0
         cache = substitutions.host_path(
             ONPREM.bare_metal.weights_cache, etc_root=lifecycle.node_etc(member), state_dir=state
         )
-        fetched = json.loads((Path(cache) / shims.LAB_WEIGHTS_DIR / "Qwen--Qwen3-32B.json").read_text())
+        fetched = json.loads((Path(cache) / hub.LAB_WEIGHTS_DIR / "Qwen--Qwen3-32B.json").read_text())
         assert fetched == {
             "model": "Qwen/Qwen3-32B",
             "image": ONPREM.model.image,

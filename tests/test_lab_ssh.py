@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, executor, lifecycle, netns, shims, sshd, upgrade
+from labkit import blueprint, executor, lifecycle, netns, sshd, upgrade
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render import nginx
 from tooling import hostkeys, stackfile
@@ -128,18 +128,17 @@ def test_docker_unreachable_when_staging_stops_the_change_before_any_drain(runni
     cannot reach nginx's container is tested against a real nginx in test_render_rollout.py.)"""
     lab_plan, options, _ = running
     lb = lab_plan.load_balancer
-    down = Path(lifecycle.node_state(lab_plan, lb)) / shims.DAEMON_DOWN
     upstream = Path(lifecycle.node_state(lab_plan, lb)) / "etc-qwen-cluster" / "nginx" / nginx.UPSTREAM_FILE
     before = upstream.read_text()
     change = ["model.image=vllm/vllm-openai:v0.33.1"]
-    down.touch()
+    lifecycle.docker_daemon_down(lab_plan, lb)  # dockerd killed; its containers keep serving
     try:
         stopped = upgrade.run(LABEL, change, options)
     finally:
-        down.unlink()
+        lifecycle.docker_daemon_up(lab_plan, lb)
     failed = {step.resource: step.detail for step in stopped.steps if not step.ok}
     assert set(failed) == {f"{lb.node}-model-stage"}, failed
-    assert shims.NO_DAEMON in failed[f"{lb.node}-model-stage"]
+    assert "Cannot connect to the Docker daemon" in failed[f"{lb.node}-model-stage"]
     assert not [s.resource for s in stopped.steps if s.resource.endswith("-drain")]
     assert upstream.read_text() == before and " down;" not in before
     assert not [s for s in stopped.steps if s.resource.endswith("-vllm") and s.op in ("create", "delete")]
@@ -147,6 +146,4 @@ def test_docker_unreachable_when_staging_stops_the_change_before_any_drain(runni
     converged = upgrade.run(LABEL, change, options)
     assert converged.ok, failures(converged)
     assert converged.failed == 0 and converged.streams_cut == 0, converged.failures
-    assert converged.images == {
-        head.node: "vllm/vllm-openai:v0.33.1" for head in lab_plan.heads
-    }
+    assert converged.images == {head.node: "vllm/vllm-openai:v0.33.1" for head in lab_plan.heads}

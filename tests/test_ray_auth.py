@@ -110,16 +110,17 @@ def test_the_run_script_reads_the_token_with_decryption_into_a_root_only_env_fil
 
 
 def test_the_labs_ray_refuses_token_mode_without_a_token_as_ray_does(monkeypatch, capsys, tmp_path):
-    from labkit import shims
+    from labkit import imagebin
 
-    monkeypatch.setenv("QCL_LAB_NODE_STATE", str(tmp_path))  # where its raylet's pid goes
+
+    monkeypatch.setenv(imagebin.RAY_DIR_ENV, str(tmp_path))  # where its raylet's pid goes
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
-    assert shims.ray(["start", "--head"]) == 1
+    assert imagebin.ray(["start", "--head"]) == 1
     monkeypatch.setenv("RAY_AUTH_TOKEN", "t")
-    assert shims.ray(["start", "--head"]) == 0
-    assert shims.ray(["stop"]) == 0
+    assert imagebin.ray(["start", "--head"]) == 0
+    assert imagebin.ray(["stop"]) == 0
 
 
 def _onprem_pipeline_with_token(token: str) -> offline.Render:

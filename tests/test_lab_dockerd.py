@@ -1,0 +1,137 @@
+"""labkit/dockerd.py for real: a registry and a dockerd in a namespace, an image built once and
+pulled through the registry as a Docker Hub mirror, a container on host networking, and every
+process of it found again by its mark after the namespace is gone.
+
+Needs root, iproute2, Debian's docker.io and docker-registry (scripts/setup-system.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit import dockerd, netns
+
+LABEL = f"d{os.getpid() % 100000}"
+NAMESPACE = f"qcl-{LABEL}-n1"
+MISSING = netns.missing_requirements() + [
+    f"{binary} not installed (scripts/setup-system.sh)"
+    for binary in ("dockerd", "docker-registry", "busybox")
+    if shutil.which(binary) is None
+]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
+
+BUSYBOX = dockerd.ImageSpec(
+    programs=("busybox",),
+    links=(("/bin/sh", "/bin/busybox"), ("/bin/sleep", "/bin/busybox"), ("/bin/cat", "/bin/busybox")),
+    files=(("/etc/lab-release", "lab\n", 0o644),),
+    cmd=("/bin/sh", "-c", "echo started; exec sleep 1000"),
+    stop_signal="SIGTERM",
+)
+# A layer on top: the base's files stay, the config is the base's unless set.
+CHILD = dockerd.ImageSpec(files=(("/etc/lab-child", "child\n", 0o644),), base=BUSYBOX)
+
+
+def test_split_reference() -> None:
+    assert dockerd.split_reference("nginx:1.27.3") == ("docker.io", "library/nginx", "1.27.3")
+    assert dockerd.split_reference("vllm/vllm-openai:v0.33.0") == ("docker.io", "vllm/vllm-openai", "v0.33.0")
+    assert dockerd.split_reference("nvcr.io/nvidia/k8s/dcgm-exporter:4.4") == (
+        "nvcr.io",
+        "nvidia/k8s/dcgm-exporter",
+        "4.4",
+    )
+
+
+def test_clamp_ulimits() -> None:
+    clamped, notes = dockerd.clamp_ulimits(
+        [{"name": "memlock", "soft": -1, "hard": -1}, {"name": "core", "soft": 0, "hard": 0}]
+    )
+    assert clamped[0] == {
+        "name": "memlock",
+        "soft": dockerd.HARD_LIMITS["memlock"],
+        "hard": dockerd.HARD_LIMITS["memlock"],
+    }
+    assert clamped[1] == {"name": "core", "soft": 0, "hard": 0}
+    assert len(notes) == 1 and "memlock" in notes[0]
+
+
+def test_build_is_cached_by_inputs(tmp_path: Path) -> None:
+    first = dockerd.build(BUSYBOX, cache=tmp_path)
+    again = dockerd.build(BUSYBOX, cache=tmp_path)
+    assert first == again and first.manifest.exists()
+    changed = dockerd.build(
+        dockerd.ImageSpec(**{**BUSYBOX.__dict__, "files": (("/etc/lab-release", "other\n", 0o644),)}),
+        cache=tmp_path,
+    )
+    assert changed.key != first.key
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    netns.add(NAMESPACE)
+    registry = dockerd.Registry(
+        NAMESPACE, "127.0.0.1", 5000, tmp_path / "registry", tmp_path / "registry-run", mark=LABEL
+    )
+    daemon = dockerd.Daemon(
+        "n1",
+        NAMESPACE,
+        tmp_path / "n1",
+        Path(f"/run/qcl-docker/{LABEL}-n1"),
+        mirror=registry.url,
+        mark=f"{LABEL}/n1",
+    )
+    try:
+        yield registry, daemon
+    finally:
+        dockerd.kill_marked(LABEL)
+        netns.delete(NAMESPACE)
+        shutil.rmtree(daemon.run_dir, ignore_errors=True)
+
+
+def test_a_daemon_in_a_namespace_pulls_through_the_lab_registry(lab) -> None:
+    registry, daemon = lab
+    built = dockerd.build(CHILD)
+    assert len(built.layers) == 2
+    dockerd.start_registry(registry)
+    assert dockerd.publish(registry, "lab/busybox:v1", built) == "lab/busybox:v1"
+    dockerd.start(daemon)
+    assert dockerd.start(daemon).endswith("running")  # idempotent
+
+    dockerd.docker(daemon, "pull", "lab/busybox:v1")
+    unknown = dockerd.docker(daemon, "pull", "lab/busybox:nope", check=False)
+    assert unknown.returncode != 0
+    # One image id on every node: the config's digest, not a per-import id.
+    assert (
+        dockerd.docker(daemon, "image", "inspect", "-f", "{{.Id}}", "lab/busybox:v1").stdout.strip()
+        == built.id
+    )
+
+    run = ["run", "-d", "--name", "c1", "--network", "host", "--gpus", "all", "--stop-timeout", "1"]
+    run += ["--ulimit", "nofile=20000:20000", "--label", "lab=yes", "lab/busybox:v1"]
+    dockerd.docker(daemon, *run)
+    state = dockerd.docker(daemon, "inspect", "-f", "{{.State.Running}}", "c1").stdout.strip()
+    assert state == "true"
+    shown = dockerd.docker(daemon, "exec", "c1", "cat", "/etc/lab-release", "/etc/lab-child").stdout
+    assert shown == "lab\nchild\n"
+    assert "started" in dockerd.docker(daemon, "logs", "c1").stdout
+
+    # Every process (registry, dockerd, containerd, shim, the container) carries the mark.
+    marked = dockerd.marked_pids(LABEL)
+    assert len(marked) >= 5, marked
+    # A crash leaves the container running; a new daemon comes up on the same data.
+    dockerd.stop(daemon, kill=True)
+    dockerd.start(daemon)
+    dockerd.docker(daemon, "rm", "-f", "c1")
+
+    # The namespace deleted from outside: the mark still finds everything.
+    dockerd.docker(daemon, *run[:3], "c2", *run[4:])
+    os.system(f"ip netns del {NAMESPACE}")
+    assert dockerd.kill_marked(LABEL) >= 4
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and dockerd.marked_pids(LABEL):
+        time.sleep(0.05)
+    assert dockerd.marked_pids(LABEL) == []

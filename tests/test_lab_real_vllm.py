@@ -1,0 +1,86 @@
+"""The lab with the real vLLM (labkit/realvllm.py: its CPU build serving the tiny Qwen3 model) as
+every replica's model server, inside the vLLM image the lab builds for the tag, on each node's
+own Docker engine: two nodes up, the `openai` client streaming a chat completion through the
+locked endpoint (nginx, the lab's key over TLS), then an image bump under client load with no
+failed request and no cut stream.
+
+Needs root, the lab's binaries and Docker (CI runs as root with them; `make system`), and the
+cached real-vLLM environment (built through the project's own step when missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit import blueprint, lifecycle, netns, realvllm, standins, upgrade
+from qwen_cluster.ports import Vantage
+
+LABEL = f"r{os.getpid() % 100000}"
+BINARIES = ("ip", "nginx", "nft", "ufw", "sysctl", "dockerd", "docker-registry")
+MISSING = (
+    netns.missing_requirements()
+    + standins.missing_requirements()
+    + [f"{b} not installed" for b in BINARIES if not shutil.which(b)]
+)
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
+CLIENT = Path(__file__).parent / "helpers" / "lab_openai_client.py"
+BUMP = "model.image=vllm/vllm-openai:v0.33.1"
+REQUESTS = 60
+
+
+@pytest.fixture(scope="module")
+def lab():
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.load("onprem", nodes=2, label=LABEL)
+    options = lifecycle.Options(clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True)
+    try:
+        up = lifecycle.up(lab_plan, options)
+        assert up.ok, [(step.node, step.step, step.detail[-500:]) for step in up.steps if not step.ok]
+        yield lab_plan, options
+    finally:
+        lifecycle.down(LABEL)
+
+
+def test_openai_streams_from_the_real_server_through_the_locked_endpoint(lab):
+    lab_plan, _options = lab
+    access = lifecycle.client_access(lab_plan)
+    base_url = f"https://{lab_plan.load_balancer.ip}:{lab_plan.cluster.load_balancer.port}/v1"
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/nonexistent",
+        "NO_PROXY": "*",
+        "OPENAI_API_KEY": access.api_key,
+    }
+    result = subprocess.run(
+        ["ip", "netns", "exec", lab_plan.vantage(Vantage.CLIENT).namespace, sys.executable, str(CLIENT),
+         base_url, lab_plan.cluster.model.name, "0", access.ca_file],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    chunks = [entry["chunk"] for entry in report["stream"]]
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert {chunk["model"] for chunk in chunks} == {"Qwen/Qwen3-32B"}
+    # vLLM's own answer (the stand-in names its node here; vLLM its version).
+    assert any(str(chunk.get("system_fingerprint") or "").startswith("vllm-") for chunk in chunks)
+    finishes = [chunk["choices"][0]["finish_reason"] for chunk in chunks if chunk["choices"]]
+    assert finishes[-1] in ("length", "stop")
+    assert [card["id"] for card in report["models"]] == ["Qwen/Qwen3-32B"]
+    assert report["models"][0]["owned_by"] == "vllm"
+
+
+def test_an_image_bump_under_load_fails_no_request(lab):
+    lab_plan, options = lab
+    result = upgrade.run(LABEL, [BUMP], options, load=realvllm.client_load(REQUESTS))
+    summary = result.as_json()
+    assert result.ok, summary.get("stoppedAt")
+    assert summary["requests"] > 0
+    assert summary["failed"] == 0 and summary["streamsCut"] == 0, summary
+    assert summary["maxReplicasDown"] <= 1
