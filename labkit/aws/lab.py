@@ -20,11 +20,13 @@ independent ones in parallel; the first failure starts nothing new.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -244,7 +246,10 @@ def _start_service(
     tls_dir = Path(identity.ca_file).parent
     bucket = weights_bucket(stack.weights_uri)
     cert, key = api_certificate(
-        root, Path(identity.ca_file), tls_dir / "ca-key.pem", api_names(stack.region, bucket and bucket[0]),
+        root,
+        Path(identity.ca_file),
+        tls_dir / "ca-key.pem",
+        api_names(stack.region, bucket and bucket[0]),
         aws_plan.api.ip,
     )
     principals = {
@@ -503,7 +508,9 @@ def up(
     machines = _machines(aws_plan, stack, identity)
     report = apply(aws_plan, rendered, stack, machines)
     report.notes = made + more
-    executor.save_state(lifecycle.state_file(plan), raw, rendered, {})
+    record_runs(aws_plan, report, stack)
+    _save_settings(aws_plan, clock_scale)
+    executor.save_state(lifecycle.state_file(plan), plan.stack_config or {}, rendered, {})
     return report, rendered
 
 
@@ -512,3 +519,167 @@ def down(label: str) -> list[str]:
     removed = lifecycle.down(label)
     shutil.rmtree(Path(STATE_ROOT) / label, ignore_errors=True)
     return removed
+
+
+# --------------------------------------------------------------------------- day 2
+
+
+SETTINGS_FILE = "aws-lab.json"
+
+
+def _save_settings(aws_plan: AwsPlan, clock_scale: float) -> None:
+    (aws_plan.root / SETTINGS_FILE).write_text(json.dumps({"clock": clock_scale, "stack": aws_plan.stack}))
+
+
+def _context(aws_plan: AwsPlan, rendered: offline.Render) -> tuple[model.AwsStack, dict[str, Machine]]:
+    identity = endpoint.ensure(aws_plan.root / "endpoint", aws_plan.plan.load_balancer.ip)
+    stack = model.read(rendered, offline.stack_region(aws_plan.plan.stack_config or {}))
+    return stack, _machines(aws_plan, stack, identity)
+
+
+def record_runs(aws_plan: AwsPlan, report: AwsUp, stack: model.AwsStack) -> dict[str, dict[str, str]]:
+    """Document -> node -> the status of its last run there, kept across `up` and `upgrade`."""
+    path = aws_plan.root / "ssm-runs.json"
+    table: dict[str, dict[str, str]] = json.loads(path.read_text()) if path.exists() else {}
+    for name, run in report.runs.items():
+        document = _document_role(stack, stack.associations[name].document)
+        for invocation in run.invocations:
+            table.setdefault(document, {})[invocation.instance] = invocation.status
+    path.write_text(json.dumps(table, indent=1, sort_keys=True))
+    return table
+
+
+def _document_role(stack: model.AwsStack, name: str) -> str:
+    """A document by what it does (its step's name): modelStage, modelServer, nodeProxy, monitoring."""
+    steps = stack.documents.get(name, {}).get("mainSteps") or [{}]
+    return str(steps[0].get("name") or name)
+
+
+class TargetWatch:
+    """The replica heads out of the load balancer (HAProxy not sending them connections), sampled
+    every `interval` seconds: the most out at one moment."""
+
+    def __init__(self, socket_path: str, heads: dict[str, str], interval: float = 0.1):
+        self.socket_path, self.heads, self.interval = socket_path, heads, interval  # id -> node
+        self.max_out, self.out_at_max, self.samples = 0, [], 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                status = elb.haproxy_status(self.socket_path)
+                out = [
+                    node for target, node in self.heads.items() if not status.get(target, "").startswith("UP")
+                ]
+                self.samples += 1
+                if len(out) > self.max_out:
+                    self.max_out, self.out_at_max = len(out), out
+            self.stop.wait(self.interval)
+
+    def __enter__(self) -> TargetWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
+def _parameter_updates(aws_plan: AwsPlan, stack: model.AwsStack, names: set[str]) -> list[str]:
+    """PutParameter (Overwrite) for the changed parameters, as the provider updates `value`."""
+    import boto3
+
+    def call() -> list[str]:
+        session = boto3.session.Session(aws_access_key_id=DEPLOYER_KEY, aws_secret_access_key="lab",
+                                        region_name=stack.region)  # fmt: skip
+        client = session.client("ssm", endpoint_url=f"https://{aws_plan.api.ip}",
+                                verify=str(aws_plan.root / "endpoint" / "tls" / "ca.pem"))  # fmt: skip
+        done = []
+        for name in sorted(names):
+            parameter = stack.parameters[name]
+            client.put_parameter(Name=parameter["name"], Value=parameter["value"] or "-",
+                                 Type=parameter["type"], Overwrite=True)  # fmt: skip
+            done.append(parameter["name"])
+        return done
+
+    return netns.call_in(aws_plan.api.namespace, call)
+
+
+def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[str, Any]:
+    """Apply `changes` to the running AWS lab under client load; the figures of labkit/upgrade.py
+    plus the SSM runs (every document on every node)."""
+    from labkit import upgrade as bare_upgrade
+    from tooling import changes as change_syntax
+
+    global _clock, _load_delay
+    state = executor.load_state(lifecycle.state_file_for(label))
+    if state is None:
+        raise AwsLabError(f"lab {label} is not up (no applied state): run `lab.py up` first")
+    settings = json.loads((Path(STATE_ROOT) / label / SETTINGS_FILE).read_text())
+    _clock = settings["clock"]
+    _load_delay = lifecycle.MODEL_LOAD_SECONDS * _clock
+    new_config = change_syntax.apply_changes(state.config, changes)
+    cluster = stackfile.validate(new_config)
+    aws_plan = build(cluster, label, new_config, settings["stack"])
+    identity = endpoint.ensure(aws_plan.root / "endpoint", aws_plan.plan.load_balancer.ip)
+    raw, _ = lab_config(new_config)
+    rendered, _ = executor.render(raw, aws_plan.stack, _clock, None, identity)
+    stack, machines = _context(aws_plan, rendered)
+    diff = executor.changes_between(state.render, rendered)
+    acting = {name for name, change in diff.items() if change.action in ("create", "replace", "update")}
+    parameters = {name for name in acting if name in stack.parameters}
+    heads = {stack.instances[m.node].instance_id: m.node for m in aws_plan.plan.heads}
+    load = bare_upgrade.LoadSettings(max_requests=max_requests)
+    started = time.monotonic()
+    with (
+        TargetWatch(str(aws_plan.root / "haproxy.sock"), heads) as watch,
+        bare_upgrade.ClientLoad(aws_plan.plan, load) as clients,
+    ):
+        time.sleep(0.3)  # the load is flowing before anything changes
+        if parameters:
+            _parameter_updates(aws_plan, stack, parameters)
+        report = apply(aws_plan, rendered, stack, machines, only=acting - parameters)
+        time.sleep(0.3)
+    seconds = time.monotonic() - started
+    runs = record_runs(aws_plan, report, stack)
+    executor.save_state(lifecycle.state_file(aws_plan.plan), new_config, rendered, {})
+    outcomes = clients.outcomes
+    ran = [step for step in report.steps if step.op != "same"]
+    nodes = [m.node for m in aws_plan.plan.nodes]
+    return {
+        "requests": len(outcomes),
+        "failed": sum(1 for o in outcomes if not o.ok and not o.cut),
+        "streamsCut": sum(1 for o in outcomes if o.cut),
+        "maxReplicasDown": watch.max_out,
+        "seconds": round(seconds, 2),
+        "steps": [
+            {
+                "resource": s.resource,
+                "op": s.op,
+                "node": s.node,
+                "ok": s.ok,
+                "at": s.started,
+                "seconds": s.seconds,
+                **({} if s.ok else {"detail": s.detail[-500:]}),
+            }  # fmt: skip
+            for s in ran
+        ],
+        "ok": report.ok,
+        "lanes": [[replica.head.name for replica in lane] for lane in cluster.rollout_lanes],
+        "ssm": {
+            "documents": runs,
+            "everyDocumentOnEveryNode": all(
+                all(table.get(node) == ssmrun.SUCCESS for node in nodes)
+                for document, table in runs.items()
+                if document != "nodeProxy"
+            )
+            and all(runs.get("nodeProxy", {}).get(m.node) == ssmrun.SUCCESS for m in aws_plan.plan.heads),
+        },
+        "parametersUpdated": sorted(stack.parameters[name]["name"] for name in parameters),
+        "failures": [
+            f"{'stream' if o.streamed else 'chat'} at {o.started:.2f} s: {o.error or o.status}"
+            for o in outcomes
+            if not o.ok
+        ][:20],  # fmt: skip
+    }

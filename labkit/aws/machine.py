@@ -2,8 +2,9 @@
 the node's own /etc, /opt and /run/lock, and first boot runs the launch template's user data.
 
 The program's node scripts write /etc/qwen-cluster, /etc/sysctl.d, /opt/qwen-cluster and
-/run/lock as any script on an instance does. Here each run gets a private mount namespace in
-which /etc and /opt are overlays whose upper layer is the node's lab directory (the host's
+/run/lock as any script on an instance does. Here each node has one private mount namespace
+(held by a process, `holder`; every run enters it with nsenter) in which /etc and /opt are
+overlays whose upper layer is the node's lab directory (the host's
 files stay untouched, the node's own persist from run to run), /run/lock is the node's, and
 `ip netns exec`'s /etc/netns/<ns>/ files (the node's /etc/hosts) are bound again on top. So the
 scripts run unmodified. What stays a departure is on PATH (labkit/aws/bin): `sysctl --system`
@@ -21,6 +22,7 @@ renders a script: qwen_cluster/render/cloudinit.py).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import shlex
@@ -46,7 +48,7 @@ class Machine:
     bin_dir: Path  # the lab's shims for AWS nodes, first on PATH
     env: dict[str, str]  # what the lab adds to a run's environment (CA bundle, shim settings)
 
-    def _wrapper(self, script: Path) -> str:
+    def _mounts(self) -> str:
         lines = ["set -e"]
         for path in OVERLAID:
             upper, work = self.root / "fs" / path.strip("/"), self.root / "fs-work" / path.strip("/")
@@ -62,8 +64,30 @@ class Machine:
         lock = self.root / "run-lock"
         lock.mkdir(parents=True, exist_ok=True)
         lines.append(f"mount --bind {lock} /run/lock")
-        lines.append(f"exec sh -c {shlex.quote(str(script))}")
+        lines.append("exec sleep infinity")
         return "\n".join(lines)
+
+    def holder(self) -> int:
+        """The node's mount namespace, held by one process: overlayfs refuses two mounts that
+        share an upper directory, and runs overlap (the stack-wide staging and a node's own)."""
+        pidfile = self.root / "holder.pid"
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            pid = int(pidfile.read_text())
+            if _holds(pid):
+                return pid
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--propagation", "private",
+             "sh", "-c", self._mounts()],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not _holds(process.pid):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.instance.node}: the node's mounts failed ({process.poll()})")
+            time.sleep(0.02)
+        pidfile.write_text(str(process.pid))
+        return process.pid
 
     def execute(self, script_text: str, name: str, timeout: float) -> tuple[str, int, str]:
         """Run a script file as SSM and cloud-init do (`sh -c FILE`, its `#!` picks the shell)."""
@@ -73,18 +97,14 @@ class Machine:
         script.write_text(script_text)
         script.chmod(0o700)
         env = {"PATH": f"{self.bin_dir}:{BASE_PATH}", "HOME": "/root", "LANG": "C.UTF-8", **self.env}
+        pid = self.holder()
         try:
             done = subprocess.run(
-                ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--propagation", "private",
-                 "sh", "-c", self._wrapper(script)],
+                ["nsenter", "--target", str(pid), "--mount", "--net", "sh", "-c", str(script)],
                 capture_output=True, text=True, timeout=timeout, env=env, cwd=folder,
             )  # fmt: skip
         except subprocess.TimeoutExpired as expired:
-            out = (
-                (expired.stdout or b"").decode()
-                if isinstance(expired.stdout, bytes)
-                else expired.stdout or ""
-            )
+            out = expired.stdout.decode() if isinstance(expired.stdout, bytes) else expired.stdout or ""
             return ssmrun.TIMED_OUT, -1, out
         output = done.stdout + done.stderr
         (folder / "stdout").write_text(done.stdout)
@@ -136,3 +156,12 @@ def user_data_script(user_data: str | bytes) -> str:
 
 def environ_for_shims(extra: dict[str, str]) -> dict[str, str]:
     return {key: value for key, value in {**os.environ, **extra}.items() if key.startswith("QCL_LAB_")}
+
+
+def _holds(pid: int) -> bool:
+    """`pid` is a node's holder: alive, with the node's /opt overlay mounted."""
+    try:
+        mounts = Path(f"/proc/{pid}/mounts").read_text()
+    except OSError:
+        return False
+    return any(line.split()[1:3] == ["/opt", "overlay"] for line in mounts.splitlines())
