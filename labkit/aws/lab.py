@@ -267,9 +267,18 @@ def _start_service(
             "arn": f"arn:aws:sts::{model.ACCOUNT}:assumed-role/{role}/{instance.instance_id}",
             "documents": documents,
         }
-        nodes.append({"namespace": member.namespace, "node": member.node, "ip": member.ip,
-                      "instanceId": instance.instance_id, "role": role, "accessKey": _access_key(member.node),
-                      "zone": aws_plan.plan.cluster.aws.availability_zone, "userData": instance.user_data})  # fmt: skip
+        nodes.append(
+            {
+                "namespace": member.namespace,
+                "node": member.node,
+                "ip": member.ip,
+                "instanceId": instance.instance_id,
+                "role": role,
+                "accessKey": _access_key(member.node),
+                "zone": aws_plan.plan.cluster.aws.availability_zone,
+                "userData": instance.user_data,
+            }
+        )
     group = stack.target_group
     config = {
         "region": stack.region,
@@ -291,8 +300,8 @@ def _start_service(
     }
     (root / "aws-service.json").write_text(json.dumps(config, indent=1))
     (root / "aws-ready").unlink(missing_ok=True)
-    netns.spawn(aws_plan.api.namespace, [sys.executable, "-m", "labkit.aws.service", str(root / "aws-service.json")],
-                root / "aws-service.log", env={"PYTHONPATH": str(PROJECT_ROOT)})  # fmt: skip
+    argv = [sys.executable, "-m", "labkit.aws.service", str(root / "aws-service.json")]
+    netns.spawn(aws_plan.api.namespace, argv, root / "aws-service.log", env={"PYTHONPATH": str(PROJECT_ROOT)})
     deadline = time.monotonic() + 60
     while not (root / "aws-ready").exists():
         if time.monotonic() > deadline:
@@ -311,6 +320,11 @@ def iam_documents(stack: model.AwsStack, role: str) -> list[dict[str, Any]]:
     return iam.documents_of_role(
         role, stack.role_policies.get(role, []), stack.role_attachments.get(role, [])
     )
+
+
+def s3_uri(cluster: ClusterConfig) -> str:
+    weights = cluster.model.weights
+    return weights.uri or "" if weights.source == "s3" else ""
 
 
 def weights_bucket(uri: str) -> tuple[str, str] | None:
@@ -500,7 +514,7 @@ def up(
         raw, plan.label if plan.label in ("dev", "prod") else "dev", clock_scale, None, identity
     )
     region = offline.stack_region(raw)
-    stack = model.read(rendered, region)
+    stack = model.read(rendered, region, s3_uri(plan.cluster))
     bucket = weights_bucket(stack.weights_uri)
     _node_etc(aws_plan, region, bucket[0] if bucket else None)
     _start_haproxy(aws_plan, stack)
@@ -533,7 +547,9 @@ def _save_settings(aws_plan: AwsPlan, clock_scale: float) -> None:
 
 def _context(aws_plan: AwsPlan, rendered: offline.Render) -> tuple[model.AwsStack, dict[str, Machine]]:
     identity = endpoint.ensure(aws_plan.root / "endpoint", aws_plan.plan.load_balancer.ip)
-    stack = model.read(rendered, offline.stack_region(aws_plan.plan.stack_config or {}))
+    stack = model.read(
+        rendered, offline.stack_region(aws_plan.plan.stack_config or {}), s3_uri(aws_plan.plan.cluster)
+    )
     return stack, _machines(aws_plan, stack, identity)
 
 

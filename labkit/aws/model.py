@@ -160,8 +160,9 @@ def _int(value: Any, default: int = 0) -> int:
     return int(float(value)) if value not in (None, "") else default
 
 
-def read(rendered: Render, region: str) -> AwsStack:
-    """The AWS resources of a render, with every mock id and ARN replaced."""
+def read(rendered: Render, region: str, weights_uri: str = "") -> AwsStack:
+    """The AWS resources of a render, with every mock id and ARN replaced; `weights_uri`: the
+    S3 prefix of `model.weights` (source s3), which the lab's bucket holds."""
     table = identities(rendered, region)
 
     def inputs(resource: RecordedResource) -> dict[str, Any]:
@@ -247,8 +248,6 @@ def read(rendered: Render, region: str) -> AwsStack:
         for values in (inputs(r) for r in rendered.of_type(INGRESS))
         if values.get("securityGroupId") in lb_groups and values.get("cidrIpv4")
     ]
-    summary = rendered.outputs.get("summary") or {}
-    weights = ((summary.get("model") or {}).get("weights") or {}) if isinstance(summary, dict) else {}
     return AwsStack(
         region=region,
         instances=instances,
@@ -263,5 +262,5 @@ def read(rendered: Render, region: str) -> AwsStack:
         listener_port=_int(listener.get("port"), 80),
         idle_timeout_seconds=_int(listener.get("tcpIdleTimeoutSeconds"), 350),
         client_cidrs=client_cidrs,
-        weights_uri=str(weights.get("uri") or "") if weights.get("source") == "s3" else "",
+        weights_uri=weights_uri,
     )
