@@ -208,12 +208,13 @@ def _machines(aws_plan: AwsPlan, stack: model.AwsStack, identity: endpoint.Ident
     substitutions.install_shims(bin_dir, PROJECT_ROOT)
     python = f"PYTHONPATH={PROJECT_ROOT} exec {sys.executable} -m"
     (bin_dir / "docker").write_text(f'#!/bin/sh\n{python} labkit.aws.docker "$@"\n')
+    (bin_dir / "vllm").write_text(f'#!/bin/sh\n{python} labkit.aws.vllm "$@"\n')
     # `sysctl --system` applies the program's drop-in only: global keys are the machine's.
     (bin_dir / "sysctl").write_text(
         '#!/bin/sh\ncase " $* " in *" --system "*) exec /usr/sbin/sysctl -e -p '
         '/etc/sysctl.d/90-qwen-cluster.conf ;; esac\nexec /usr/sbin/sysctl "$@"\n'
     )
-    for name in ("docker", "sysctl"):
+    for name in ("docker", "sysctl", "vllm"):
         (bin_dir / name).chmod(0o755)
     machines = {}
     for member in plan.nodes:
