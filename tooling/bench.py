@@ -235,7 +235,15 @@ def print_lanes(console, count: int, runs: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(
-        "rehearsal", "ok", "requests", "failed", "cut", "most down", "s", "stopped at", "not reached",
+        "rehearsal",
+        "ok",
+        "requests",
+        "failed",
+        "cut",
+        "most down",
+        "s",
+        "stopped at",
+        "not reached",
         title=f"lab.py upgrade at {count} nodes ({runs[0]['lanes'] if runs else '?'} lanes)",
     )
     for run in runs:
@@ -483,6 +491,36 @@ def print_render(console, figures: dict[str, Any]) -> None:
     )
 
 
+def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, Any]:
+    """The AWS target's node side (labkit/aws/): `lab up` of the stack (every node's first boot
+    and SSM associations, weights from the lab bucket when the stack reads S3), then an image
+    bump in rollout.maxUnavailable lanes under client load; `down` after."""
+    import time
+
+    from labkit.aws import lab as aws_lab
+
+    label = f"bench-{stack}"
+    aws_lab.down(label)
+    try:
+        started = time.monotonic()
+        report, _ = aws_lab.up(aws_lab.load(stack, label=label))
+        up_seconds = time.monotonic() - started
+        if not report.ok:
+            failed = next(step for step in report.steps if not step.ok)
+            raise RuntimeError(f"aws lab up {stack}: {failed.resource}: {failed.detail[-300:]}")
+        bump = aws_lab.upgrade(label, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=max_requests)
+        keep = ("requests", "failed", "streamsCut", "maxReplicasDown", "seconds", "ok", "lanes")
+        return {
+            "stack": stack,
+            "upSeconds": round(up_seconds, 1),
+            "associations": len(report.runs),
+            "imageBump": {key: bump[key] for key in keep},
+            "everyDocumentOnEveryNode": bump["ssm"]["everyDocumentOnEveryNode"],
+        }
+    finally:
+        aws_lab.down(label)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -495,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lab-nodes", default="4,16", help="node counts for `lab up`, comma-separated")
     parser.add_argument("--no-lab", action="store_true", help="the render figures only")
     parser.add_argument("--lanes-nodes", type=int, default=16, help="nodes of the lane rehearsal (0: none)")
+    parser.add_argument(
+        "--aws-stack", default="prod", help="the AWS stack whose node side is rehearsed ('': none)"
+    )
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.nodes.split(",")]
     console = Console(width=None if sys.stdout.isatty() else 200, stderr=args.json)
@@ -521,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
             figures["lab"]["lanes"] = lab_lanes(args.lab_stack, args.lanes_nodes)
             if not args.json:
                 print_lanes(console, args.lanes_nodes, figures["lab"]["lanes"])
+        if args.aws_stack:
+            figures["lab"]["aws"] = aws_rehearsal(args.aws_stack)
+            if not args.json:
+                console.print(f"AWS node side ({args.aws_stack}): {json.dumps(figures['lab']['aws'])}")
     if args.json:
         print(json.dumps(figures, indent=2))
     return 0

@@ -646,6 +646,15 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
     diff = executor.changes_between(state.render, rendered)
     acting = {name for name, change in diff.items() if change.action in ("create", "replace", "update")}
     parameters = {name for name in acting if name in stack.parameters}
+    # A new value raises the parameter's version, which the associations reading it carry
+    # (components/aws/proxy.py: SecretsVersion; replaced on change): the mocks compute no
+    # version, so the lab follows the ARN to them.
+    changed_arns = {stack.parameters[name]["arn"] for name in parameters}
+    acting |= {
+        name
+        for name, association in stack.associations.items()
+        if changed_arns & set(association.parameters.values())
+    }
     heads = {stack.instances[m.node].instance_id: m.node for m in aws_plan.plan.heads}
     load = bare_upgrade.LoadSettings(max_requests=max_requests)
     started = time.monotonic()
