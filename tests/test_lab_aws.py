@@ -7,6 +7,7 @@ leaves nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -131,6 +132,26 @@ def test_an_image_bump_rolls_in_lanes_under_load_with_no_failed_request(day0):
     assert [s["node"] for s in servers] == ["master", "worker-1"]  # one lane at 2 replicas
     images = {_chat(aws_plan).image for _ in range(6)}
     assert images == {"vllm/vllm-openai:v0.33.1"}
+
+
+def _model_pids(aws_plan) -> dict[str, int]:
+    found = {}
+    for path in aws_plan.root.glob("nodes/*/docker/containers/qwen-vllm.json"):
+        found[path.parts[-4]] = json.loads(path.read_text())["pid"]
+    return found
+
+
+def test_a_key_rotation_reloads_the_proxies_and_restarts_no_model_server(day0):
+    aws_plan, _, _ = day0
+    identity = lifecycle.endpoint_identity(aws_plan.plan)
+    pids = _model_pids(aws_plan)
+    result = lab.upgrade(LABEL, [f'access.apiKeys=["{identity.api_keys[1]}"]'], max_requests=0)
+    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["parametersUpdated"] == ["/qwen-cluster/dev/endpoint/api-keys"]
+    assert sorted(s["resource"] for s in result["steps"]) == ["node-proxy-master", "node-proxy-worker-1"]
+    assert _model_pids(aws_plan) == pids and len(pids) == 2
+    assert _chat(aws_plan, key_index=1).ok
+    assert _chat(aws_plan, key_index=0).status == 401
 
 
 def test_down_leaves_nothing_behind(day0):

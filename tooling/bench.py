@@ -510,13 +510,23 @@ def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, An
             raise RuntimeError(f"aws lab up {stack}: {failed.resource}: {failed.detail[-300:]}")
         bump = aws_lab.upgrade(label, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=max_requests)
         keep = ("requests", "failed", "streamsCut", "maxReplicasDown", "seconds", "ok", "lanes")
-        return {
+        figures = {
             "stack": stack,
             "upSeconds": round(up_seconds, 1),
             "associations": len(report.runs),
             "imageBump": {key: bump[key] for key in keep},
             "everyDocumentOnEveryNode": bump["ssm"]["everyDocumentOnEveryNode"],
         }
+        # A release that never answers /health: its lane stops, the others keep serving.
+        never = aws_lab.upgrade(
+            label, ["model.image=vllm/vllm-openai:v0.33.2-unhealthy"], max_requests=max_requests
+        )
+        figures["neverHealthy"] = {
+            **{key: never[key] for key in keep},
+            "stoppedAt": never["stoppedAt"],
+            "replicasNotReached": never["replicasNotReached"],
+        }
+        return figures
     finally:
         aws_lab.down(label)
 

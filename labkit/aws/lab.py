@@ -511,11 +511,10 @@ def up(
     raw, made = lab_config(plan.stack_config or {})
     machines_up(aws_plan)
     identity = endpoint.ensure(aws_plan.root / "endpoint", plan.load_balancer.ip)
-    rendered, more = executor.render(
-        raw, plan.label if plan.label in ("dev", "prod") else "dev", clock_scale, None, identity
-    )
+    rendered, more = executor.render(raw, aws_plan.stack, clock_scale, None, identity)
     region = offline.stack_region(raw)
     stack = model.read(rendered, region, s3_uri(plan.cluster))
+    made += gate_clock(stack, clock_scale)
     bucket = weights_bucket(stack.weights_uri)
     _node_etc(aws_plan, region, bucket[0] if bucket else None)
     _start_haproxy(aws_plan, stack)
@@ -546,11 +545,25 @@ def _save_settings(aws_plan: AwsPlan, clock_scale: float) -> None:
     (aws_plan.root / SETTINGS_FILE).write_text(json.dumps({"clock": clock_scale, "stack": aws_plan.stack}))
 
 
+def gate_clock(stack: model.AwsStack, clock_scale: float) -> list[str]:
+    """The model-server runs' health timeout on the lab's clock (`HealthSeconds`): the config
+    keeps a floor for a real model's load (labkit/substitutions.py gate_clock does the same for
+    bare metal's gate scripts); the stand-ins load in seconds."""
+    made = set()
+    for association in stack.associations.values():
+        value = association.parameters.get("HealthSeconds")
+        if value and value.isdigit():
+            scaled = str(max(1, round(int(value) * clock_scale)))
+            association.parameters["HealthSeconds"] = scaled
+            made.add(f"HealthSeconds {value} -> {scaled} (lab clock, in the model-server runs)")
+    return sorted(made)
+
+
 def _context(aws_plan: AwsPlan, rendered: offline.Render) -> tuple[model.AwsStack, dict[str, Machine]]:
     identity = endpoint.ensure(aws_plan.root / "endpoint", aws_plan.plan.load_balancer.ip)
-    stack = model.read(
-        rendered, offline.stack_region(aws_plan.plan.stack_config or {}), s3_uri(aws_plan.plan.cluster)
-    )
+    region = offline.stack_region(aws_plan.plan.stack_config or {})
+    stack = model.read(rendered, region, s3_uri(aws_plan.plan.cluster))
+    gate_clock(stack, _clock)
     return stack, _machines(aws_plan, stack, identity)
 
 
@@ -703,9 +716,23 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
             and all(runs.get("nodeProxy", {}).get(m.node) == ssmrun.SUCCESS for m in aws_plan.plan.heads),
         },
         "parametersUpdated": sorted(stack.parameters[name]["name"] for name in parameters),
+        # Where a failed rollout stopped, and the replicas whose model-server run never started
+        # (they serve what they served before).
+        "stoppedAt": [f"{s.resource}: {_last_line(s.detail)}" for s in ran if not s.ok],
+        "replicasNotReached": [
+            m.node
+            for m in aws_plan.plan.heads
+            if f"gpu-nodes-{m.node}-server" in acting
+            and f"gpu-nodes-{m.node}-server" not in {s.resource for s in ran}
+        ],
         "failures": [
             f"{'stream' if o.streamed else 'chat'} at {o.started:.2f} s: {o.error or o.status}"
             for o in outcomes
             if not o.ok
         ][:20],  # fmt: skip
     }
+
+
+def _last_line(detail: str) -> str:
+    lines = [line for line in detail.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
