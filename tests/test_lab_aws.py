@@ -112,6 +112,13 @@ def test_the_node_role_refuses_what_it_does_not_allow_and_imds_wants_a_token(day
         60,
     )
     assert status == ssmrun.FAILED and ("403" in output or "Forbidden" in output), output
+    status, _, output = node.execute(
+        "#!/bin/bash\nexport AWS_DEFAULT_REGION=us-west-2\n"
+        "aws ssm get-parameter --name /qwen-cluster/prod/endpoint/api-keys --with-decryption\n",
+        "deny-other-stack",
+        60,
+    )
+    assert status == ssmrun.FAILED and "AccessDenied" in output, output
     _, _, output = node.execute(
         "#!/bin/bash\ncurl -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/instance-id\n",
         "imds-v1",

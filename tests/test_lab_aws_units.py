@@ -179,6 +179,17 @@ def test_the_node_role_refuses_what_it_does_not_need(dev):
         assert not decision.allowed and "not authorized" in decision.reason, call
 
 
+def test_the_node_role_reads_no_parameter_of_another_stack(dev):
+    """AmazonSSMManagedInstanceCore allows ssm:GetParameter on "*": without the role's deny
+    outside the stack's prefix, a dev node could read prod's API keys."""
+    principal = _node_role(dev)
+    for name in ("/qwen-cluster/prod/endpoint/api-keys", "/other-team/database-password"):
+        arn = f"arn:aws:ssm:us-west-2:123456789012:parameter{name}"
+        assert not principal.evaluate(iam.Request("ssm:GetParameter", (arn,))).allowed, name
+    own = dev.associations["node-proxy-master"].parameters["KeysParameter"]
+    assert principal.evaluate(iam.Request("ssm:GetParameter", (own,))).allowed
+
+
 def test_policies_and_parameters_name_the_same_arns(dev):
     """The ARNs the associations hand the nodes are the ones the policies grant (as AWS builds
     them from the parameter's name), not the mocks' placeholders."""
