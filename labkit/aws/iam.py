@@ -13,7 +13,6 @@ missing from the request fails a condition unless the operator ends with IfExist
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 from dataclasses import dataclass, field
@@ -172,8 +171,3 @@ def documents_of_role(role_name: str, inline: list[str], attached: list[str]) ->
             raise ValueError(f"{role_name}: managed policy {arn} is not known to the lab (labkit/aws/iam.py)")
         documents.append(MANAGED_POLICIES[arn])
     return documents
-
-
-def matches_glob(pattern: str, value: str) -> bool:
-    """fnmatch for tag values (SSM targets take no wildcards; kept for completeness)."""
-    return fnmatch.fnmatchcase(value, pattern)

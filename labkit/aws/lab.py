@@ -414,8 +414,6 @@ def _deployer_call(aws_plan: AwsPlan, action: str, target_group: str, target: st
     """An ELBv2 call as `pulumi up` makes it (the deployer's credentials), from the admin side."""
     import boto3
 
-    from labkit.aws.service import IMDS_ADDRESS as _  # noqa: F401 - same module family
-
     def call() -> str:
         session = boto3.session.Session(aws_access_key_id=DEPLOYER_KEY, aws_secret_access_key="lab",
                                         region_name=aws_plan.plan.cluster.aws.region)  # fmt: skip

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import os
 import shlex
 import subprocess
 import time
@@ -152,10 +151,6 @@ def user_data_script(user_data: str | bytes) -> str:
     raise ssmrun.DocumentError(
         f"user data starting {first!r} is not a script; the lab runs `#!` user data only"
     )
-
-
-def environ_for_shims(extra: dict[str, str]) -> dict[str, str]:
-    return {key: value for key, value in {**os.environ, **extra}.items() if key.startswith("QCL_LAB_")}
 
 
 def _holds(pid: int) -> bool:
