@@ -1,6 +1,6 @@
 """`make bench`: the render benchmarks (tooling/bench.py) and the lab's: `lab up` per size, the
 load balancer against a replica reached directly (wrk), the lane rehearsal under client load,
-the real vLLM (CPU) through an image bump.
+the real vLLM (CPU) through an image bump, the AWS node side (labkit/aws/).
 Figures measured in one run; the lab's need root and network namespaces."""
 
 from __future__ import annotations
@@ -334,6 +334,44 @@ def print_real_model(console, figures: dict[str, Any]) -> None:
     console.print(table)
 
 
+def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, Any]:
+    """The AWS target's node side (labkit/aws/): `lab up` of the stack (every node's first boot
+    and SSM associations, weights from the lab bucket when the stack reads S3), then an image
+    bump in rollout.maxUnavailable lanes under client load; `down` after."""
+    from labkit.aws import lab as aws_lab
+
+    label = f"bench-{stack}"
+    aws_lab.down(label)
+    try:
+        started = time.monotonic()
+        report, _ = aws_lab.up(aws_lab.load(stack, label=label))
+        up_seconds = time.monotonic() - started
+        if not report.ok:
+            failed = next(step for step in report.steps if not step.ok)
+            raise RuntimeError(f"aws lab up {stack}: {failed.resource}: {failed.detail[-300:]}")
+        bump = aws_lab.upgrade(label, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=max_requests)
+        keep = ("requests", "failed", "streamsCut", "maxReplicasDown", "seconds", "ok", "lanes")
+        figures = {
+            "stack": stack,
+            "upSeconds": round(up_seconds, 1),
+            "associations": len(report.runs),
+            "imageBump": {key: bump[key] for key in keep},
+            "everyDocumentOnEveryNode": bump["ssm"]["everyDocumentOnEveryNode"],
+        }
+        # A release that never answers /health: its lane stops, the others keep serving.
+        never = aws_lab.upgrade(
+            label, ["model.image=vllm/vllm-openai:v0.33.2-unhealthy"], max_requests=max_requests
+        )
+        figures["neverHealthy"] = {
+            **{key: never[key] for key in keep},
+            "stoppedAt": never["stoppedAt"],
+            "replicasNotReached": never["replicasNotReached"],
+        }
+        return figures
+    finally:
+        aws_lab.down(label)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -345,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lanes-nodes", type=int, default=16, help="nodes of the lane rehearsal (0: none)")
     parser.add_argument(
         "--real-model-nodes", type=int, default=4, help="nodes of the real-vLLM rehearsal (0: none)"
+    )
+    parser.add_argument(
+        "--aws-stack", default="prod", help="the AWS stack whose node side is rehearsed ('': none)"
     )
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 200, stderr=args.json)
@@ -369,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
             figures["lab"]["realModel"] = lab_real_model(args.lab_stack, args.real_model_nodes)
             if not args.json:
                 print_real_model(console, figures["lab"]["realModel"])
+        if args.aws_stack:
+            figures["lab"]["aws"] = aws_rehearsal(args.aws_stack)
+            if not args.json:
+                console.print(f"AWS node side ({args.aws_stack}): {json.dumps(figures['lab']['aws'])}")
     if args.json:
         print(json.dumps(figures, indent=2))
     return 0

@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         clock_scale=clock, model_load_seconds=args.model_load_seconds, real_model=args.real_model
     )
 
+    if _is_aws(args):  # the AWS target: nodes run user data and SSM documents (labkit/aws/)
+        from labkit.aws import cli as aws_cli
+
+        return aws_cli.main(args, console)
     if args.command == "down":
         removed = lifecycle.down(args.label or args.stack)
         console.print(f"removed {len(removed)} namespaces of lab {args.label or args.stack}")
@@ -117,6 +121,15 @@ def main(argv: list[str] | None = None) -> int:
             removed = lifecycle.down(lab_plan.label)
             console.print(f"removed {len(removed)} namespaces of lab {lab_plan.label}")
     return status
+
+
+def _is_aws(args) -> bool:
+    from labkit.aws import lab as aws_lab
+
+    try:
+        return aws_lab.is_aws(args.stack, args.root)
+    except FileNotFoundError:
+        return False
 
 
 def _upgrade(args, console: Console, options: lifecycle.Options) -> int:

@@ -32,6 +32,10 @@ declare -A needed=(
   [dockerd]=docker.io
   [docker-registry]=docker-registry
   [busybox]=busybox-static
+  # The AWS lab (labkit/aws/): HAProxy stands in for the NLB; nsenter/unshare hold each node's
+  # mounts.
+  [haproxy]=haproxy
+  [nsenter]=util-linux
 )
 
 missing=()
@@ -40,6 +44,11 @@ for cmd in "${!needed[@]}"; do
     missing+=("${needed[$cmd]}")
   fi
 done
+# The AWS CLI the AWS lab's nodes run (labkit/aws/): Debian's v2 at /usr/bin/aws, as the node
+# scripts find it on PATH; another `aws` earlier on a developer's PATH (pip, pyenv) does not count.
+if [ ! -x /usr/bin/aws ]; then
+  missing+=(awscli)
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

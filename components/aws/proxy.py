@@ -24,6 +24,8 @@ from components.aws.documents import command_document
 from qwen_cluster.config import ClusterConfig, EndpointSecrets
 from qwen_cluster.render import nginx, proxy
 
+from .serving import PARAMETER_PREFIX
+
 
 @dataclass
 class NodeProxyArgs:
@@ -38,7 +40,7 @@ class NodeProxy(pulumi.ComponentResource):
         super().__init__("qwen-cluster:aws:NodeProxy", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self._name, self._args = name, args
-        prefix = f"/qwen-cluster/{pulumi.get_stack()}/endpoint"
+        prefix = f"{PARAMETER_PREFIX.format(stack=pulumi.get_stack())}endpoint"
         secrets = args.secrets
         values = {
             "api-keys": secrets.api_keys.apply(nginx.keys_conf) if secrets.api_keys is not None else None,

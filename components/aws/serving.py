@@ -29,6 +29,25 @@ _EC2_TRUST = {
 }
 
 
+PARAMETER_PREFIX = "/qwen-cluster/{stack}/"
+
+
+def parameters_scope(stack: str) -> dict:
+    """The node role's deny of every SSM parameter outside the stack's own prefix."""
+    prefix = PARAMETER_PREFIX.format(stack=stack).strip("/")
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "OnlyThisStacksParameters",
+                "Effect": "Deny",
+                "Action": ["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath"],
+                "NotResource": f"arn:aws:ssm:*:*:parameter/{prefix}/*",
+            }
+        ],
+    }
+
+
 @dataclass
 class NodeRoleArgs:
     tags: dict[str, str]
@@ -53,6 +72,18 @@ class NodeRole(pulumi.ComponentResource):
         )
         aws.iam.RolePolicyAttachment(
             f"{name}-ssm-core", role=role.name, policy_arn=SSM_CORE_POLICY, opts=child
+        )
+        # AmazonSSMManagedInstanceCore allows ssm:GetParameter and ssm:GetParameters on "*": with
+        # it alone every node could read every parameter of the account (another stack's API
+        # keys, TLS key, Ray token), whatever the scoped read policies say. An explicit deny
+        # outside this stack's own prefix wins over that allow (IAM policy evaluation logic);
+        # the agent needs those actions only for {{ssm:...}} references, which no document of
+        # the program has. Found by the AWS lab (labkit/aws/iam.py evaluating the node role).
+        aws.iam.RolePolicy(
+            f"{name}-parameters-scope",
+            role=role.name,
+            policy=json.dumps(parameters_scope(pulumi.get_stack())),
+            opts=child,
         )
         profile = aws.iam.InstanceProfile(
             f"{name}-profile", role=role.name, tags={**args.tags, "Name": f"{name}-profile"}, opts=child
@@ -150,7 +181,7 @@ class ModelServerDocument(pulumi.ComponentResource):
         the usual drain and health gates. `value` is Sensitive there and a secret here."""
         parameter = aws.ssm.Parameter(
             f"{name}-ray-auth-token",
-            name=f"/qwen-cluster/{pulumi.get_stack()}/ray-auth-token",
+            name=f"{PARAMETER_PREFIX.format(stack=pulumi.get_stack())}ray-auth-token",
             type="SecureString",
             value=pulumi.Output.secret(args.ray_auth_token),
             description="qwen-cluster: the token Ray's processes authenticate with (RAY_AUTH_TOKEN)",

@@ -327,11 +327,17 @@ STAGE_TIMEOUT_SECONDS = 2 * 3600
 STAGE_PARAMETERS: dict[str, tuple[str, str]] = {
     "StageScript": (_B64, "base64: the script staging image and weights (qwen_cluster/render/weights.py)"),
 }
+# Two runs of this document can overlap on one node: on a new machine the stack-wide staging
+# (by tag) and the node's own start together (components/aws/nodes.py). Each writes its own
+# temporary file and renames it into place, so neither moves the other's half-written file away
+# (a shared `.new` name made one run fail: `mv: cannot stat`, found by the AWS lab rehearsal).
+# A run already reading the script keeps its file; the staging itself takes a lock.
 _STAGE_RUN = """#!/bin/bash
 set -euo pipefail
 install -d -m 0755 __CONFIG_DIR__
-printf '%s' '{{ StageScript }}' | base64 -d > __CONFIG_DIR__/model-stage.sh.new
-mv __CONFIG_DIR__/model-stage.sh.new __CONFIG_DIR__/model-stage.sh
+STAGE_TMP=$(mktemp __CONFIG_DIR__/model-stage.sh.XXXXXX)
+printf '%s' '{{ StageScript }}' | base64 -d > "$STAGE_TMP"
+mv -f "$STAGE_TMP" __CONFIG_DIR__/model-stage.sh
 bash __CONFIG_DIR__/model-stage.sh
 """
 

@@ -1,0 +1,736 @@
+"""`lab.py up|upgrade|down` for an AWS stack: the GPU nodes as namespaces at the addresses the
+program pins, first boot and every SSM association run on them in the engine's order, the AWS
+APIs in the `aws` namespace (labkit/aws/service.py) and HAProxy as the NLB in the `lb`
+namespace (labkit/aws/elb.py); clients in the `client` namespace reach the model only through
+the load balancer, with the lab's key, over TLS when the stack has it.
+
+What the engine would do with each registered resource, here:
+- `aws:ec2/instance:Instance` (a GPU node): the instance boots: its launch template's user data
+  runs once as root (machine.py, cloud-init semantics);
+- `aws:lb/targetGroupAttachment:TargetGroupAttachment`: RegisterTargets, as the deployer;
+- `aws:ssm/association:Association`: its document runs on its targets within its rate controls
+  (ssmrun.py); the create waits for the run when `waitForSuccessTimeoutSeconds` is set (the
+  provider's waitAssociationSuccess), else the run goes on without holding anything
+  (terraform-provider-aws internal/service/ssm/association.go);
+- everything else (VPC, subnets, SGs, IAM, documents, parameters, the NLB): the API stand-in
+  holds what the nodes read (parameters, policies, the target group); nothing to run.
+Resources start when everything they depend on (`Render.dependencies()`) has finished,
+independent ones in parallel; the first failure starts nothing new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labkit import blueprint, endpoint, executor, lifecycle, netns, substitutions, tlsca
+from labkit.aws import elb, model, ssmrun
+from labkit.aws.machine import Machine
+from labkit.blueprint import BRIDGE, MEMBER_IF, STATE_ROOT, LabPlan, Member, namespace_prefix
+from labkit.executor import StepResult
+from qwen_cluster.config import NAMESPACE, ClusterConfig
+from qwen_cluster.ports import Vantage
+from tooling import offline, stackfile
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+IMDS_ADDRESS = "169.254.169.254"
+VPC_MTU = 9001  # every interface in a VPC (the user data sets it on the node's)
+MOTO_PORT = 5100
+API_CANDIDATES = ("198.51.100.20", "100.64.0.20", "192.0.2.20", "172.31.255.20")
+DEPLOYER_KEY = "AKIALABDEPLOYER00000"  # the lab itself, as `pulumi up`'s credentials
+
+
+class AwsLabError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class AwsPlan:
+    plan: LabPlan  # nodes, the client vantage, the load balancer (the `lb` namespace)
+    api: Member
+    stack: str  # the Pulumi stack name (parameter names, tags)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.plan.state_dir)
+
+    def all_members(self) -> tuple[Member, ...]:
+        return (*self.plan.members, self.plan.load_balancer, self.api)
+
+
+def build(cluster: ClusterConfig, label: str, stack_config: dict[str, Any], stack: str = "") -> AwsPlan:
+    """Namespaces for an AWS stack: one per GPU node at its pinned address, the load balancer in
+    the node subnet (an internal NLB takes an address there), the AWS endpoints, a client."""
+    if cluster.aws is None:
+        raise blueprint.PlanError("labkit.aws builds AWS stacks only")
+    prefix = namespace_prefix(label)
+    segment = cluster.network.cidr
+    node_ips = {str(node.ip) for node in cluster.nodes}
+    nodes = tuple(
+        Member(f"{prefix}node-{node.name}", str(node.ip), segment.prefixlen, f"n{index}", node=node.name)
+        for index, node in enumerate(cluster.nodes)
+    )
+    # AWS keeps the first four addresses of a subnet and the last; the NLB takes one of the rest.
+    free = [str(h) for h in list(segment.hosts())[3:] if str(h) not in node_ips]
+    lb_member = Member(f"{prefix}lb", free[0], 32, "lb")
+    access = cluster.access
+    networks = [
+        ipaddress.ip_network(c) for c in [*access.client_cidrs, *access.monitoring_cidrs, *access.admin_cidrs]
+    ]
+    client_ip = blueprint._first_host(
+        [ipaddress.ip_network(c) for c in access.client_cidrs],
+        [segment, *(ipaddress.ip_network(c) for c in [*access.monitoring_cidrs, *access.admin_cidrs])],
+        node_ips | {free[0]},
+    )
+    if client_ip is None:
+        raise blueprint.PlanError("access.clientCidrs has no address for the lab's client")
+    client = Member(f"{prefix}client", client_ip, 32, "v0", vantage=Vantage.CLIENT, roles=(Vantage.CLIENT,))
+    api_ip = next(
+        ip
+        for ip in API_CANDIDATES
+        if not any(ipaddress.ip_address(ip) in net for net in [segment, *networks])
+    )
+    api = Member(f"{prefix}aws", api_ip, 32, "api")
+    heads = tuple(next(m for m in nodes if m.node == head.name) for head in cluster.topology.heads)
+    plan = LabPlan(
+        label=label,
+        cluster=cluster,
+        switch=f"{prefix}switch",
+        nodes=nodes,
+        vantages=(client,),
+        load_balancer=lb_member,
+        heads=heads,
+        stack_config=stack_config,
+    )
+    return AwsPlan(plan, api, stack or label)
+
+
+def load(stack: str, label: str | None = None, root: Path | None = None) -> AwsPlan:
+    raw = stackfile.read(stack) if root is None else stackfile.read(stack, root)
+    cluster = stackfile.load(stack) if root is None else stackfile.load(stack, root)
+    return build(cluster, label or stack, raw, stack)
+
+
+def is_aws(stack: str, root: Path | None = None) -> bool:
+    raw = stackfile.read(stack) if root is None else stackfile.read(stack, root)
+    return raw.get(f"{NAMESPACE}:target") == "aws"
+
+
+# --------------------------------------------------------------------------- stack config
+
+
+def lab_config(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The AWS-specific departures of the stack config (the lab's common ones are applied by
+    executor.render: the clock, the endpoint's secrets)."""
+    config = json.loads(json.dumps(raw))
+    made = []
+    target = config.get(f"{NAMESPACE}:aws")
+    if isinstance(target, dict) and target.get("efa"):
+        # No EFA device in a namespace: the nodes run NCCL over TCP, as with aws.efa false.
+        target["efa"] = False
+        made.append("aws.efa true -> false (no EFA device in a namespace)")
+    return config, made
+
+
+# --------------------------------------------------------------------------- the machines
+
+
+def _link(aws_plan: AwsPlan, member: Member) -> None:
+    plan = aws_plan.plan
+    netns.add(member.namespace)
+    have = netns.run(["ip", "-n", plan.switch, "link", "show", member.switch_port], check=False)
+    if have.returncode != 0:
+        netns.run(
+            ["ip", "-n", plan.switch, "link", "add", member.switch_port, "mtu", str(VPC_MTU), "type", "veth"]
+            + ["peer", "name", MEMBER_IF, "netns", member.namespace]
+        )
+    netns.run(["ip", "-n", plan.switch, "link", "set", member.switch_port, "master", BRIDGE, "up"])
+    netns.run(
+        ["ip", "-n", member.namespace, "addr", "replace", f"{member.ip}/{member.prefixlen}", "dev", MEMBER_IF]
+    )
+    netns.run(["ip", "-n", member.namespace, "link", "set", MEMBER_IF, "up"])
+    for other in aws_plan.all_members():
+        if other.ip != member.ip:
+            netns.run(["ip", "-n", member.namespace, "route", "replace", f"{other.ip}/32", "dev", MEMBER_IF])
+
+
+def api_names(region: str, bucket: str | None) -> list[str]:
+    """The endpoints the nodes' AWS CLI calls (regional; S3 virtual-hosted for the bucket)."""
+    names = [f"ssm.{region}.amazonaws.com", f"elasticloadbalancing.{region}.amazonaws.com",
+             f"s3.{region}.amazonaws.com", f"sts.{region}.amazonaws.com"]  # fmt: skip
+    if bucket:
+        names.append(f"{bucket}.s3.{region}.amazonaws.com")
+    return names
+
+
+def api_certificate(directory: Path, ca: Path, ca_key: Path, names: list[str], ip: str) -> tuple[Path, Path]:
+    """A certificate for the AWS endpoint names, from the lab's CA (labkit/tlsca.py)."""
+    key, request, cert, ext = (directory / n for n in ("api-key.pem", "api.csr", "api.pem", "api.ext"))
+    run = lambda *args: subprocess.run(["openssl", *args], check=True, capture_output=True)  # noqa: E731
+    run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", str(key), "-out", str(request), "-subj", f"/CN={names[0]}")  # fmt: skip
+    alt = ",".join([*(f"DNS:{n}" for n in names), f"IP:{ip}"])  # the IP: the deployer's own calls
+    ext.write_text(f"subjectAltName={alt}\nextendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", str(tlsca.DAYS), "-extfile", str(ext))  # fmt: skip
+    return cert, key
+
+
+def _access_key(node: str) -> str:
+    return "ASIA" + model._hex(f"node:{node}", 16).upper()
+
+
+@dataclass
+class AwsUp:
+    steps: list[StepResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    runs: dict[str, ssmrun.AssociationRun] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(step.ok for step in self.steps)
+
+
+def _machines(aws_plan: AwsPlan, stack: model.AwsStack, identity: endpoint.Identity) -> dict[str, Machine]:
+    plan = aws_plan.plan
+    root = aws_plan.root
+    bin_dir = root / "aws-bin"
+    substitutions.install_shims(bin_dir, PROJECT_ROOT)
+    python = f"PYTHONPATH={PROJECT_ROOT} exec {sys.executable} -m"
+    (bin_dir / "docker").write_text(f'#!/bin/sh\n{python} labkit.aws.docker "$@"\n')
+    (bin_dir / "vllm").write_text(f'#!/bin/sh\n{python} labkit.aws.vllm "$@"\n')
+    # `sysctl --system` applies the program's drop-in only: global keys are the machine's.
+    (bin_dir / "sysctl").write_text(
+        '#!/bin/sh\ncase " $* " in *" --system "*) exec /usr/sbin/sysctl -e -p '
+        '/etc/sysctl.d/90-qwen-cluster.conf ;; esac\nexec /usr/sbin/sysctl "$@"\n'
+    )
+    for name in ("docker", "sysctl", "vllm"):
+        (bin_dir / name).chmod(0o755)
+    machines = {}
+    for member in plan.nodes:
+        instance = stack.instances[member.node]
+        node_root = root / "nodes" / member.node
+        (node_root / "docker" / "containers").mkdir(parents=True, exist_ok=True)
+        env = {
+            "AWS_CA_BUNDLE": identity.ca_file,
+            "QCL_LAB_NODE": member.node,
+            "QCL_LAB_NAMESPACE": member.namespace,
+            "QCL_LAB_NODE_IP": member.ip,
+            "QCL_LAB_ETC": str(netns.NETNS_ETC / member.namespace),
+            "QCL_LAB_NODE_STATE": str(node_root / "docker"),
+            "QCL_LAB_NODE_FS": str(node_root / "fs"),
+            "QCL_LAB_BIN": str(bin_dir),
+            "QCL_LAB_TOKEN_DELAY": "0.005",
+            "QCL_LAB_LOAD_DELAY": str(_load_delay),
+        }
+        machines[member.node] = Machine(instance, member.namespace, node_root, bin_dir, env)
+    return machines
+
+
+_load_delay = 2.0  # the stand-in model's load on the lab clock (lifecycle.MODEL_LOAD_SECONDS x 1/30)
+
+
+def _start_service(
+    aws_plan: AwsPlan, stack: model.AwsStack, identity: endpoint.Identity, weights: Path | None
+):
+    root = aws_plan.root
+    tls_dir = Path(identity.ca_file).parent
+    bucket = weights_bucket(stack.weights_uri)
+    cert, key = api_certificate(
+        root,
+        Path(identity.ca_file),
+        tls_dir / "ca-key.pem",
+        api_names(stack.region, bucket and bucket[0]),
+        aws_plan.api.ip,
+    )
+    principals = {
+        DEPLOYER_KEY: {
+            "arn": f"arn:aws:iam::{model.ACCOUNT}:user/lab-deployer",
+            "documents": [{"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}],
+        },  # fmt: skip
+    }
+    nodes = []
+    for member in aws_plan.plan.nodes:
+        instance = stack.instances[member.node]
+        role = stack.role_of_instance(instance)
+        documents = iam_documents(stack, role)
+        principals[_access_key(member.node)] = {
+            "arn": f"arn:aws:sts::{model.ACCOUNT}:assumed-role/{role}/{instance.instance_id}",
+            "documents": documents,
+        }
+        nodes.append(
+            {
+                "namespace": member.namespace,
+                "node": member.node,
+                "ip": member.ip,
+                "instanceId": instance.instance_id,
+                "role": role,
+                "accessKey": _access_key(member.node),
+                "zone": aws_plan.plan.cluster.aws.availability_zone,
+                "userData": instance.user_data,
+            }
+        )
+    group = stack.target_group
+    config = {
+        "region": stack.region,
+        "motoPort": MOTO_PORT,
+        "apiAddress": aws_plan.api.ip,
+        "certificate": str(cert),
+        "privateKey": str(key),
+        "principals": principals,
+        "nodes": nodes,
+        "parameters": list(stack.parameters.values()),
+        "targetGroup": group.__dict__ if group else None,
+        "haproxySocket": str(root / "haproxy.sock"),
+        "deregistrationDelay": (group.deregistration_delay if group else 0) * _clock,
+        "callsLog": str(root / "aws-calls.jsonl"),
+        "readyFile": str(root / "aws-ready"),
+        "bucket": {"name": bucket[0], "objects": weight_objects(bucket[1], weights)}
+        if bucket and weights
+        else None,
+    }
+    (root / "aws-service.json").write_text(json.dumps(config, indent=1))
+    (root / "aws-ready").unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "labkit.aws.service", str(root / "aws-service.json")]
+    netns.spawn(aws_plan.api.namespace, argv, root / "aws-service.log", env={"PYTHONPATH": str(PROJECT_ROOT)})
+    deadline = time.monotonic() + 60
+    while not (root / "aws-ready").exists():
+        if time.monotonic() > deadline:
+            raise AwsLabError(
+                f"the AWS API stand-in did not start: {(root / 'aws-service.log').read_text()[-800:]}"
+            )
+        time.sleep(0.1)
+
+
+_clock = 1 / 30
+
+
+def iam_documents(stack: model.AwsStack, role: str) -> list[dict[str, Any]]:
+    from labkit.aws import iam
+
+    return iam.documents_of_role(
+        role, stack.role_policies.get(role, []), stack.role_attachments.get(role, [])
+    )
+
+
+def s3_uri(cluster: ClusterConfig) -> str:
+    weights = cluster.model.weights
+    return weights.uri or "" if weights.source == "s3" else ""
+
+
+def weights_bucket(uri: str) -> tuple[str, str] | None:
+    if not uri.startswith("s3://"):
+        return None
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    return bucket, prefix.rstrip("/")
+
+
+def weight_objects(prefix: str, folder: Path | None) -> dict[str, str]:
+    """The lab bucket's objects: every file of `folder` under the prefix."""
+    if folder is None:
+        return {}
+    return {
+        f"{prefix}/{path.relative_to(folder)}": str(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def lab_weights(root: Path) -> Path:
+    """Small files standing for the model in the lab bucket (the tiny real model later)."""
+    folder = root / "lab-model"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "lab": True}))
+    (folder / "model.safetensors").write_bytes(b"\0" * 4096)
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+def _start_haproxy(aws_plan: AwsPlan, stack: model.AwsStack) -> None:
+    root = aws_plan.root
+    group = stack.target_group
+    if group is None:
+        raise AwsLabError("the stack registers no target group")
+    servers = {instance.instance_id: instance.ip for instance in stack.instances.values()}
+    text = elb.haproxy_config(
+        group, servers, listen=aws_plan.plan.load_balancer.ip, port=stack.listener_port,
+        client_cidrs=stack.client_cidrs, idle_timeout=stack.idle_timeout_seconds, clock=_clock,
+        socket_path=str(root / "haproxy.sock"), pid_file=str(root / "haproxy.pid"),
+    )  # fmt: skip
+    conf = root / "haproxy.cfg"
+    conf.write_text(text)
+    check = subprocess.run(["haproxy", "-c", "-f", str(conf)], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise AwsLabError(f"haproxy -c: {check.stderr or check.stdout}")
+    netns.spawn(
+        aws_plan.plan.load_balancer.namespace, ["haproxy", "-db", "-f", str(conf)], root / "haproxy.log"
+    )
+    deadline = time.monotonic() + 10
+    while not (root / "haproxy.sock").exists():
+        if time.monotonic() > deadline:
+            raise AwsLabError(f"haproxy did not start: {(root / 'haproxy.log').read_text()[-500:]}")
+        time.sleep(0.05)
+
+
+def machines_up(aws_plan: AwsPlan) -> None:
+    plan = aws_plan.plan
+    aws_plan.root.mkdir(parents=True, exist_ok=True)
+    if not netns.NETNS_ETC.exists():
+        netns.NETNS_ETC.mkdir()
+        lifecycle.ETC_MARKER.touch()
+    netns.add(plan.switch)
+    if netns.run(["ip", "-n", plan.switch, "link", "show", BRIDGE], check=False).returncode != 0:
+        netns.run(["ip", "-n", plan.switch, "link", "add", BRIDGE, "mtu", str(VPC_MTU), "type", "bridge"])
+    netns.run(["ip", "-n", plan.switch, "link", "set", BRIDGE, "up"])
+    for member in aws_plan.all_members():
+        _link(aws_plan, member)
+
+
+def _node_etc(aws_plan: AwsPlan, region: str, bucket: str | None) -> None:
+    """Each node's /etc/hosts names the AWS endpoints at the API stand-in; IMDS on its lo."""
+    hosts = Path("/etc/hosts").read_text()
+    extra = "".join(f"{aws_plan.api.ip} {name}\n" for name in api_names(region, bucket))
+    for member in aws_plan.plan.nodes:
+        folder = netns.NETNS_ETC / member.namespace
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text(hosts + "# lab: the AWS endpoints (labkit/aws/lab.py)\n" + extra)
+        netns.run(["ip", "-n", member.namespace, "addr", "replace", f"{IMDS_ADDRESS}/32", "dev", "lo"])
+
+
+# --------------------------------------------------------------------------- the engine's order
+
+
+def _deployer_call(aws_plan: AwsPlan, action: str, target_group: str, target: str, port: int) -> str:
+    """An ELBv2 call as `pulumi up` makes it (the deployer's credentials), from the admin side."""
+    import boto3
+
+    def call() -> str:
+        session = boto3.session.Session(aws_access_key_id=DEPLOYER_KEY, aws_secret_access_key="lab",
+                                        region_name=aws_plan.plan.cluster.aws.region)  # fmt: skip
+        client = session.client(
+            "elbv2",
+            endpoint_url=f"https://{aws_plan.api.ip}",
+            verify=str(aws_plan.root / "endpoint" / "tls" / "ca.pem"),
+        )
+        getattr(client, action)(TargetGroupArn=target_group, Targets=[{"Id": target, "Port": port}])
+        return f"{action} {target}"
+
+    return netns.call_in(aws_plan.api.namespace, call)
+
+
+def apply(aws_plan: AwsPlan, rendered: offline.Render, stack: model.AwsStack, machines: dict[str, Machine],
+          only: set[str] | None = None) -> AwsUp:  # fmt: skip
+    """Run the render's resources in the engine's order; `only`: the resources that changed."""
+    report = AwsUp()
+    graph = rendered.dependencies()
+    names = [r.name for r in rendered.custom_resources if only is None or r.name in only]
+    by_name = {r.name: r for r in rendered.custom_resources}
+    instance_of = {instance.resource: instance for instance in stack.instances.values()}
+    pending = {name: {d for d in graph.get(name, set()) if d in names} for name in names}
+    done: set[str] = set()
+    failed = False
+    t0 = time.monotonic()
+
+    def step(name: str) -> StepResult:
+        resource = by_name[name]
+        started = time.monotonic() - t0
+        if name in instance_of:
+            instance = instance_of[name]
+            status, code, output = machines[instance.node].first_boot()
+            ok = status == ssmrun.SUCCESS
+            detail = f"user data: {status} (exit {code})\n{output[-400:]}"
+            result = StepResult(instance.node, "boot", ok, detail, resource=name, op="create")
+        elif name in stack.associations:
+            association = stack.associations[name]
+            run = ssmrun.run(association, stack.documents[association.document], stack.instances,
+                             lambda inst, planned: machines[inst.node].run_steps(inst, planned))  # fmt: skip
+            report.runs[name] = run
+            waited = association.wait_seconds is not None
+            nodes = ",".join(i.instance for i in run.invocations) or "-"
+            tail = "\n".join(
+                f"{i.instance}: {i.status} exit {i.exit_code}\n{i.output[-600:]}" for i in run.invocations
+            )
+            detail = f"{run.status} {run.detail}\n{tail}"
+            # Not waited for: the create returns before the run; a failed run does not stop `up`.
+            result = StepResult(nodes, "association", run.status == ssmrun.SUCCESS or not waited, detail,
+                                resource=name, op="create")  # fmt: skip
+        elif resource.type == model.TG_ATTACHMENT:
+            target, port = stack.registrations[name]
+            detail = _deployer_call(aws_plan, "register_targets", stack.target_group.arn, target, port)
+            result = StepResult("-", "register", True, detail, resource=name, op="create")
+        else:
+            result = StepResult("-", "api", True, "held by the API stand-in", resource=name, op="same")
+        result.started, result.seconds = round(started, 3), round(time.monotonic() - t0 - started, 3)
+        return result
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        running: dict[Future, str] = {}
+        while pending or running:
+            if not failed:
+                for name in [n for n, deps in pending.items() if deps <= done]:
+                    del pending[name]
+                    running[pool.submit(step, name)] = name
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                name = running.pop(future)
+                try:
+                    result = future.result()
+                except Exception as error:  # the lab's own failure, named
+                    result = StepResult(
+                        "-", "lab", False, f"{type(error).__name__}: {error}", resource=name, op="create"
+                    )
+                report.steps.append(result)
+                done.add(name)
+                if not result.ok:
+                    failed = True
+    return report
+
+
+def up(
+    aws_plan: AwsPlan, *, clock_scale: float = lifecycle.DEFAULT_CLOCK_SCALE
+) -> tuple[AwsUp, offline.Render]:
+    """Day 0: machines, the API and load balancer stand-ins, then every resource in order."""
+    global _clock, _load_delay
+    _clock = clock_scale
+    _load_delay = lifecycle.MODEL_LOAD_SECONDS * clock_scale
+    plan = aws_plan.plan
+    raw, made = lab_config(plan.stack_config or {})
+    machines_up(aws_plan)
+    identity = endpoint.ensure(aws_plan.root / "endpoint", plan.load_balancer.ip)
+    rendered, more = executor.render(raw, aws_plan.stack, clock_scale, None, identity)
+    region = offline.stack_region(raw)
+    stack = model.read(rendered, region, s3_uri(plan.cluster))
+    made += gate_clock(stack, clock_scale)
+    bucket = weights_bucket(stack.weights_uri)
+    _node_etc(aws_plan, region, bucket[0] if bucket else None)
+    _start_haproxy(aws_plan, stack)
+    _start_service(aws_plan, stack, identity, lab_weights(aws_plan.root) if bucket else None)
+    machines = _machines(aws_plan, stack, identity)
+    report = apply(aws_plan, rendered, stack, machines)
+    report.notes = made + more
+    record_runs(aws_plan, report, stack)
+    _save_settings(aws_plan, clock_scale)
+    executor.save_state(lifecycle.state_file(plan), plan.stack_config or {}, rendered, {})
+    return report, rendered
+
+
+def down(label: str) -> list[str]:
+    """Everything of the lab `label`: namespaces (and their processes), /etc/netns, state."""
+    removed = lifecycle.down(label)
+    shutil.rmtree(Path(STATE_ROOT) / label, ignore_errors=True)
+    return removed
+
+
+# --------------------------------------------------------------------------- day 2
+
+
+SETTINGS_FILE = "aws-lab.json"
+
+
+def _save_settings(aws_plan: AwsPlan, clock_scale: float) -> None:
+    (aws_plan.root / SETTINGS_FILE).write_text(json.dumps({"clock": clock_scale, "stack": aws_plan.stack}))
+
+
+def gate_clock(stack: model.AwsStack, clock_scale: float) -> list[str]:
+    """The model-server runs' health timeout on the lab's clock (`HealthSeconds`): the config
+    keeps a floor for a real model's load (labkit/substitutions.py gate_clock does the same for
+    bare metal's gate scripts); the stand-ins load in seconds."""
+    made = set()
+    for association in stack.associations.values():
+        value = association.parameters.get("HealthSeconds")
+        if value and value.isdigit():
+            scaled = str(max(1, round(int(value) * clock_scale)))
+            association.parameters["HealthSeconds"] = scaled
+            made.add(f"HealthSeconds {value} -> {scaled} (lab clock, in the model-server runs)")
+    return sorted(made)
+
+
+def _context(aws_plan: AwsPlan, rendered: offline.Render) -> tuple[model.AwsStack, dict[str, Machine]]:
+    identity = endpoint.ensure(aws_plan.root / "endpoint", aws_plan.plan.load_balancer.ip)
+    region = offline.stack_region(aws_plan.plan.stack_config or {})
+    stack = model.read(rendered, region, s3_uri(aws_plan.plan.cluster))
+    gate_clock(stack, _clock)
+    return stack, _machines(aws_plan, stack, identity)
+
+
+def record_runs(aws_plan: AwsPlan, report: AwsUp, stack: model.AwsStack) -> dict[str, dict[str, str]]:
+    """Document -> node -> the status of its last run there, kept across `up` and `upgrade`."""
+    path = aws_plan.root / "ssm-runs.json"
+    table: dict[str, dict[str, str]] = json.loads(path.read_text()) if path.exists() else {}
+    for name, run in report.runs.items():
+        document = _document_role(stack, stack.associations[name].document)
+        for invocation in run.invocations:
+            table.setdefault(document, {})[invocation.instance] = invocation.status
+    path.write_text(json.dumps(table, indent=1, sort_keys=True))
+    return table
+
+
+def _document_role(stack: model.AwsStack, name: str) -> str:
+    """A document by what it does (its step's name): modelStage, modelServer, nodeProxy, monitoring."""
+    steps = stack.documents.get(name, {}).get("mainSteps") or [{}]
+    return str(steps[0].get("name") or name)
+
+
+class TargetWatch:
+    """The replica heads out of the load balancer (HAProxy not sending them connections), sampled
+    every `interval` seconds: the most out at one moment."""
+
+    def __init__(self, socket_path: str, heads: dict[str, str], interval: float = 0.1):
+        self.socket_path, self.heads, self.interval = socket_path, heads, interval  # id -> node
+        self.max_out, self.out_at_max, self.samples = 0, [], 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                status = elb.haproxy_status(self.socket_path)
+                out = [
+                    node for target, node in self.heads.items() if not status.get(target, "").startswith("UP")
+                ]
+                self.samples += 1
+                if len(out) > self.max_out:
+                    self.max_out, self.out_at_max = len(out), out
+            self.stop.wait(self.interval)
+
+    def __enter__(self) -> TargetWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
+def _parameter_updates(aws_plan: AwsPlan, stack: model.AwsStack, names: set[str]) -> list[str]:
+    """PutParameter (Overwrite) for the changed parameters, as the provider updates `value`."""
+    import boto3
+
+    def call() -> list[str]:
+        session = boto3.session.Session(aws_access_key_id=DEPLOYER_KEY, aws_secret_access_key="lab",
+                                        region_name=stack.region)  # fmt: skip
+        client = session.client("ssm", endpoint_url=f"https://{aws_plan.api.ip}",
+                                verify=str(aws_plan.root / "endpoint" / "tls" / "ca.pem"))  # fmt: skip
+        done = []
+        for name in sorted(names):
+            parameter = stack.parameters[name]
+            client.put_parameter(Name=parameter["name"], Value=parameter["value"] or "-",
+                                 Type=parameter["type"], Overwrite=True)  # fmt: skip
+            done.append(parameter["name"])
+        return done
+
+    return netns.call_in(aws_plan.api.namespace, call)
+
+
+def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[str, Any]:
+    """Apply `changes` to the running AWS lab under client load; the figures of labkit/upgrade.py
+    plus the SSM runs (every document on every node)."""
+    from labkit import upgrade as bare_upgrade
+    from tooling import changes as change_syntax
+
+    global _clock, _load_delay
+    state = executor.load_state(lifecycle.state_file_for(label))
+    if state is None:
+        raise AwsLabError(f"lab {label} is not up (no applied state): run `lab.py up` first")
+    settings = json.loads((Path(STATE_ROOT) / label / SETTINGS_FILE).read_text())
+    _clock = settings["clock"]
+    _load_delay = lifecycle.MODEL_LOAD_SECONDS * _clock
+    new_config = change_syntax.apply_changes(state.config, changes)
+    cluster = stackfile.validate(new_config)
+    aws_plan = build(cluster, label, new_config, settings["stack"])
+    identity = endpoint.ensure(aws_plan.root / "endpoint", aws_plan.plan.load_balancer.ip)
+    raw, _ = lab_config(new_config)
+    rendered, _ = executor.render(raw, aws_plan.stack, _clock, None, identity)
+    stack, machines = _context(aws_plan, rendered)
+    diff = executor.changes_between(state.render, rendered)
+    acting = {name for name, change in diff.items() if change.action in ("create", "replace", "update")}
+    parameters = {name for name in acting if name in stack.parameters}
+    # A new value raises the parameter's version, which the associations reading it carry
+    # (components/aws/proxy.py: SecretsVersion; replaced on change): the mocks compute no
+    # version, so the lab follows the ARN to them.
+    changed_arns = {stack.parameters[name]["arn"] for name in parameters}
+    acting |= {
+        name
+        for name, association in stack.associations.items()
+        if changed_arns & set(association.parameters.values())
+    }
+    heads = {stack.instances[m.node].instance_id: m.node for m in aws_plan.plan.heads}
+    load = bare_upgrade.LoadSettings(max_requests=max_requests)
+    started = time.monotonic()
+    with (
+        TargetWatch(str(aws_plan.root / "haproxy.sock"), heads) as watch,
+        bare_upgrade.ClientLoad(aws_plan.plan, load) as clients,
+    ):
+        time.sleep(0.3)  # the load is flowing before anything changes
+        if parameters:
+            _parameter_updates(aws_plan, stack, parameters)
+        report = apply(aws_plan, rendered, stack, machines, only=acting - parameters)
+        time.sleep(0.3)
+    seconds = time.monotonic() - started
+    runs = record_runs(aws_plan, report, stack)
+    executor.save_state(lifecycle.state_file(aws_plan.plan), new_config, rendered, {})
+    outcomes = clients.outcomes
+    ran = [step for step in report.steps if step.op != "same"]
+    nodes = [m.node for m in aws_plan.plan.nodes]
+    return {
+        "requests": len(outcomes),
+        "failed": sum(1 for o in outcomes if not o.ok and not o.cut),
+        "streamsCut": sum(1 for o in outcomes if o.cut),
+        "maxReplicasDown": watch.max_out,
+        "seconds": round(seconds, 2),
+        "steps": [
+            {
+                "resource": s.resource,
+                "op": s.op,
+                "node": s.node,
+                "ok": s.ok,
+                "at": s.started,
+                "seconds": s.seconds,
+                **({} if s.ok else {"detail": s.detail[-500:]}),
+            }  # fmt: skip
+            for s in ran
+        ],
+        "ok": report.ok,
+        "lanes": [[replica.head.name for replica in lane] for lane in cluster.rollout_lanes],
+        "ssm": {
+            "documents": runs,
+            "everyDocumentOnEveryNode": all(
+                all(table.get(node) == ssmrun.SUCCESS for node in nodes)
+                for document, table in runs.items()
+                if document != "nodeProxy"
+            )
+            and all(runs.get("nodeProxy", {}).get(m.node) == ssmrun.SUCCESS for m in aws_plan.plan.heads),
+        },
+        "parametersUpdated": sorted(stack.parameters[name]["name"] for name in parameters),
+        # Where a failed rollout stopped, and the replicas whose model-server run never started
+        # (they serve what they served before).
+        "stoppedAt": [f"{s.resource}: {_last_line(s.detail)}" for s in ran if not s.ok],
+        "replicasNotReached": [
+            m.node
+            for m in aws_plan.plan.heads
+            if f"gpu-nodes-{m.node}-server" in acting
+            and f"gpu-nodes-{m.node}-server" not in {s.resource for s in ran}
+        ],
+        "failures": [
+            f"{'stream' if o.streamed else 'chat'} at {o.started:.2f} s: {o.error or o.status}"
+            for o in outcomes
+            if not o.ok
+        ][:20],  # fmt: skip
+    }
+
+
+def _last_line(detail: str) -> str:
+    lines = [line for line in detail.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""

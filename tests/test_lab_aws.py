@@ -1,0 +1,170 @@
+"""The AWS target rehearsed on the node side (root): `dev` (two GPU nodes) with its weights in
+the lab's S3 bucket. Day 0: first boot and every SSM association in the engine's order, every
+replica serving through the load balancer (HAProxy) with the lab's key over TLS; the node role's
+policy holds on the nodes' own AWS CLI; then an image bump rolled under client load; `down`
+leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from labkit import lifecycle, netns, probes
+from labkit.aws import lab, ssmrun
+from qwen_cluster.ports import Vantage
+from tooling import stackfile
+
+LABEL = f"aws{os.getpid() % 100000}"
+S3_URI = "s3://qwen-cluster-lab-weights/Qwen/Qwen3-32B/"
+NEEDED = ("ip", "haproxy", "nsenter", "unshare", "openssl")
+MISSING = netns.missing_requirements() + [f"{b} not installed" for b in NEEDED if not shutil.which(b)]
+if not Path("/usr/bin/aws").exists():
+    MISSING.append("the AWS CLI is not installed (Debian's awscli: scripts/setup-system.sh)")
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
+
+
+@pytest.fixture(scope="module")
+def day0():
+    lab.down(LABEL)
+    raw = stackfile.read("dev")
+    raw["qwen-cluster:model"] = {**raw["qwen-cluster:model"], "weights": {"source": "s3", "uri": S3_URI}}
+    aws_plan = lab.build(stackfile.validate(raw), LABEL, raw, "dev")
+    try:
+        report, rendered = lab.up(aws_plan)
+        assert report.ok, [(s.resource, s.detail[-800:]) for s in report.steps if not s.ok]
+        yield aws_plan, report, rendered
+    finally:
+        lab.down(LABEL)
+
+
+def _chat(aws_plan, key_index: int | None = 0):
+    client = aws_plan.plan.vantage(Vantage.CLIENT).namespace
+    access = lifecycle.client_access(aws_plan.plan, key_index)
+    lb = aws_plan.plan.load_balancer
+    return netns.call_in(
+        client, probes.chat, lb.ip, aws_plan.plan.cluster.load_balancer.port, "hi", access=access
+    )
+
+
+def test_day0_boots_every_node_and_runs_every_association_in_order(day0):
+    aws_plan, report, rendered = day0
+    ran = {step.resource: step for step in report.steps if step.op != "same"}
+    for name in rendered.dependencies():
+        if name in ran:
+            for before in rendered.dependencies()[name] & set(ran):
+                assert ran[before].started + ran[before].seconds <= ran[name].started + 0.01, (before, name)
+    assert {run.association for run in report.runs.values()} == set(
+        lab.model.read(rendered, "us-west-2").associations
+    )
+    for run in report.runs.values():
+        assert run.status == ssmrun.SUCCESS, (run.association, run.detail)
+    boots = [s for s in report.steps if s.step == "boot"]
+    assert len(boots) == 2 and all("user data: Success" in s.detail for s in boots)
+
+
+def test_day0_every_replica_serves_through_the_load_balancer_with_the_key_over_tls(day0):
+    aws_plan, _, _ = day0
+    replies = [_chat(aws_plan) for _ in range(6)]
+    assert all(reply.ok for reply in replies), [reply.error or reply.status for reply in replies]
+    assert {reply.node for reply in replies} == {"master", "worker-1"}
+    assert _chat(aws_plan, key_index=None).status == 401
+
+
+def test_day0_staged_the_weights_from_s3_before_each_server_started(day0):
+    aws_plan, report, _ = day0
+    ran = {step.resource: step for step in report.steps}
+    for node in ("master", "worker-1"):
+        copy = (
+            aws_plan.root
+            / "nodes"
+            / node
+            / "fs/opt/qwen-cluster/huggingface/qwen-cluster-weights/Qwen/Qwen3-32B"
+        )
+        assert sorted(p.name for p in copy.iterdir()) == [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+        ]
+        stage, server = ran[f"gpu-nodes-{node}-stage"], ran[f"gpu-nodes-{node}-server"]
+        assert stage.started + stage.seconds <= server.started + 0.01
+
+
+def test_the_node_role_refuses_what_it_does_not_allow_and_imds_wants_a_token(day0):
+    aws_plan, _, rendered = day0
+    _, machines = lab._context(aws_plan, rendered)
+    node = machines["master"]
+    status, code, output = node.execute(
+        "#!/bin/bash\nexport AWS_DEFAULT_REGION=us-west-2\n"
+        "aws ssm put-parameter --name /qwen-cluster/dev/x --value y --type String\n",
+        "deny",
+        60,
+    )
+    assert status == ssmrun.FAILED and "AccessDenied" in output, output
+    status, _, output = node.execute(
+        "#!/bin/bash\nexport AWS_DEFAULT_REGION=us-west-2\n"
+        "aws s3 cp s3://qwen-cluster-lab-weights/elsewhere/f -\n",
+        "deny-s3",
+        60,
+    )
+    assert status == ssmrun.FAILED and ("403" in output or "Forbidden" in output), output
+    status, _, output = node.execute(
+        "#!/bin/bash\nexport AWS_DEFAULT_REGION=us-west-2\n"
+        "aws ssm get-parameter --name /qwen-cluster/prod/endpoint/api-keys --with-decryption\n",
+        "deny-other-stack",
+        60,
+    )
+    assert status == ssmrun.FAILED and "AccessDenied" in output, output
+    _, _, output = node.execute(
+        "#!/bin/bash\ncurl -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/instance-id\n",
+        "imds-v1",
+        30,
+    )
+    assert output.strip() == "401"
+
+
+def test_an_image_bump_rolls_in_lanes_under_load_with_no_failed_request(day0):
+    aws_plan, _, _ = day0
+    result = lab.upgrade(LABEL, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=2000)
+    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
+    assert result["requests"] > 100
+    assert 1 <= result["maxReplicasDown"] <= aws_plan.plan.cluster.max_unavailable
+    assert result["ssm"]["everyDocumentOnEveryNode"], result["ssm"]
+    servers = [s for s in result["steps"] if s["resource"].endswith("-server")]
+    assert [s["node"] for s in servers] == ["master", "worker-1"]  # one lane at 2 replicas
+    images = {_chat(aws_plan).image for _ in range(6)}
+    assert images == {"vllm/vllm-openai:v0.33.1"}
+
+
+def _model_pids(aws_plan) -> dict[str, int]:
+    found = {}
+    for path in aws_plan.root.glob("nodes/*/docker/containers/qwen-vllm.json"):
+        found[path.parts[-4]] = json.loads(path.read_text())["pid"]
+    return found
+
+
+def test_a_key_rotation_reloads_the_proxies_and_restarts_no_model_server(day0):
+    aws_plan, _, _ = day0
+    identity = lifecycle.endpoint_identity(aws_plan.plan)
+    pids = _model_pids(aws_plan)
+    result = lab.upgrade(LABEL, [f'access.apiKeys=["{identity.api_keys[1]}"]'], max_requests=0)
+    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["parametersUpdated"] == ["/qwen-cluster/dev/endpoint/api-keys"]
+    assert sorted(s["resource"] for s in result["steps"]) == ["node-proxy-master", "node-proxy-worker-1"]
+    assert _model_pids(aws_plan) == pids and len(pids) == 2
+    assert _chat(aws_plan, key_index=1).ok
+    assert _chat(aws_plan, key_index=0).status == 401
+
+
+def test_down_leaves_nothing_behind(day0):
+    aws_plan, _, _ = day0
+    lab.down(LABEL)
+    prefix = f"qcl-{LABEL}-"
+    assert not [name for name in netns.listed() if name.startswith(prefix)]
+    assert not [p for p in netns.NETNS_ETC.glob(f"{prefix}*")] if netns.NETNS_ETC.exists() else True
+    assert not aws_plan.root.exists()

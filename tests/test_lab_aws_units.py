@@ -1,0 +1,275 @@
+"""The AWS lab's parts without namespaces: SSM parameters, targets and rate controls, cloud-init's
+user data, the node role's IAM policy against the calls the node scripts make, the NLB's health
+check as HAProxy runs it, and the staging document run twice at once (a fault the lab found)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit import endpoint, executor
+from labkit.aws import elb, iam, machine, model, ssmrun
+from labkit.aws.lab import lab_config
+from qwen_cluster.render import ssm
+from tooling import stackfile
+
+S3_URI = "s3://qwen-cluster-lab-weights/Qwen/Qwen3-32B/"
+
+
+@pytest.fixture(scope="module")
+def dev() -> model.AwsStack:
+    raw = stackfile.read("dev")
+    raw["qwen-cluster:model"] = {**raw["qwen-cluster:model"], "weights": {"source": "s3", "uri": S3_URI}}
+    raw, _ = lab_config(raw)
+    identity = endpoint.ensure(Path(tempfile.mkdtemp()) / "endpoint", "10.42.1.4")
+    rendered, _ = executor.render(raw, "dev", 1 / 30, None, identity)
+    return model.read(rendered, "us-west-2", S3_URI)
+
+
+def _document(parameters: dict, lines: list[str]) -> dict:
+    return {
+        "schemaVersion": "2.2",
+        "parameters": parameters,
+        "mainSteps": [{"action": "aws:runShellScript", "name": "s", "inputs": {"runCommand": lines}}],
+    }
+
+
+def _instance(node: str, **tags: str) -> model.Instance:
+    return model.Instance(node, node, f"i-{node}", "10.0.0.1", tags, "#!/bin/sh\n", "p", {})
+
+
+def _association(targets: list, concurrency: str = "1", errors: str = "0") -> model.Association:
+    return model.Association("a", "d", targets, {}, concurrency, errors, None)
+
+
+# ------------------------------------------------------------------ SSM parameters
+
+
+def test_ssm_fills_parameters_as_given_and_defaults_the_others():
+    document = _document(
+        {"A": {"type": "String", "default": "x"}, "B": {"type": "String", "default": "dflt"}},
+        ["echo '{{ A }}' {{B}}"],
+    )
+    (step,) = ssmrun.steps(document, {"A": "given"})
+    assert step.lines == ["echo 'given' dflt"]
+
+
+def test_ssm_refuses_a_value_outside_its_allowed_pattern():
+    document = _document({"Port": {"type": "String", "default": "", "allowedPattern": "^[0-9]+$"}}, ["x"])
+    with pytest.raises(ssmrun.DocumentError, match="InvalidParameters"):
+        ssmrun.steps(document, {"Port": "80; rm -rf /"})
+
+
+def test_ssm_refuses_a_placeholder_the_document_does_not_declare():
+    with pytest.raises(ssmrun.DocumentError, match="InvalidDocumentContent"):
+        ssmrun.steps(_document({}, ["docker ps --format '{{ .Names }}'"]), {})
+
+
+def test_every_registered_document_fills_with_its_associations_parameters(dev):
+    for association in dev.associations.values():
+        steps = ssmrun.steps(dev.documents[association.document], association.parameters)
+        text = "\n".join(line for step in steps for line in step.lines)
+        assert "{{" not in text, association.resource
+        assert text.startswith("#!/bin/bash"), association.resource  # sh -c FILE: the #! decides
+
+
+# ------------------------------------------------------------------ targets and rate controls
+
+
+def test_targets_select_by_instance_id_and_by_every_tag():
+    instances = {n: _instance(n, role="gpu", stack="dev" if n != "c" else "prod") for n in "abc"}
+    by_id = _association([{"key": "InstanceIds", "values": ["i-b"]}])
+    by_tags = _association([{"key": "tag:role", "values": ["gpu"]}, {"key": "tag:stack", "values": ["dev"]}])
+    assert [i.node for i in ssmrun.targets(by_id, instances)] == ["b"]
+    assert [i.node for i in ssmrun.targets(by_tags, instances)] == ["a", "b"]
+
+
+def test_rate_controls_cap_concurrency_and_stop_new_targets_after_max_errors():
+    instances = {n: _instance(n, role="gpu") for n in "abcdef"}
+    running, most, lock = [0], [0], threading.Lock()
+
+    def runner(instance, steps):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return (ssmrun.FAILED, 1, "") if instance.node == "a" else (ssmrun.SUCCESS, 0, "")
+
+    every = [{"key": "tag:role", "values": ["gpu"]}]
+    document = _document({}, ["true"])
+    result = ssmrun.run(_association(every, "50%", "0"), document, instances, runner)
+    assert most[0] == 3  # 50 % of 6
+    assert result.status == ssmrun.FAILED
+    assert result.skipped == ["d", "e", "f"]  # the first failure starts nothing new
+    relaxed = ssmrun.run(_association(every, "2", "1"), document, instances, runner)
+    assert relaxed.skipped == [] and relaxed.status == ssmrun.FAILED
+
+
+# ------------------------------------------------------------------ cloud-init
+
+
+def test_user_data_runs_as_a_script_plain_or_gzipped_and_other_formats_are_refused():
+    script = "#!/bin/bash\necho first boot\n"
+    assert machine.user_data_script(script) == script
+    assert machine.user_data_script(gzip.compress(script.encode())) == script
+    with pytest.raises(ssmrun.DocumentError):
+        machine.user_data_script("#cloud-config\nruncmd: [true]\n")
+
+
+def test_every_node_boots_a_script_that_names_its_own_address(dev):
+    for instance in dev.instances.values():
+        text = machine.user_data_script(instance.user_data)
+        assert f"NODE_IP={instance.ip}" in text
+
+
+# ------------------------------------------------------------------ the node role
+
+
+def _node_role(dev: model.AwsStack) -> iam.Principal:
+    role = dev.role_of_instance(dev.instances["master"])
+    return iam.Principal(
+        role, iam.documents_of_role(role, dev.role_policies[role], dev.role_attachments[role])
+    )
+
+
+def test_the_node_role_allows_every_call_the_node_scripts_make(dev):
+    principal = _node_role(dev)
+    group = dev.target_group.arn
+    proxy = dev.associations["node-proxy-master"].parameters
+    calls = [
+        iam.Request("elasticloadbalancing:DeregisterTargets", (group,)),
+        iam.Request("elasticloadbalancing:RegisterTargets", (group,)),
+        iam.Request("elasticloadbalancing:DescribeTargetHealth", (group,)),
+        *(
+            iam.Request("ssm:GetParameter", (proxy[key],))
+            for key in ("KeysParameter", "CertificateParameter")
+        ),
+        iam.Request(
+            "s3:ListBucket", ("arn:aws:s3:::qwen-cluster-lab-weights",), {"s3:prefix": "Qwen/Qwen3-32B/"}
+        ),
+        iam.Request("s3:GetObject", ("arn:aws:s3:::qwen-cluster-lab-weights/Qwen/Qwen3-32B/config.json",)),
+    ]
+    for call in calls:
+        assert principal.evaluate(call).allowed, call
+
+
+def test_the_node_role_refuses_what_it_does_not_need(dev):
+    principal = _node_role(dev)
+    other_group = dev.target_group.arn.replace("targetgroup/", "targetgroup/x")
+    refused = [
+        iam.Request("elasticloadbalancing:RegisterTargets", (other_group,)),
+        iam.Request("ssm:PutParameter", ("arn:aws:ssm:us-west-2:123456789012:parameter/qwen-cluster/dev/x",)),
+        iam.Request("s3:ListBucket", ("arn:aws:s3:::qwen-cluster-lab-weights",), {"s3:prefix": "other/"}),
+        iam.Request("s3:GetObject", ("arn:aws:s3:::qwen-cluster-lab-weights/other/file",)),
+        iam.Request("s3:PutObject", ("arn:aws:s3:::qwen-cluster-lab-weights/Qwen/Qwen3-32B/x",)),
+    ]
+    for call in refused:
+        decision = principal.evaluate(call)
+        assert not decision.allowed and "not authorized" in decision.reason, call
+
+
+def test_the_node_role_reads_no_parameter_of_another_stack(dev):
+    """AmazonSSMManagedInstanceCore allows ssm:GetParameter on "*": without the role's deny
+    outside the stack's prefix, a dev node could read prod's API keys."""
+    principal = _node_role(dev)
+    for name in ("/qwen-cluster/prod/endpoint/api-keys", "/other-team/database-password"):
+        arn = f"arn:aws:ssm:us-west-2:123456789012:parameter{name}"
+        assert not principal.evaluate(iam.Request("ssm:GetParameter", (arn,))).allowed, name
+    own = dev.associations["node-proxy-master"].parameters["KeysParameter"]
+    assert principal.evaluate(iam.Request("ssm:GetParameter", (own,))).allowed
+
+
+def test_policies_and_parameters_name_the_same_arns(dev):
+    """The ARNs the associations hand the nodes are the ones the policies grant (as AWS builds
+    them from the parameter's name), not the mocks' placeholders."""
+    arns = {parameter["arn"] for parameter in dev.parameters.values()}
+    proxy = dev.associations["node-proxy-master"].parameters
+    assert {proxy["KeysParameter"], proxy["CertificateParameter"], proxy["PrivateKeyParameter"]} <= arns
+    assert all(
+        arn.startswith("arn:aws:ssm:us-west-2:123456789012:parameter/qwen-cluster/dev/") for arn in arns
+    )
+    assert "arn:aws:mock" not in json.dumps(dev.role_policies)
+
+
+def test_an_explicit_deny_wins_and_conditions_must_hold():
+    principal = iam.Principal(
+        "p",
+        [
+            {"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]},
+            {"Statement": [{"Effect": "Deny", "Action": "s3:DeleteObject", "Resource": "arn:aws:s3:::b/*"}]},
+            {
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Action": "ssm:GetParameter",
+                        "Resource": "*",
+                        "Condition": {"StringEquals": {"aws:RequestedRegion": "us-west-2"}},
+                    }
+                ]
+            },  # fmt: skip
+        ],
+    )
+    assert not principal.evaluate(iam.Request("s3:DeleteObject", ("arn:aws:s3:::b/k",))).allowed
+    assert principal.evaluate(iam.Request("s3:GetObject", ("arn:aws:s3:::b/k",))).allowed
+    assert not principal.evaluate(iam.Request("ssm:GetParameter", ("x",))).allowed
+    assert principal.evaluate(
+        iam.Request("ssm:GetParameter", ("x",), {"aws:RequestedRegion": "us-west-2"})
+    ).allowed
+
+
+# ------------------------------------------------------------------ the load balancer
+
+
+def test_haproxy_checks_as_the_target_group_says_on_the_lab_clock(dev):
+    text = elb.haproxy_config(
+        dev.target_group, {"i-1": "10.42.1.100"}, listen="10.42.1.4", port=80, client_cidrs=["10.0.0.0/8"],
+        idle_timeout=120, clock=1 / 30, socket_path="/tmp/x.sock", pid_file="/tmp/x.pid",
+    )  # fmt: skip
+    assert "option httpchk GET /health" in text
+    assert "check-ssl verify none" in text  # loadBalancer.tls: the proxy answers HTTPS
+    assert "rise 3 fall 3" in text and "inter 1000ms" in text  # 10 s x 1/30, at the 1 s floor
+    assert "reject unless { src 10.0.0.0/8 }" in text
+    assert "server i-1 10.42.1.100:5000" in text and text.rstrip().endswith("disabled")
+    if shutil.which("haproxy"):
+        with tempfile.NamedTemporaryFile("w", suffix=".cfg") as conf:
+            conf.write(text)
+            conf.flush()
+            assert subprocess.run(["haproxy", "-c", "-f", conf.name], capture_output=True).returncode == 0
+
+
+# ------------------------------------------------------------------ a fault the lab found
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="bash not installed")
+def test_two_overlapping_staging_runs_on_one_node_both_succeed(tmp_path):
+    """On a new machine the stack-wide staging and the node's own run the staging document at
+    once. With one shared temporary file, one run moved the other's away (`mv: cannot stat`)
+    and failed its association; each run now writes its own."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # base64 slow enough that both runs are between writing and renaming at the same time.
+    (bin_dir / "base64").write_text('#!/bin/sh\nsleep 0.3\nexec /usr/bin/base64 "$@"\n')
+    (bin_dir / "base64").chmod(0o755)
+    etc = tmp_path / "etc-qwen-cluster"
+    stage = "echo staged\n"
+    text = ssm.stage_run_script().replace("/etc/qwen-cluster", str(etc))
+    text = text.replace("{{ StageScript }}", ssm._encode(stage))
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    runs = [subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) for _ in range(2)]  # fmt: skip
+    results = [(run.wait(timeout=30), run.stdout.read()) for run in runs]
+    assert [code for code, _ in results] == [0, 0], results
+    assert (etc / "model-stage.sh").read_text() == stage
