@@ -169,7 +169,7 @@ def missing_config_key(key: str) -> str | None:
 
 # --- make targets -----------------------------------------------------------------------------
 
-MAKE = re.compile(r"\bmake ((?:[A-Za-z_][\w-]*(?:=\S*)?\s*)+)")
+MAKE = re.compile(r"\bmake ((?:[A-Za-z_][\w-]*(?:=\S*)?[ \t]*)+)")  # one line: a command ends there
 
 
 @functools.cache

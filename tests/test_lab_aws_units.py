@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from labkit import endpoint, executor
 from labkit.aws import elb, iam, machine, model, ssmrun
 from labkit.aws.lab import lab_config
 from qwen_cluster.render import ssm
+from tests.helpers.wait import wait_until
 from tooling import stackfile
 
 S3_URI = "s3://qwen-cluster-lab-weights/Qwen/Qwen3-32B/"
@@ -95,25 +95,38 @@ def test_targets_select_by_instance_id_and_by_every_tag():
 
 def test_rate_controls_cap_concurrency_and_stop_new_targets_after_max_errors():
     instances = {n: _instance(n, role="gpu") for n in "abcdef"}
-    running, most, lock = [0], [0], threading.Lock()
+    running, most, left, cap, lock = [0], [0], [0], [0], threading.Lock()
+    a_failed = threading.Event()
 
     def runner(instance, steps):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.05)
+        # Each run holds until as many run as the cap lets (or all that are left): a run that
+        # exceeded the cap would show in `most`; one that never could is waited for, bounded.
+        wait_until(lambda: running[0] >= min(cap[0], left[0]), what="the runs the cap allows", timeout=10)
+        if instance.node != "a":  # a's failure reaches the run before any other result
+            wait_until(a_failed.is_set, what="a's failure", timeout=10)
         with lock:
             running[0] -= 1
-        return (ssmrun.FAILED, 1, "") if instance.node == "a" else (ssmrun.SUCCESS, 0, "")
+            left[0] -= 1
+        if instance.node == "a":
+            a_failed.set()
+            return ssmrun.FAILED, 1, ""
+        return ssmrun.SUCCESS, 0, ""
 
     every = [{"key": "tag:role", "values": ["gpu"]}]
     document = _document({}, ["true"])
+    cap[0], left[0] = 3, 3  # the first failure (a) starts nothing new: a, b, c run
     result = ssmrun.run(_association(every, "50%", "0"), document, instances, runner)
     assert most[0] == 3  # 50 % of 6
     assert result.status == ssmrun.FAILED
-    assert result.skipped == ["d", "e", "f"]  # the first failure starts nothing new
+    assert result.skipped == ["d", "e", "f"]
+    cap[0], left[0], most[0] = 2, 6, 0
+    a_failed.clear()
     relaxed = ssmrun.run(_association(every, "2", "1"), document, instances, runner)
     assert relaxed.skipped == [] and relaxed.status == ssmrun.FAILED
+    assert most[0] == 2
 
 
 # ------------------------------------------------------------------ cloud-init

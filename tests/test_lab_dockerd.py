@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from labkit import dockerd, netns
+from tests.helpers.wait import wait_until
 
 LABEL = f"d{os.getpid() % 100000}"
 NAMESPACE = f"qcl-{LABEL}-n1"
@@ -131,7 +131,4 @@ def test_a_daemon_in_a_namespace_pulls_through_the_lab_registry(lab) -> None:
     dockerd.docker(daemon, *run[:3], "c2", *run[4:])
     os.system(f"ip netns del {NAMESPACE}")
     assert dockerd.kill_marked(LABEL) >= 4
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and dockerd.marked_pids(LABEL):
-        time.sleep(0.05)
-    assert dockerd.marked_pids(LABEL) == []
+    wait_until(lambda: not dockerd.marked_pids(LABEL), what="every marked process gone", timeout=10)

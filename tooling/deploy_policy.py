@@ -552,6 +552,9 @@ VARIANTS: tuple[dict[str, dict[str, Any]], ...] = (
     {"aws": {"vpcId": "vpc-0123456789abcdef0"}},
     {"loadBalancer": {"scheme": "internet-facing"}},
     {"model": {"pipelineParallel": 2}},
+    # Ray (an image that carries it): its token in Parameter Store. The image name only has to be
+    # one the config accepts for Ray (not the official image, which ships no Ray).
+    {"model": {"pipelineParallel": 2, "distributedBackend": "ray", "image": "example.com/vllm-ray:v0.33.0"}},
     {
         "loadBalancer": {
             "tls": {"certificate": {"secure": _PEM_CERTIFICATE}, "privateKey": {"secure": _PEM_KEY}}

@@ -171,7 +171,8 @@ def missing_secrets(stack: str, root: Path = PROJECT_ROOT) -> list[str]:
                 f"'{ns}:loadBalancer.tls.{half}' < {source}"
             )
     model = stack_config.get(f"{ns}:model") or {}
-    if int(model.get("pipelineParallel") or 1) > 1 and not _secure(stack_config.get(f"{ns}:rayAuthToken")):
+    runs_ray = int(model.get("pipelineParallel") or 1) > 1 and model.get("distributedBackend") == "ray"
+    if runs_ray and not _secure(stack_config.get(f"{ns}:rayAuthToken")):
         missing.append(
             f"{ns}:rayAuthToken: pulumi config set --stack {stack} --secret rayAuthToken "
             "$(openssl rand -hex 32)"

@@ -4,13 +4,13 @@ the node's own /etc, /opt and /run/lock, and first boot runs the launch template
 The program's node scripts write /etc/qwen-cluster, /etc/sysctl.d, /opt/qwen-cluster,
 /var/cache/qwen-cluster (the weights) and /run/lock as any script on an instance does. Here each
 node has one private mount namespace (held by a process, `holder`; every run enters it with
-nsenter) in which /etc, /opt and /var/cache are overlays whose upper layer is the node's lab directory (the host's
-files stay untouched, the node's own persist from run to run), /run/lock is the node's, and
-`ip netns exec`'s /etc/netns/<ns>/ files (the node's /etc/hosts) are bound again on top. So the
-scripts run unmodified. What stays a departure is on PATH (labkit/aws/bin): `sysctl --system`
-applies the program's drop-in only (a namespace shares the machine's global keys), and
-`docker` reaches the node's containers (labkit/aws/docker.py, until the lab has a dockerd per
-node).
+nsenter) in which /etc, /opt and /var/cache are overlays whose upper layer is the node's lab
+directory (the host's files stay untouched, the node's own persist from run to run), /run/lock
+is the node's, and `ip netns exec`'s /etc/netns/<ns>/ files (the node's /etc/hosts) are bound
+again on top. So the scripts run unmodified. What stays a departure is on PATH (labkit/aws/bin):
+`sysctl --system` applies the program's drop-in only (a namespace shares the machine's global
+keys), and `docker` reaches the node's containers (labkit/aws/docker.py, until the lab has a
+dockerd per node).
 
 Cloud-init (https://cloudinit.readthedocs.io/en/latest/explanation/format.html): user data that
 starts with `#!` is a script, run once per instance (its semaphore under
