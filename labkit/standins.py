@@ -270,7 +270,19 @@ def app_layer() -> dockerd.ImageSpec:
 # ---------------------------------------------------------------- one spec per repository
 
 
+# A tag ending in this stands for a release whose container cannot start: its image lacks
+# /bin/bash, the entrypoint the program gives, so docker's start fails after the create (the
+# provider's partial create; labkit/dockerprovider.py). The image itself pulls fine.
+NO_START_TAG_SUFFIX = "-nostart"
+
+
 def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+    if image.endswith(NO_START_TAG_SUFFIX):
+        return dockerd.ImageSpec(
+            files=(("/etc/qcl-lab/image.json", json.dumps({"image": image}) + "\n", 0o644),),
+            entrypoint=("vllm", "serve"),
+            base=busybox_layer(),
+        )
     lab = {
         "image": image,
         "token_delay": knobs.token_delay,
