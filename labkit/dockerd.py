@@ -28,7 +28,7 @@ Standalone: it needs root, `ip`, `unshare` and Debian's `docker.io` and `docker-
     dockerd.start(daemon)                 # returns once /_ping answers (fails if dockerd dies)
     dockerd.docker(daemon, "pull", "vllm/vllm-openai:v0.33.0")   # the CLI, as root
     daemon.host                           # "unix:///run/qcl-docker/x/worker-1/docker.sock"
-    dockerd.stop(daemon, kill=True)       # a crash; live-restore keeps its containers running
+    dockerd.stop(daemon, kill=True)       # a crash: its containers keep running meanwhile
     dockerd.kill_marked("x")              # every process of the lab, found by its cgroup
 
     # a directory tree into an image (e.g. a venv), on a cached base:
@@ -122,9 +122,9 @@ class Daemon:
     hosts: dict[str, str] = field(default_factory=dict)  # name -> IP in the daemon's /etc/hosts
     mark: str | None = None  # cgroup mark (kill_marked); None: no mark
     gpu_stub: bool = True
-    # Containers outlive their daemon (a stop, a crash), as with dockerd's `live-restore`: a lab
-    # node whose docker is down keeps serving, and one back up adopts its containers again.
-    live_restore: bool = True
+    # dockerd's `live-restore` (off by default, as in Debian's daemon): a killed dockerd leaves its
+    # containers running either way; a new one then restarts them by their restart policy.
+    live_restore: bool = False
     group: str = "docker"  # the socket's group (dockerd -G), when the group exists
     extra_args: tuple[str, ...] = ()
 
