@@ -311,9 +311,10 @@ def start(daemon: Daemon, *, timeout: float = START_SECONDS) -> str:
 
 def stop(daemon: Daemon, *, grace: float = 20.0, kill: bool = False) -> str:
     """Stop the daemon and its containerd: SIGTERM, SIGKILL after `grace` seconds; `kill`:
-    SIGKILL at once, as a crash. With `live_restore` (the default) the containers keep running
-    either way and a new daemon adopts them; without it dockerd stops them on SIGTERM. To end
-    everything, containers included, use `kill_marked`. Nothing running is not an error."""
+    SIGKILL at once, as a crash: the containers keep running, and a new daemon restarts them by
+    their restart policy (with `live_restore` it adopts them; without it a SIGTERM also stops
+    them first). To end everything, containers included, use `kill_marked`.
+    Nothing running is not an error."""
     value = pid(daemon)
     if value is None:
         return f"dockerd {daemon.name} not running"
