@@ -594,9 +594,20 @@ def docker_daemon_down(plan: LabPlan, member: Member) -> str:
 
 
 def docker_daemon_up(plan: LabPlan, member: Member) -> str:
+    """The node's dockerd back. Seen on this machine: a dockerd killed with its containerd
+    comes back with its running containers exited ("cleaning up after shim disconnected") and
+    does not restart the `unless-stopped` ones; a host's boot would. So the lab starts every
+    container whose restart policy says it should run (`docker start`), and says so."""
     engine = daemon(plan, member)
     (engine.root / DAEMON_DOWN).unlink(missing_ok=True)
-    return dockerd.start(engine)
+    done = [dockerd.start(engine)]
+    for name, shown in containers(plan, member).items():
+        inspect = json.loads(dockerd.docker(engine, "inspect", name).stdout)[0]
+        policy = inspect["HostConfig"]["RestartPolicy"]["Name"]
+        if not shown["State"]["Running"] and policy in ("always", "unless-stopped"):
+            dockerd.docker(engine, "start", name)
+            done.append(f"started {name} again ({policy})")
+    return "; ".join(done)
 
 
 # ---------------------------------------------------------------- a rule set of the test's own
