@@ -22,13 +22,18 @@ Standalone: it needs root, `ip`, `unshare` and Debian's `docker.io` and `docker-
 
     # 3. one dockerd per node namespace, pulling through that registry
     daemon = dockerd.Daemon(name="worker-1", namespace="qcl-x-worker-1",
-                            root=Path("/var/lib/qwen-cluster-lab/x/worker-1"),
-                            run_dir=Path("/run/qcl-docker/x-worker-1"),
-                            mirror=registry.url, mark="x/worker-1")
-    dockerd.start(daemon)                 # returns once /_ping answers
-    dockerd.docker(daemon, "pull", "vllm/vllm-openai:v0.33.0")
-    dockerd.stop(daemon)                  # SIGTERM, then SIGKILL after the grace
+                            root=Path("/var/lib/qwen-cluster-lab/x/worker-1"),   # data (disk)
+                            run_dir=Path("/run/qcl-docker/x/worker-1"),          # sockets (short)
+                            mirror=registry.url, mark="x/worker-1/docker")
+    dockerd.start(daemon)                 # returns once /_ping answers (fails if dockerd dies)
+    dockerd.docker(daemon, "pull", "vllm/vllm-openai:v0.33.0")   # the CLI, as root
+    daemon.host                           # "unix:///run/qcl-docker/x/worker-1/docker.sock"
+    dockerd.stop(daemon, kill=True)       # a crash: its containers keep running meanwhile
     dockerd.kill_marked("x")              # every process of the lab, found by its cgroup
+
+    # a directory tree into an image (e.g. a venv), on a cached base:
+    dockerd.ImageSpec(trees=(("/opt/vllm-venv", "/opt/venv"),), base=some_spec)
+    # labkit/standins.py builds the lab's images this way (LabKnobs.extra_trees for vLLM's).
 
 What this machine needs (REAL-COMPONENTS.md, "Docker engine"), all applied here:
 - `ip netns exec` mounts a fresh sysfs, so /sys/fs/cgroup is empty and dockerd dies with
@@ -117,9 +122,9 @@ class Daemon:
     hosts: dict[str, str] = field(default_factory=dict)  # name -> IP in the daemon's /etc/hosts
     mark: str | None = None  # cgroup mark (kill_marked); None: no mark
     gpu_stub: bool = True
-    # Containers outlive their daemon (a stop, a crash), as with dockerd's `live-restore`: a lab
-    # node whose docker is down keeps serving, and one back up adopts its containers again.
-    live_restore: bool = True
+    # dockerd's `live-restore` (off by default, as in Debian's daemon): a killed dockerd leaves its
+    # containers running either way; a new one then restarts them by their restart policy.
+    live_restore: bool = False
     group: str = "docker"  # the socket's group (dockerd -G), when the group exists
     extra_args: tuple[str, ...] = ()
 
@@ -308,9 +313,11 @@ def start(daemon: Daemon, *, timeout: float = START_SECONDS) -> str:
 
 
 def stop(daemon: Daemon, *, grace: float = 20.0, kill: bool = False) -> str:
-    """Stop the daemon: SIGTERM (dockerd stops its containers and containerd), SIGKILL after
-    `grace` seconds; `kill`: SIGKILL at once, as a crash (containers and shims outlive it, as
-    they would on a host). Nothing running is not an error."""
+    """Stop the daemon and its containerd: SIGTERM, SIGKILL after `grace` seconds; `kill`:
+    SIGKILL at once, as a crash: the containers keep running, and a new daemon restarts them by
+    their restart policy (with `live_restore` it adopts them; without it a SIGTERM also stops
+    them first). To end everything, containers included, use `kill_marked`.
+    Nothing running is not an error."""
     value = pid(daemon)
     if value is None:
         return f"dockerd {daemon.name} not running"

@@ -73,6 +73,8 @@ DOCKER_RUN_ROOT = Path("/run/qcl-docker")
 # Registries the lab's dockerds reach over plain HTTP besides the mirror: NGC (dcgm-exporter's
 # image), mapped to the lab's registry in each daemon's /etc/hosts.
 LAB_REGISTRY_HOSTS = ("nvcr.io",)
+# In a node's engine root while a fault test holds its dockerd down.
+DAEMON_DOWN = "down"
 
 
 # vLLM loads Qwen3-32B's weights for minutes before /health answers; the stand-in takes this
@@ -427,6 +429,10 @@ def docker_engines(plan: LabPlan, options: Options) -> list[StepResult]:
     steps = [StepResult("-", "registry", True, dockerd.start_registry(lab_registry), op="fixture")]
 
     def start(member: Member) -> StepResult:
+        engine = daemon(plan, member)
+        if (engine.root / DAEMON_DOWN).exists():
+            # A fault test stopped it: a later apply finds the host's docker down, as on a host.
+            return StepResult(member.node, "dockerd", True, "left down (docker_daemon_down)", op="fixture")
         try:
             return StepResult(member.node, "dockerd", True, dockerd.start(daemon(plan, member)), op="fixture")
         except dockerd.DockerdError as error:
@@ -606,12 +612,28 @@ def delivered_nginx_conf(plan: LabPlan) -> str:
 
 
 def docker_daemon_down(plan: LabPlan, member: Member) -> str:
-    """The node's dockerd stops (a fault test): killed, as a crash; its containers keep running."""
-    return dockerd.stop(daemon(plan, member), kill=True)
+    """The node's dockerd stops (a fault test): killed, as a crash; its containers keep running,
+    and `up`/`upgrade` leave it down until `docker_daemon_up`."""
+    engine = daemon(plan, member)
+    (engine.root / DAEMON_DOWN).touch()
+    return dockerd.stop(engine, kill=True)
 
 
 def docker_daemon_up(plan: LabPlan, member: Member) -> str:
-    return dockerd.start(daemon(plan, member))
+    """The node's dockerd back. Seen on this machine: a dockerd killed with its containerd
+    comes back with its running containers exited ("cleaning up after shim disconnected") and
+    does not restart the `unless-stopped` ones; a host's boot would. So the lab starts every
+    container whose restart policy says it should run (`docker start`), and says so."""
+    engine = daemon(plan, member)
+    (engine.root / DAEMON_DOWN).unlink(missing_ok=True)
+    done = [dockerd.start(engine)]
+    for name, shown in containers(plan, member).items():
+        inspect = json.loads(dockerd.docker(engine, "inspect", name).stdout)[0]
+        policy = inspect["HostConfig"]["RestartPolicy"]["Name"]
+        if not shown["State"]["Running"] and policy in ("always", "unless-stopped"):
+            dockerd.docker(engine, "start", name)
+            done.append(f"started {name} again ({policy})")
+    return "; ".join(done)
 
 
 # ---------------------------------------------------------------- a rule set of the test's own

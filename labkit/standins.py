@@ -271,7 +271,22 @@ def app_layer() -> dockerd.ImageSpec:
 # ---------------------------------------------------------------- one spec per repository
 
 
+# A tag ending in this stands for a release whose container cannot start: its image lacks
+# /bin/bash (a whiteout over the base's), the entrypoint the program gives, so docker's start
+# fails after the create (the provider's partial create; labkit/dockerprovider.py). The image
+# pulls, and the staging's Python runs in it, as in any other tag.
+NO_START_TAG_SUFFIX = "-nostart"
+
+
 def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+    if image.endswith(NO_START_TAG_SUFFIX):
+        working = _vllm(image.removesuffix(NO_START_TAG_SUFFIX), knobs)
+        return dockerd.ImageSpec(
+            files=(("/usr/bin/.wh.bash", "", 0o644),),  # an OCI whiteout: bash removed
+            entrypoint=working.entrypoint,
+            env=working.env,
+            base=working,
+        )
     lab = {
         "image": image,
         "token_delay": knobs.token_delay,

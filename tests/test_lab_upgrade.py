@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from labkit import blueprint, lifecycle, netns, upgrade
+from labkit import blueprint, executor, lifecycle, netns, standins, upgrade
 from labkit import cli as lab_cli
 from tooling import stackfile
 
@@ -146,3 +146,32 @@ def test_the_next_good_change_after_a_stopped_rollout_converges(running):
     assert result.failed == 0 and result.streams_cut == 0, result.failures
     assert result.images == {head.node: "vllm/vllm-openai:v0.33.2" for head in lab_plan.heads}
     assert result.max_replicas_down == 1, result.down_at_max
+
+
+def test_a_container_that_cannot_start_stops_its_lane_and_the_next_change_converges(running):
+    """The image pulls but its container cannot start (no /bin/bash: standins.NO_START_TAG_SUFFIX).
+    docker created the container, then refused to start it: the step fails, the rollout stops at
+    that replica with the rest serving; the state keeps the container by its id (a partial
+    create), so the next good change replaces it with no hand cleanup and no name conflict."""
+    lab_plan, options = running
+    broken = upgrade.run(
+        LABEL, [f"model.image=vllm/vllm-openai:v0.33.3{standins.NO_START_TAG_SUFFIX}"], options
+    )
+    assert not broken.ok
+    failed = {s.resource: s.detail for s in broken.steps if not s.ok}
+    assert list(failed) == ["master-model-vllm"], failed
+    assert "Unable to start container" in failed["master-model-vllm"]
+    assert broken.failed == 0 and broken.streams_cut == 0, broken.failures
+    assert broken.max_replicas_down == 1, broken.down_at_max
+    kept = executor.load_state(lifecycle.state_file(lab_plan)).render.named("master-model-vllm")
+    assert kept.outputs["initErrors"] and kept.outputs["id"]
+    assert kept.outputs["id"] in {
+        c["Id"] for c in lifecycle.containers(lab_plan, lab_plan.node("master")).values()
+    }
+
+    fixed = upgrade.run(LABEL, ["model.image=vllm/vllm-openai:v0.33.4"], options)
+    assert fixed.ok, [(s.resource, s.detail[-300:]) for s in fixed.steps if not s.ok]
+    assert fixed.failed == 0 and fixed.streams_cut == 0, fixed.failures
+    assert fixed.images == {head.node: "vllm/vllm-openai:v0.33.4" for head in lab_plan.heads}
+    running_models = lifecycle.containers(lab_plan, lab_plan.node("master"), "model")
+    assert [c["State"]["Running"] for c in running_models.values()] == [True]
