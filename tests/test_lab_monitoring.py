@@ -144,13 +144,15 @@ def test_a_delay_over_the_latency_budget_fires_the_latency_alert(running):
 
 
 def _pid(lab_plan, node: str, container: str) -> int:
-    record = Path(lifecycle.node_state(lab_plan, lab_plan.node(node))) / "containers" / f"{container}.json"
-    return json.loads(record.read_text())["pid"]
+    """The container's main process as its node's Docker engine reports it (a restart or a
+    recreation changes it)."""
+    return lifecycle.containers(lab_plan, lab_plan.node(node))[container]["State"]["Pid"]
 
 
 def test_a_new_alert_bound_reloads_prometheus_and_restarts_nothing(running):
     """Day 2 in the lab: the bound changes, the program's command rewrites the rules and sends
-    SIGHUP (through the lab's docker shim); the same Prometheus and model servers keep running."""
+    SIGHUP (`docker kill --signal`, on the node's Docker engine); the same Prometheus and model
+    servers keep running."""
     lab_plan, options, _ = running
     before = {
         "prometheus": _pid(lab_plan, "master", "qwen-prometheus"),
