@@ -25,7 +25,7 @@ demo: venv system
 
 test: venv system
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # make plan STACK=prod DIAGRAM=out/prod.svg  (no STACK: every stack)
 plan: venv system

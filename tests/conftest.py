@@ -23,3 +23,25 @@ def aws_raw() -> dict:
 @pytest.fixture
 def bare_metal_raw() -> dict:
     return copy.deepcopy(BASE_BARE_METAL)
+
+
+# Modules whose tests build network namespaces (the lab, or a pair of their own). Labs share this
+# machine's lab users, /etc/sudoers.d and /run/qwen-cluster-lab, so under pytest-xdist (`make
+# test` runs two workers with --dist loadgroup) they all run on one worker, one after another,
+# while the rest of the suite (renders, policies, configs: CPU, no namespaces) runs on the other.
+SERIAL_GROUP = "namespaces"
+SERIAL_MODULES = (
+    "test_lab_",
+    "test_monitoring_netns",
+    "test_real_vllm",
+    "test_realvllm_setup",
+    "test_render_firewall",
+    "test_render_scripts",
+    "test_render_sysctl",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.path.stem.startswith(SERIAL_MODULES):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))

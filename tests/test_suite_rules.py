@@ -49,3 +49,30 @@ def test_the_rule_finds_a_sleep_in_a_function_and_allows_a_stand_ins(tmp_path):
         "def helper():\n    while True:\n        time.sleep(0.1)\n"
     )
     assert sleeps_outside_stand_ins(module) == [3, 9]
+
+
+# What a module calls when it builds network namespaces (the lab's, a pair of its own) or the
+# real vLLM environment (minutes of CPU, shared with the lab's real-model tests).
+_NAMESPACE_USE = (
+    "lifecycle.up(",
+    "needs_netns",
+    "netns_pair",
+    "netns.create",
+    "lab.up(",
+    "realvllm",
+    "dockerd.start",
+)
+
+
+def test_every_module_that_builds_namespaces_runs_in_the_serial_group():
+    """Two labs at once would share one machine's lab users and sudoers: tests/conftest.py puts
+    these modules on one xdist worker. A new namespace test outside its list would race."""
+    from tests.conftest import SERIAL_MODULES
+
+    builds = sorted(
+        path.stem
+        for path in TESTS.glob("test_*.py")
+        if path != Path(__file__) and any(use in path.read_text() for use in _NAMESPACE_USE)
+    )
+    assert "test_lab_namespaces" in builds, "the scan misses the lab's own test: its patterns are stale"
+    assert [stem for stem in builds if not stem.startswith(SERIAL_MODULES)] == []
