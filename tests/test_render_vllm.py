@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import shlex
+import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +15,7 @@ from qwen_cluster import config
 from qwen_cluster.config import ConfigError
 from qwen_cluster.render import ssm, vllm
 from tests.helpers.aws_stacks import variant
+from tests.helpers.wait import wait_until
 from tooling import stackfile
 
 
@@ -186,7 +191,9 @@ def test_pipeline_parallel_replicas_use_vllms_own_multinode_launch_by_default():
     cluster = pipeline()
     master = cluster.topology.ports.vllm_master
     head = shlex.split(vllm.server_script(cluster, "master").removeprefix("exec "))
-    worker = shlex.split(vllm.server_script(cluster, "worker-1").removeprefix("exec "))
+    worker = vllm.headless_argv(cluster, "worker-1")
+    # The member runs that line under the watch of its head (test_a_member_stops_when_its_head_is_gone).
+    assert vllm.server_script(cluster, "worker-1") == vllm.member_script(worker, "10.50.1.100", master)
     assert head[:3] == worker[:3] and head[:2] == ["vllm", "serve"]
     launch = ["--distributed-executor-backend=mp", "--nnodes=2", "--master-addr=10.50.1.100"]
     launch.append(f"--master-port={master}")
@@ -202,6 +209,73 @@ def test_pipeline_parallel_replicas_use_vllms_own_multinode_launch_by_default():
 
     assert engine(head) == engine(worker)
     assert "ray" not in vllm.server_script(cluster, "master") + vllm.server_script(cluster, "worker-1")
+
+
+def _member_under_watch(tmp_path, head: socket.socket, port: int) -> subprocess.Popen:
+    """member_script over a stand-in for `vllm serve --headless`: a process that connects to the
+    head's port and holds the connection, as a worker holds the head's TCPStore; it records the
+    SIGTERM it gets and then exits 0."""
+    term = str(tmp_path / "term")
+    holder = (
+        "import signal, socket, sys, time\n"
+        f"s = socket.create_connection(('127.0.0.1', {port}))\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (open({term!r}, 'w').close(), sys.exit(0)))\n"
+        "while True: time.sleep(1)\n"
+    )
+    script = vllm.member_script([sys.executable, "-c", holder], "127.0.0.1", port)
+    script = script.replace(f"sleep {vllm.HEAD_WATCH_SECONDS} ", "sleep 0.1 ")
+    with open(tmp_path / "stderr", "w") as stderr:
+        return subprocess.Popen(["bash", "-c", script], stderr=stderr, text=True)
+
+
+def _joined(tmp_path) -> None:
+    """The watch has seen the connection (it arms itself only then)."""
+    wait_until(lambda: "joined its head" in (tmp_path / "stderr").read_text(), what="joined", timeout=20)
+
+
+def _listening() -> tuple[socket.socket, int]:
+    head = socket.socket()
+    head.bind(("127.0.0.1", 0))
+    head.listen()
+    return head, head.getsockname()[1]
+
+
+def test_a_member_stops_when_its_head_is_gone(tmp_path):
+    """The real member waits forever for a head that has gone (HEAD_CONNECTED says why): the
+    watch stops it once its connection to the head's master port ends, and exits 1."""
+    head, port = _listening()
+    member = _member_under_watch(tmp_path, head, port)
+    try:
+        connection, _ = head.accept()
+        _joined(tmp_path)
+        assert member.poll() is None
+        connection.close()
+        head.close()
+        status = wait_until(
+            member.poll, what="exits when its head is gone", timeout=20, done=lambda c: c is not None
+        )
+        assert status == 1 and "is gone" in (tmp_path / "stderr").read_text()
+        assert (tmp_path / "term").exists()  # the member was stopped, not left behind
+    finally:
+        member.kill()
+        head.close()
+
+
+def test_a_member_passes_docker_stop_on_and_exits_with_it(tmp_path):
+    head, port = _listening()
+    member = _member_under_watch(tmp_path, head, port)
+    try:
+        connection, _ = head.accept()
+        _joined(tmp_path)
+        member.send_signal(signal.SIGTERM)
+        status = wait_until(
+            member.poll, what="the member exits on SIGTERM", timeout=20, done=lambda code: code is not None
+        )
+        assert status == 0 and (tmp_path / "term").exists()
+        connection.close()
+    finally:
+        member.kill()
+        head.close()
 
 
 def test_the_master_port_is_pinned_inside_the_cluster_range():

@@ -411,7 +411,8 @@ class Model(Section):
         "head; multiprocessing executor), which the official image runs. `ray`: a Ray cluster per replica "
         "(`rayAuthToken` required), only with an image that carries Ray: refused with the official "
         f"`{OFFICIAL_IMAGE}` images, whose vLLM package declares no Ray dependency since PR #36170 "
-        "(vllm-project/vllm, March 2026; the v0.33.0 wheel's METADATA has neither Ray nor a Ray extra).",
+        "(vllm-project/vllm, March 2026; the v0.33.0 wheel's METADATA has neither Ray nor a Ray extra, "
+        "and docker/Dockerfile at the tag installs none).",
     )
     vllm_flags: Annotated[dict[str, VllmFlagValue], BeforeValidator(_vllm_flags)] = Field(
         default={},
@@ -430,6 +431,22 @@ class Model(Section):
         "from the node's disk only.",
     )
 
+    # The official image has no Ray, read at the v0.33.0 tag: the release's source distribution
+    # (vllm-0.33.0.tar.gz on PyPI, its sha256 in docs/decisions.md; vllm/_version.py names commit
+    # g4ba787ec9) carries the tag's docker/, requirements/ and .buildkite/.
+    # - .buildkite/release-pipeline.yaml:195-206 builds the released image from docker/Dockerfile,
+    #   `--target vllm-openai`, `--build-arg INSTALL_KV_CONNECTORS=true`;
+    # - docker/Dockerfile, the stages vllm-runtime-base (741) -> vllm-base (990) ->
+    #   vllm-openai-base (1185) -> vllm-openai (1336), installs only requirements/cuda.txt, which
+    #   includes requirements/common.txt (lines 918-944), accelerate, modelscope, timm,
+    #   runai-model-streamer and gguf (982-984), the vLLM wheel (1015/1019), the EP kernels
+    #   (1040) and requirements/kv_connectors.txt (1207-1245: lmcache, cupy-cuda13x, nixl,
+    #   mooncake-transfer-engine, none of which requires Ray);
+    # - not one of docker/Dockerfile, requirements/common.txt, cuda.txt, kv_connectors.txt names
+    #   Ray; Ray is only in requirements/test/cuda.in:25 (`ray[default]>=2.56.0,<2.57`), installed
+    #   by the `test` stages (test-deps, 1056), which vllm-openai does not build on;
+    # - the wheel's METADATA agrees: no `ray` in Requires-Dist, no Ray extra (PR #36170,
+    #   "[Dependency] Remove default ray dependency", March 2026).
     @field_validator("distributed_backend")
     @classmethod
     def _ray_needs_an_image_with_ray(cls, backend: str, info: ValidationInfo) -> str:
@@ -437,8 +454,9 @@ class Model(Section):
         if backend == "ray" and official_image(image):
             raise ValueError(
                 f"'ray' cannot start in model.image {image}: the official vLLM image ships no Ray (its "
-                "package has no Ray dependency since vllm-project/vllm PR #36170), so `ray start` fails at "
-                "its first command. Use 'mp' (vLLM's own multi-node launch) or an image built with Ray"
+                "package has no Ray dependency since vllm-project/vllm PR #36170 and its Dockerfile installs "
+                "none), so `ray start` fails at its first command. Use 'mp' (vLLM's own multi-node launch) "
+                "or an image built with Ray"
             )
         return backend
 

