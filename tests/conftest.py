@@ -27,21 +27,27 @@ def bare_metal_raw() -> dict:
 
 # Modules whose tests build network namespaces (the lab, or a pair of their own). Labs share this
 # machine's lab users, /etc/sudoers.d and /run/qwen-cluster-lab, so under pytest-xdist (`make
-# test` runs two workers with --dist loadgroup) they all run on one worker, one after another,
-# while the rest of the suite (renders, policies, configs: CPU, no namespaces) runs on the other.
-SERIAL_GROUP = "namespaces"
-SERIAL_MODULES = (
-    "test_lab_",
-    "test_monitoring_netns",
-    "test_real_vllm",
-    "test_realvllm_setup",
-    "test_render_firewall",
-    "test_render_scripts",
-    "test_render_sysctl",
-)
+# test` runs two workers with --dist loadgroup) they all run on one worker, one after another.
+# The real vLLM on loopback (minutes of CPU, one cached environment) runs as a group of its own,
+# beside the rest of the suite (renders, policies, configs) on the other worker.
+SERIAL_GROUPS = {
+    "namespaces": (
+        "test_lab_",
+        "test_monitoring_netns",
+        "test_render_firewall",
+        "test_render_scripts",
+        "test_render_sysctl",
+    ),
+    "real-vllm": ("test_real_vllm", "test_realvllm_setup"),
+}
+
+
+def serial_group(stem: str) -> str | None:
+    return next((group for group, prefixes in SERIAL_GROUPS.items() if stem.startswith(prefixes)), None)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        if item.path.stem.startswith(SERIAL_MODULES):
-            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        group = serial_group(item.path.stem)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))

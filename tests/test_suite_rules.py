@@ -51,28 +51,24 @@ def test_the_rule_finds_a_sleep_in_a_function_and_allows_a_stand_ins(tmp_path):
     assert sleeps_outside_stand_ins(module) == [3, 9]
 
 
-# What a module calls when it builds network namespaces (the lab's, a pair of its own) or the
-# real vLLM environment (minutes of CPU, shared with the lab's real-model tests).
-_NAMESPACE_USE = (
-    "lifecycle.up(",
-    "needs_netns",
-    "netns_pair",
-    "netns.create",
-    "lab.up(",
-    "realvllm",
-    "dockerd.start",
-)
+# What a module calls when it builds network namespaces (the lab's, or a pair of its own).
+_NAMESPACE_USE = ("lifecycle.up(", "needs_netns", "netns_pair", "netns.create", "lab.up(", "dockerd.start")
 
 
-def test_every_module_that_builds_namespaces_runs_in_the_serial_group():
-    """Two labs at once would share one machine's lab users and sudoers: tests/conftest.py puts
-    these modules on one xdist worker. A new namespace test outside its list would race."""
-    from tests.conftest import SERIAL_MODULES
+def _uses(path: Path, patterns: tuple[str, ...]) -> bool:
+    text = path.read_text()
+    return any(pattern in text for pattern in patterns)
 
-    builds = sorted(
-        path.stem
-        for path in TESTS.glob("test_*.py")
-        if path != Path(__file__) and any(use in path.read_text() for use in _NAMESPACE_USE)
-    )
-    assert "test_lab_namespaces" in builds, "the scan misses the lab's own test: its patterns are stale"
-    assert [stem for stem in builds if not stem.startswith(SERIAL_MODULES)] == []
+
+def test_every_module_that_builds_namespaces_or_the_real_vllm_runs_in_a_serial_group():
+    """Two labs at once would share one machine's lab users and sudoers, two real vLLM servers
+    its two cores: tests/conftest.py puts these modules in groups that each run on one xdist
+    worker. A new module outside them would race."""
+    from tests.conftest import serial_group
+
+    modules = [path for path in TESTS.glob("test_*.py") if path != Path(__file__)]
+    labs = sorted(path.stem for path in modules if _uses(path, _NAMESPACE_USE))
+    real = sorted(path.stem for path in modules if _uses(path, ("realvllm",)) and path.stem not in labs)
+    assert "test_lab_namespaces" in labs and "test_real_vllm" in real, "the scan's patterns are stale"
+    assert [stem for stem in labs if serial_group(stem) != "namespaces"] == []
+    assert [stem for stem in real if serial_group(stem) is None] == []
