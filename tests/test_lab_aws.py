@@ -127,6 +127,15 @@ def test_the_node_role_refuses_what_it_does_not_allow_and_imds_wants_a_token(day
     assert output.strip() == "401"
 
 
+def test_check_on_the_running_lab_passes(day0):
+    from labkit.aws import check
+
+    _, results = check.run(LABEL)
+    assert all(result.ok for result in results), [r for r in results if not r.ok]
+    groups = {result.group for result in results}
+    assert {"containment", "latency", "ssm", "containers", "load balancer"} <= groups
+
+
 def test_an_image_bump_rolls_in_lanes_under_load_with_no_failed_request(day0):
     aws_plan, _, _ = day0
     result = lab.upgrade(LABEL, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=2000)

@@ -323,3 +323,17 @@ def test_a_target_registered_before_it_listens_gets_no_connection_until_it_rises
     finally:
         haproxy.kill()
         haproxy.wait()
+
+
+@pytest.mark.skipif(not Path("/usr/bin/aws").exists(), reason="no AWS CLI (scripts/setup-system.sh)")
+def test_the_cli_finds_its_waiters_polling_on_the_lab_clock(tmp_path):
+    from labkit.aws import lab
+
+    data = lab.waiters_on_the_clock(tmp_path, 1 / 30)
+    probe = (
+        "import awscli.botocore.session as s; w = s.get_session().get_waiter_model('elbv2'); "
+        "print(w.get_waiter('TargetInService').delay, w.get_waiter('TargetDeregistered').max_attempts)"
+    )
+    done = subprocess.run(["/usr/bin/python3", "-c", probe], env={**os.environ, "AWS_DATA_PATH": str(data)},
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.split() == ["1", "40"]  # 15 s x 1/30 at the 1 s floor; attempts as AWS's

@@ -222,15 +222,48 @@ def _machines(aws_plan: AwsPlan, stack: model.AwsStack, identity: endpoint.Ident
         '/etc/sysctl.d/90-qwen-cluster.conf ;; esac\nexec /usr/sbin/sysctl "$@"\n'
     )
     (bin_dir / "sysctl").chmod(0o755)
+    data_path = waiters_on_the_clock(root / "aws-data", _clock)
     machines = {}
     for member in plan.nodes:
         instance = stack.instances[member.node]
-        env = {"AWS_CA_BUNDLE": identity.ca_file, "DOCKER_HOST": lifecycle.daemon(plan, member).host}
+        env = {
+            "AWS_CA_BUNDLE": identity.ca_file,
+            "AWS_DATA_PATH": str(data_path),
+            "DOCKER_HOST": lifecycle.daemon(plan, member).host,
+        }
         machines[member.node] = Machine(
             instance, member.namespace, _node_root(aws_plan, member), bin_dir, env,
             mark=lifecycle.mark(plan, member, "disk"),
         )  # fmt: skip
     return machines
+
+
+# The waiters the node scripts call (`aws elbv2 wait target-deregistered|target-in-service`).
+WAITER_SERVICES = ("elbv2/2015-12-01",)
+
+
+def cli_data_dir() -> Path:
+    """The AWS CLI's own botocore data (Debian's awscli v2 bundles its botocore)."""
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", "import awscli.botocore as b, os; print(os.path.dirname(b.__file__))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return Path(done.stdout.strip()) / "data"
+
+
+def waiters_on_the_clock(directory: Path, clock: float) -> Path:
+    """The CLI's waiters with their poll delay on the lab clock (15 s x 1/30, at least 1 s), as the
+    health check and the deregistration delay are; their attempts unchanged, so a waiter still
+    gives up no sooner than the lab-clock image of its 10 minutes. Found by the CLI through
+    AWS_DATA_PATH (botocore's loader reads those paths before its own data)."""
+    for service in WAITER_SERVICES:
+        own = json.loads((cli_data_dir() / service / "waiters-2.json").read_text())
+        for waiter in own["waiters"].values():
+            waiter["delay"] = max(1, round(float(waiter["delay"]) * clock))
+        target = directory / service / "waiters-2.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(own, indent=1))
+    return directory
 
 
 def _node_root(aws_plan: AwsPlan, member: Member) -> Path:
