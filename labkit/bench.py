@@ -6,6 +6,7 @@ Figures measured in one run; the lab's need root and network namespaces."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import re
@@ -337,8 +338,10 @@ def print_real_model(console, figures: dict[str, Any]) -> None:
 def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, Any]:
     """The AWS target's node side (labkit/aws/): `lab up` of the stack (every node's first boot
     and SSM associations, weights from the lab bucket when the stack reads S3), then an image
-    bump in rollout.maxUnavailable lanes under client load; `down` after."""
+    bump in rollout.maxUnavailable lanes under client load, a node added under load, a release
+    that never gets healthy; `down` after."""
     from labkit.aws import lab as aws_lab
+    from tooling import stackfile
 
     label = f"bench-{stack}"
     aws_lab.down(label)
@@ -357,6 +360,17 @@ def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, An
             "associations": len(report.runs),
             "imageBump": {key: bump[key] for key in keep},
             "everyDocumentOnEveryNode": bump["ssm"]["everyDocumentOnEveryNode"],
+        }
+        # A node added (nodes +1): it boots, gets its associations, registers and serves.
+        nodes = stackfile.read(stack)["qwen-cluster:nodes"]
+        last = max(ipaddress.ip_address(node["ip"]) for node in nodes)
+        nodes = [*nodes, {"name": f"worker-{len(nodes)}", "ip": str(last + 1)}]
+        added = aws_lab.upgrade(label, [f"nodes={json.dumps(nodes)}"], max_requests=max_requests)
+        figures["nodeAdded"] = {
+            **{key: added[key] for key in keep},
+            "nodesAdded": added["nodesAdded"],
+            "preparedSeconds": added["prepared"]["seconds"],
+            "everyDocumentOnEveryNode": added["ssm"]["everyDocumentOnEveryNode"],
         }
         # A release that never answers /health: its lane stops, the others keep serving.
         never = aws_lab.upgrade(

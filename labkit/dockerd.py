@@ -127,6 +127,11 @@ class Daemon:
     live_restore: bool = False
     group: str = "docker"  # the socket's group (dockerd -G), when the group exists
     extra_args: tuple[str, ...] = ()
+    # A file holding the pid of a process whose mount namespace (and network namespace) the
+    # daemon starts from, in its own copy: a node whose disk is a mount namespace of its own
+    # (labkit/aws/machine.py), so that the host paths a container mounts are the node's. None:
+    # the machine's mount namespace, entered through `ip netns exec`.
+    mount_pidfile: Path | None = None
 
     @property
     def socket(self) -> Path:
@@ -292,6 +297,9 @@ def start(daemon: Daemon, *, timeout: float = START_SECONDS) -> str:
     script = daemon.root / "start.sh"
     script.write_text(start_script(daemon))
     argv = ["ip", "netns", "exec", daemon.namespace, "unshare", "--mount", "--propagation", "slave"]
+    if daemon.mount_pidfile is not None:
+        holder = int(daemon.mount_pidfile.read_text())
+        argv = ["nsenter", f"--target={holder}", "--mount", "--net", *argv[4:]]
     with open(daemon.log, "ab") as out:
         process = subprocess.Popen(
             [*argv, "sh", str(script)],

@@ -65,6 +65,18 @@ def _launch_error(args: list[str]) -> str | None:
     return None
 
 
+def _model_error(args: list[str]) -> str | None:
+    """A model given as a directory (the staged copy) must hold the model: vLLM, offline
+    (HF_HUB_OFFLINE=1), refuses one without config.json at startup."""
+    model = args[1] if len(args) > 1 and not args[1].startswith("-") else ""
+    if model.startswith("/") and not (Path(model) / "config.json").is_file():
+        return (
+            f"OSError: {model} does not appear to have a file named config.json (lab: the weights "
+            "were not staged into the container's cache)"
+        )
+    return None
+
+
 def model_server_argv(args: list[str], lab: dict) -> list[str]:
     """The stand-in model server's command line (labkit/modelserver.py) for `vllm ARGS`, with
     vLLM 0.33.0's multi-node launch: `--nnodes N --node-rank R --master-addr A --master-port P`,
@@ -72,6 +84,8 @@ def model_server_argv(args: list[str], lab: dict) -> list[str]:
     serving no HTTP; `--shutdown-timeout` on the lab's clock, as the container's stop grace is
     (labkit/executor.py)."""
     model = args[1] if len(args) > 1 and not args[1].startswith("-") else "Qwen/Qwen3-32B"
+    # Clients ask for --served-model-name when it is given (vLLM's rule), e.g. for a staged copy.
+    model = _flag(args, "--served-model-name", model) or model
     ip = os.environ.get("VLLM_HOST_IP", "")
     node = lab.get("nodes", {}).get(ip, ip or "?")
     host = _flag(args, "--host", "0.0.0.0")
@@ -95,7 +109,7 @@ def vllm(args: list[str]) -> int:
     if not args or args[0] != "serve":
         print(f"lab vllm: only `vllm serve` is modelled, not {' '.join(args)}", file=sys.stderr)
         return 2
-    error = _launch_error(args)
+    error = _launch_error(args) or _model_error(args)
     if error:
         print(error, file=sys.stderr)
         return 1

@@ -418,9 +418,11 @@ def machines(plan: LabPlan, options: Options) -> list[StepResult]:
     return steps + docker_engines(plan, options) + ssh_daemons(plan, options)
 
 
-def docker_engines(plan: LabPlan, options: Options) -> list[StepResult]:
+def docker_engines(plan: LabPlan, options: Options, daemon_of=None) -> list[StepResult]:
     """The lab's registry on the switch's bridge, and a Docker engine in every node's namespace
-    pulling through it (labkit/dockerd.py). Idempotent."""
+    pulling through it (labkit/dockerd.py). Idempotent. `daemon_of(member)`: the node's engine,
+    when it is not `daemon(plan, member)` (the AWS lab starts it in the node's own disk)."""
+    daemon_of = daemon_of or (lambda member: daemon(plan, member))
     netns.run(["ip", "-n", plan.switch, "addr", "replace", f"{REGISTRY_IP}/32", "dev", BRIDGE])
     for member in plan.nodes:
         netns.run(["ip", "-n", plan.switch, "route", "replace", f"{member.ip}/32", "dev", BRIDGE])
@@ -434,7 +436,7 @@ def docker_engines(plan: LabPlan, options: Options) -> list[StepResult]:
             # A fault test stopped it: a later apply finds the host's docker down, as on a host.
             return StepResult(member.node, "dockerd", True, "left down (docker_daemon_down)", op="fixture")
         try:
-            return StepResult(member.node, "dockerd", True, dockerd.start(daemon(plan, member)), op="fixture")
+            return StepResult(member.node, "dockerd", True, dockerd.start(daemon_of(member)), op="fixture")
         except dockerd.DockerdError as error:
             return StepResult(member.node, "dockerd", False, str(error), op="fixture")
 
@@ -443,11 +445,15 @@ def docker_engines(plan: LabPlan, options: Options) -> list[StepResult]:
     return steps
 
 
-def publish_images(plan: LabPlan, options: Options, rendered: Render) -> list[str]:
-    """Every image the render pulls or runs, built (cached) and published to the lab's registry
-    under its own name; the vLLM stand-in's lab layer carries the lab's clock and node names."""
-    images = [str(executor.plain(r.inputs).get("name")) for r in rendered.of_type(executor.IMAGE)]
-    images += [str(executor.plain(r.inputs).get("image")) for r in rendered.of_type(executor.CONTAINER)]
+def publish_images(
+    plan: LabPlan, options: Options, rendered: Render, images: list[str] | None = None
+) -> list[str]:
+    """Every image the render pulls or runs (`images`: these instead, for a program whose nodes
+    pull with the docker CLI), built (cached) and published to the lab's registry under its own
+    name; the vLLM stand-in's lab layer carries the lab's clock and node names."""
+    if images is None:
+        images = [str(executor.plain(r.inputs).get("name")) for r in rendered.of_type(executor.IMAGE)]
+        images += [str(executor.plain(r.inputs).get("image")) for r in rendered.of_type(executor.CONTAINER)]
     knobs = standins.LabKnobs(
         token_delay=options.token_delay,
         load_delay=round(options.model_load_seconds * options.clock_scale, 3),

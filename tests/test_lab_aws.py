@@ -83,7 +83,7 @@ def test_day0_staged_the_weights_from_s3_before_each_server_started(day0):
             aws_plan.root
             / "nodes"
             / node
-            / "fs/opt/qwen-cluster/huggingface/qwen-cluster-weights/Qwen/Qwen3-32B"
+            / "fs/var/cache/qwen-cluster/huggingface/qwen-cluster-weights/Qwen/Qwen3-32B"
         )
         assert sorted(p.name for p in copy.iterdir()) == [
             "config.json",
@@ -127,6 +127,15 @@ def test_the_node_role_refuses_what_it_does_not_allow_and_imds_wants_a_token(day
     assert output.strip() == "401"
 
 
+def test_check_on_the_running_lab_passes(day0):
+    from labkit.aws import check
+
+    _, results = check.run(LABEL)
+    assert all(result.ok for result in results), [r for r in results if not r.ok]
+    groups = {result.group for result in results}
+    assert {"containment", "latency", "ssm", "containers", "load balancer"} <= groups
+
+
 def test_an_image_bump_rolls_in_lanes_under_load_with_no_failed_request(day0):
     aws_plan, _, _ = day0
     result = lab.upgrade(LABEL, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=2000)
@@ -142,9 +151,12 @@ def test_an_image_bump_rolls_in_lanes_under_load_with_no_failed_request(day0):
 
 
 def _model_pids(aws_plan) -> dict[str, int]:
+    """The model containers' processes, as each node's dockerd reports them."""
     found = {}
-    for path in aws_plan.root.glob("nodes/*/docker/containers/qwen-vllm.json"):
-        found[path.parts[-4]] = json.loads(path.read_text())["pid"]
+    for member in aws_plan.plan.nodes:
+        for entry in lifecycle.containers(aws_plan.plan, member, "model").values():
+            if entry["State"]["Running"]:
+                found[member.node] = entry["State"]["Pid"]
     return found
 
 
@@ -161,6 +173,27 @@ def test_a_key_rotation_reloads_the_proxies_and_restarts_no_model_server(day0):
     assert _chat(aws_plan, key_index=0).status == 401
 
 
+def test_a_node_added_boots_gets_every_association_registers_and_serves(day0):
+    aws_plan, _, _ = day0
+    nodes = [*stackfile.read("dev")["qwen-cluster:nodes"], {"name": "worker-2", "ip": "10.42.1.102"}]
+    result = lab.upgrade(LABEL, [f"nodes={json.dumps(nodes)}"], max_requests=2000)
+    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["nodesAdded"] == ["worker-2"]
+    assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
+    assert result["requests"] > 50 and result["maxReplicasDown"] == 0
+    ran = {s["resource"]: s for s in result["steps"]}
+    boot, server = ran["gpu-nodes-worker-2"], ran["gpu-nodes-worker-2-server"]
+    assert boot["node"] == "worker-2" and boot["at"] + boot["seconds"] <= server["at"] + 0.01
+    assert {s["resource"] for s in result["steps"] if s["resource"].endswith("-server")} == {
+        "gpu-nodes-worker-2-server"
+    }  # the replicas that served are left alone
+    documents = result["ssm"]["documents"]
+    assert all(documents[d].get(i) == ssmrun.SUCCESS for d in documents for i in ["worker-2"]), documents
+    assert result["ssm"]["everyDocumentOnEveryNode"], documents
+    nodes_seen = {_chat(aws_plan, key_index=1).node for _ in range(9)}
+    assert nodes_seen == {"master", "worker-1", "worker-2"}
+
+
 def test_down_leaves_nothing_behind(day0):
     aws_plan, _, _ = day0
     lab.down(LABEL)
@@ -168,3 +201,18 @@ def test_down_leaves_nothing_behind(day0):
     assert not [name for name in netns.listed() if name.startswith(prefix)]
     assert not [p for p in netns.NETNS_ETC.glob(f"{prefix}*")] if netns.NETNS_ETC.exists() else True
     assert not aws_plan.root.exists()
+    # The nodes' Docker engines, their containers, the disks' holders, HAProxy, the API stand-in:
+    # every process of the lab carries its cgroup mark, and none is left.
+    assert not netns.marked_pids(LABEL)
+    assert not (lifecycle.DOCKER_RUN_ROOT / LABEL).exists()
+    assert not (lifecycle.DOCKER_DATA_ROOT / LABEL).exists()
+    # No mount namespace anywhere still holds a node's disk or a container of it.
+    holding = []
+    for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
+        try:
+            text = mountinfo.read_text()
+        except OSError:
+            continue  # the process ended meanwhile
+        if str(aws_plan.root) in text or f"/{LABEL}/" in text:
+            holding.append(mountinfo.parent.name)
+    assert not holding, holding

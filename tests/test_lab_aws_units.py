@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -286,3 +287,53 @@ def test_two_overlapping_staging_runs_on_one_node_both_succeed(tmp_path):
     results = [(run.wait(timeout=30), run.stdout.read()) for run in runs]
     assert [code for code, _ in results] == [0, 0], results
     assert (etc / "model-stage.sh").read_text() == stage
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy not installed (scripts/setup-system.sh)")
+def test_a_target_registered_before_it_listens_gets_no_connection_until_it_rises(tmp_path):
+    """An NLB keeps a new target `initial` (no traffic) until its checks pass. HAProxy puts a
+    server leaving maintenance UP at once ("UP 1/3"): the stand-in registers through drain and a
+    forced `health down`. A node added later is an `add server` on the running HAProxy."""
+    port, listen = _free_port(), _free_port()
+    group = model.TargetGroup("tg", "arn:tg", port, "TCP", {"protocol": "HTTP", "path": "/health",
+                              "interval": 1, "healthyThreshold": 2, "unhealthyThreshold": 3}, 0)  # fmt: skip
+    sock_path = str(tmp_path / "haproxy.sock")
+    conf = tmp_path / "haproxy.cfg"
+    conf.write_text(elb.haproxy_config(group, {"i-old": "127.0.0.1"}, listen="127.0.0.1", port=listen,
+                                       client_cidrs=["127.0.0.0/8"], idle_timeout=5, clock=1,
+                                       socket_path=sock_path, pid_file=str(tmp_path / "pid")))  # fmt: skip
+    haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(conf)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_until(lambda: os.path.exists(sock_path), what="haproxy's socket", timeout=10)
+        assert elb.add_server(sock_path, group, "i-new", "127.0.0.1", 1) == "i-new: server added"
+        assert elb.add_server(sock_path, group, "i-new", "127.0.0.1", 1) == "i-new: already a server"
+        assert elb.haproxy_status(sock_path)["i-new"].startswith("MAINT")
+        stand_in = elb.TargetGroupStandIn(group, sock_path, 0)
+        stand_in.register("i-new")  # nothing listens on the target's port yet
+        seen = [elb.haproxy_status(sock_path)["i-new"] for _ in range(20)]
+        assert all(status.startswith("DOWN") for status in seen), seen
+        assert stand_in.describe(["i-new"]) == [("i-new", elb.INITIAL)]
+    finally:
+        haproxy.kill()
+        haproxy.wait()
+
+
+@pytest.mark.skipif(not Path("/usr/bin/aws").exists(), reason="no AWS CLI (scripts/setup-system.sh)")
+def test_the_cli_finds_its_waiters_polling_on_the_lab_clock(tmp_path):
+    from labkit.aws import lab
+
+    data = lab.waiters_on_the_clock(tmp_path, 1 / 30)
+    probe = (
+        "import awscli.botocore.session as s; w = s.get_session().get_waiter_model('elbv2'); "
+        "print(w.get_waiter('TargetInService').delay, w.get_waiter('TargetDeregistered').max_attempts)"
+    )
+    done = subprocess.run(["/usr/bin/python3", "-c", probe], env={**os.environ, "AWS_DATA_PATH": str(data)},
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.split() == ["1", "40"]  # 15 s x 1/30 at the 1 s floor; attempts as AWS's

@@ -8,7 +8,13 @@ are followed here (ELB User Guide for Network Load Balancers, "Target health sta
 "Deregistration delay"):
 - registered: `initial` (Elb.RegistrationInProgress) until HAProxy has seen `healthyThreshold`
   checks pass, then `healthy`; after `unhealthyThreshold` failures `unhealthy`
-  (Target.FailedHealthChecks). HAProxy sends it connections only once it is up.
+  (Target.FailedHealthChecks). HAProxy sends it connections only once it is up: a server
+  leaving maintenance starts UP in HAProxy ("UP 1/3", going down after `fall` failed checks), so
+  registration takes it through drain and a forced `health down` first; then it rises as a new
+  NLB target does, after `rise` passed checks (measured with HAProxy 2.6: without this a target
+  registered before its server listens gets connections for `fall` intervals, an NLB none).
+- a node added to the stack: its server is added at run time (`add server`, as the NLB takes a
+  new instance without a restart), in maintenance, with the same check.
 - deregistered: `draining` (Target.DeregistrationInProgress) for the deregistration delay: no
   new connections, open ones go on (HAProxy `drain`); then gone (`maint`), and asked for by id it
   is `unused` (Target.NotRegistered), which is what `aws elbv2 wait target-deregistered` waits for.
@@ -50,10 +56,7 @@ def haproxy_config(
     """HAProxy as the NLB: a TCP listener, the load balancer SG's client CIDRs, and one server per
     possible target (by instance id), in maintenance until registered."""
     check = group.health_check
-    # On the lab's clock, with floors a loaded 2-core machine keeps (a TLS handshake to a busy
-    # namespace can take a few hundred milliseconds): interval 1 s, timeout 0.8 s.
-    interval = max(1000, round(float(check.get("interval", 30)) * clock * 1000))
-    timeout = max(800, min(interval, round(float(check.get("timeout", 10)) * clock * 1000)))
+    _, timeout = _check_times(group, clock)
     https = str(check.get("protocol", "TCP")).upper() == "HTTPS"
     http = https or str(check.get("protocol", "TCP")).upper() == "HTTP"
     lines = [
@@ -80,14 +83,40 @@ def haproxy_config(
             f"  option httpchk GET {check.get('path', '/')}",
             f"  http-check expect status {check.get('matcher', '200')}",
         ]
+    for target_id, address in sorted(servers.items()):
+        lines.append(f"  server {server_args(group, target_id, address, clock)} disabled")
+    return "\n".join(lines) + "\n"
+
+
+def _check_times(group: TargetGroup, clock: float) -> tuple[int, int]:
+    """The health check's interval and timeout in ms on the lab's clock, with floors a loaded
+    2-core machine keeps (a TLS handshake to a busy namespace can take a few hundred ms)."""
+    check = group.health_check
+    interval = max(1000, round(float(check.get("interval", 30)) * clock * 1000))
+    return interval, max(800, min(interval, round(float(check.get("timeout", 10)) * clock * 1000)))
+
+
+def server_args(group: TargetGroup, target_id: str, address: str, clock: float) -> str:
+    """One target as a HAProxy server (its check as the target group's), for the config file
+    and for `add server`."""
+    check = group.health_check
+    interval, _ = _check_times(group, clock)
+    https = str(check.get("protocol", "TCP")).upper() == "HTTPS"
     ssl = " check-ssl verify none" if https else ""  # an NLB does not verify a target's certificate
     rise, fall = int(float(check.get("healthyThreshold", 3))), int(float(check.get("unhealthyThreshold", 3)))
-    for target_id, address in sorted(servers.items()):
-        lines.append(
-            f"  server {target_id} {address}:{group.port} check{ssl}"
-            f" inter {interval}ms rise {rise} fall {fall} disabled"
-        )
-    return "\n".join(lines) + "\n"
+    return f"{target_id} {address}:{group.port} check{ssl} inter {interval}ms rise {rise} fall {fall}"
+
+
+def add_server(socket_path: str, group: TargetGroup, target_id: str, address: str, clock: float) -> str:
+    """A new instance's server on the running HAProxy, in maintenance until registered, its
+    health check on (dynamic servers start in maintenance with checks off)."""
+    if target_id in haproxy_status(socket_path):
+        return f"{target_id}: already a server"
+    answer = runtime(socket_path, f"add server {BACKEND}/{server_args(group, target_id, address, clock)}")
+    if "New server registered" not in answer:
+        raise RuntimeError(f"haproxy add server {target_id}: {answer.strip()}")
+    runtime(socket_path, f"enable health {BACKEND}/{target_id}")
+    return f"{target_id}: server added"
 
 
 def runtime(socket_path: str, command: str) -> str:
@@ -140,7 +169,12 @@ class TargetGroupStandIn:
             target = self.targets.setdefault(target_id, Target())
             if target.state in (UNUSED, DRAINING):
                 target.state, target.registered_at, target.seen_up = INITIAL, time.time(), False
-                runtime(self.socket_path, f"set server {BACKEND}/{target_id} state ready")
+                server = f"{BACKEND}/{target_id}"
+                # Down until `rise` checks pass (module docstring); drain first: a server in
+                # maintenance ignores `health`, one draining gets no new connections meanwhile.
+                commands = (f"set server {server} state drain", f"set server {server} health down",
+                            f"set server {server} state ready")  # fmt: skip
+                runtime(self.socket_path, "; ".join(commands))
                 self.log.append((time.time(), target_id, "registered"))
 
     def deregister(self, target_id: str) -> None:

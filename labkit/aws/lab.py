@@ -20,10 +20,17 @@ independent ones in parallel; the first failure starts nothing new.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import dataclasses
+import gzip
 import ipaddress
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -202,47 +209,161 @@ class AwsUp:
 
 
 def _machines(aws_plan: AwsPlan, stack: model.AwsStack, identity: endpoint.Identity) -> dict[str, Machine]:
+    """Each GPU node as its instance: its own disk (machine.py) and its own Docker engine, which
+    the real docker CLI reaches as DOCKER_HOST (a namespace is not a host: on EC2 the CLI finds
+    /var/run/docker.sock)."""
     plan = aws_plan.plan
     root = aws_plan.root
     bin_dir = root / "aws-bin"
     substitutions.install_shims(bin_dir, PROJECT_ROOT)
-    python = f"PYTHONPATH={PROJECT_ROOT} exec {sys.executable} -m"
-    (bin_dir / "docker").write_text(f'#!/bin/sh\n{python} labkit.aws.docker "$@"\n')
-    (bin_dir / "vllm").write_text(f'#!/bin/sh\n{python} labkit.aws.vllm "$@"\n')
     # `sysctl --system` applies the program's drop-in only: global keys are the machine's.
     (bin_dir / "sysctl").write_text(
         '#!/bin/sh\ncase " $* " in *" --system "*) exec /usr/sbin/sysctl -e -p '
         '/etc/sysctl.d/90-qwen-cluster.conf ;; esac\nexec /usr/sbin/sysctl "$@"\n'
     )
-    for name in ("docker", "sysctl", "vllm"):
-        (bin_dir / name).chmod(0o755)
+    (bin_dir / "sysctl").chmod(0o755)
+    data_path = waiters_on_the_clock(root / "aws-data", _clock)
     machines = {}
     for member in plan.nodes:
         instance = stack.instances[member.node]
-        node_root = root / "nodes" / member.node
-        (node_root / "docker" / "containers").mkdir(parents=True, exist_ok=True)
         env = {
             "AWS_CA_BUNDLE": identity.ca_file,
-            "QCL_LAB_NODE": member.node,
-            "QCL_LAB_NAMESPACE": member.namespace,
-            "QCL_LAB_NODE_IP": member.ip,
-            "QCL_LAB_ETC": str(netns.NETNS_ETC / member.namespace),
-            "QCL_LAB_NODE_STATE": str(node_root / "docker"),
-            "QCL_LAB_NODE_FS": str(node_root / "fs"),
-            "QCL_LAB_BIN": str(bin_dir),
-            "QCL_LAB_TOKEN_DELAY": "0.005",
-            "QCL_LAB_LOAD_DELAY": str(_load_delay),
+            "AWS_DATA_PATH": str(data_path),
+            "DOCKER_HOST": lifecycle.daemon(plan, member).host,
         }
-        machines[member.node] = Machine(instance, member.namespace, node_root, bin_dir, env)
+        machines[member.node] = Machine(
+            instance, member.namespace, _node_root(aws_plan, member), bin_dir, env,
+            mark=lifecycle.mark(plan, member, "disk"),
+        )  # fmt: skip
     return machines
 
 
-_load_delay = 2.0  # the stand-in model's load on the lab clock (lifecycle.MODEL_LOAD_SECONDS x 1/30)
+# The waiters the node scripts call (`aws elbv2 wait target-deregistered|target-in-service`).
+WAITER_SERVICES = ("elbv2/2015-12-01",)
+
+
+def cli_data_dir() -> Path:
+    """The AWS CLI's own botocore data (Debian's awscli v2 bundles its botocore)."""
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", "import awscli.botocore as b, os; print(os.path.dirname(b.__file__))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return Path(done.stdout.strip()) / "data"
+
+
+def waiters_on_the_clock(directory: Path, clock: float) -> Path:
+    """The CLI's waiters with their poll delay on the lab clock (15 s x 1/30, at least 1 s), as the
+    health check and the deregistration delay are; their attempts unchanged, so a waiter still
+    gives up no sooner than the lab-clock image of its 10 minutes. Found by the CLI through
+    AWS_DATA_PATH (botocore's loader reads those paths before its own data)."""
+    for service in WAITER_SERVICES:
+        own = json.loads((cli_data_dir() / service / "waiters-2.json").read_text())
+        for waiter in own["waiters"].values():
+            waiter["delay"] = max(1, round(float(waiter["delay"]) * clock))
+        target = directory / service / "waiters-2.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(own, indent=1))
+    return directory
+
+
+def _node_root(aws_plan: AwsPlan, member: Member) -> Path:
+    return aws_plan.root / "nodes" / str(member.node)
+
+
+def node_daemon(aws_plan: AwsPlan, member: Member):
+    """The node's Docker engine (lifecycle.daemon: its sockets, data, mark and the lab's registry
+    as mirror) started from the node's own disk, so a container's host paths are the node's."""
+    return dataclasses.replace(
+        lifecycle.daemon(aws_plan.plan, member),
+        mount_pidfile=_node_root(aws_plan, member) / "holder.pid",
+    )
+
+
+def lab_options(clock_scale: float) -> lifecycle.Options:
+    """The lab's knobs the images carry (the stand-in model's load and token delays, its clock)."""
+    return lifecycle.Options(clock_scale=clock_scale)
+
+
+def engines(aws_plan: AwsPlan, machines: dict[str, Machine], options: lifecycle.Options) -> list[StepResult]:
+    """Each node's disk (its mount namespace), then the lab's registry and each node's dockerd
+    started from that disk (lifecycle.docker_engines). Idempotent; a failure is raised."""
+    for machine in machines.values():
+        machine.holder()
+    steps = lifecycle.docker_engines(aws_plan.plan, options, lambda member: node_daemon(aws_plan, member))
+    failed = [f"{step.node}: {step.detail[-600:]}" for step in steps if not step.ok]
+    if failed:
+        raise AwsLabError("a node's Docker engine did not start: " + "; ".join(failed))
+    return steps
+
+
+_PULL = re.compile(r"docker pull (?:--quiet )?('[^']+'|\S+)")
+
+
+def pulled_images(stack: model.AwsStack) -> list[str]:
+    """Every image the nodes pull: the associations' `Image` parameters and the `docker pull`s of
+    the scripts they carry (base64, or gzip + base64, as the documents unpack them)."""
+    images = set()
+    for association in stack.associations.values():
+        for key, value in association.parameters.items():
+            if not isinstance(value, str) or not value:
+                continue
+            if key == "Image":
+                images.add(value)
+                continue
+            text = _unpacked(value)
+            for found in _PULL.findall(text or ""):
+                if "$" not in found:
+                    images.add(found.strip("'"))
+    return sorted(images)
+
+
+def _unpacked(value: str) -> str | None:
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (ValueError, binascii.Error):
+        return None
+    with contextlib.suppress(OSError, EOFError):
+        raw = gzip.decompress(raw)
+    return raw.decode(errors="replace")
 
 
 def _start_service(
     aws_plan: AwsPlan, stack: model.AwsStack, identity: endpoint.Identity, weights: Path | None
 ):
+    root = aws_plan.root
+    _write_service_config(aws_plan, stack, identity, weights)
+    (root / "aws-ready").unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "labkit.aws.service", str(root / "aws-service.json")]
+    netns.spawn(aws_plan.api.namespace, argv, root / "aws-service.log", env={"PYTHONPATH": str(PROJECT_ROOT)},
+                mark=lifecycle.mark(aws_plan.plan, None, "aws-api"))  # fmt: skip
+    _wait_ready(aws_plan, "did not start")
+
+
+def _wait_ready(aws_plan: AwsPlan, what: str) -> None:
+    root = aws_plan.root
+    deadline = time.monotonic() + 60
+    while not (root / "aws-ready").exists():
+        if time.monotonic() > deadline:
+            raise AwsLabError(f"the AWS API stand-in {what}: {(root / 'aws-service.log').read_text()[-800:]}")
+        time.sleep(0.1)
+
+
+def _service_add_nodes(
+    aws_plan: AwsPlan, stack: model.AwsStack, identity: endpoint.Identity, weights: Path | None
+) -> None:
+    """Nodes added to the stack: the running API stand-in serves their IMDS and knows their
+    role (labkit/aws/service.py reads its config again on SIGHUP)."""
+    ready = aws_plan.root / "aws-ready"
+    pid = int(ready.read_text())
+    _write_service_config(aws_plan, stack, identity, weights)
+    ready.unlink()
+    os.kill(pid, signal.SIGHUP)
+    _wait_ready(aws_plan, "did not take the new nodes")
+
+
+def _write_service_config(
+    aws_plan: AwsPlan, stack: model.AwsStack, identity: endpoint.Identity, weights: Path | None
+) -> None:
     root = aws_plan.root
     tls_dir = Path(identity.ca_file).parent
     bucket = weights_bucket(stack.weights_uri)
@@ -300,16 +421,6 @@ def _start_service(
         else None,
     }
     (root / "aws-service.json").write_text(json.dumps(config, indent=1))
-    (root / "aws-ready").unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "labkit.aws.service", str(root / "aws-service.json")]
-    netns.spawn(aws_plan.api.namespace, argv, root / "aws-service.log", env={"PYTHONPATH": str(PROJECT_ROOT)})
-    deadline = time.monotonic() + 60
-    while not (root / "aws-ready").exists():
-        if time.monotonic() > deadline:
-            raise AwsLabError(
-                f"the AWS API stand-in did not start: {(root / 'aws-service.log').read_text()[-800:]}"
-            )
-        time.sleep(0.1)
 
 
 _clock = 1 / 30
@@ -373,8 +484,9 @@ def _start_haproxy(aws_plan: AwsPlan, stack: model.AwsStack) -> None:
     if check.returncode != 0:
         raise AwsLabError(f"haproxy -c: {check.stderr or check.stdout}")
     netns.spawn(
-        aws_plan.plan.load_balancer.namespace, ["haproxy", "-db", "-f", str(conf)], root / "haproxy.log"
-    )
+        aws_plan.plan.load_balancer.namespace, ["haproxy", "-db", "-f", str(conf)], root / "haproxy.log",
+        mark=lifecycle.mark(aws_plan.plan, None, "haproxy"),
+    )  # fmt: skip
     deadline = time.monotonic() + 10
     while not (root / "haproxy.sock").exists():
         if time.monotonic() > deadline:
@@ -501,10 +613,10 @@ def apply(aws_plan: AwsPlan, rendered: offline.Render, stack: model.AwsStack, ma
 def up(
     aws_plan: AwsPlan, *, clock_scale: float = lifecycle.DEFAULT_CLOCK_SCALE
 ) -> tuple[AwsUp, offline.Render]:
-    """Day 0: machines, the API and load balancer stand-ins, then every resource in order."""
-    global _clock, _load_delay
+    """Day 0: machines (each with its disk and Docker engine), the images in the lab's registry,
+    the API and load balancer stand-ins, then every resource in order."""
+    global _clock
     _clock = clock_scale
-    _load_delay = lifecycle.MODEL_LOAD_SECONDS * clock_scale
     plan = aws_plan.plan
     raw, made = lab_config(plan.stack_config or {})
     machines_up(aws_plan)
@@ -515,11 +627,16 @@ def up(
     made += gate_clock(stack, clock_scale)
     bucket = weights_bucket(stack.weights_uri)
     _node_etc(aws_plan, region, bucket[0] if bucket else None)
+    machines = _machines(aws_plan, stack, identity)
+    options = lab_options(clock_scale)
+    fixtures = engines(aws_plan, machines, options)
+    published = lifecycle.publish_images(plan, options, rendered, pulled_images(stack))
+    fixtures.append(StepResult("-", "images", True, "; ".join(published), op="fixture"))
     _start_haproxy(aws_plan, stack)
     _start_service(aws_plan, stack, identity, lab_weights(aws_plan.root) if bucket else None)
-    machines = _machines(aws_plan, stack, identity)
     report = apply(aws_plan, rendered, stack, machines)
-    report.notes = made + more
+    report.steps[:0] = fixtures
+    report.notes = made + more + [f"docker: {what} ({why})" for what, why in substitutions.DOCKER.items()]
     record_runs(aws_plan, report, stack)
     _save_settings(aws_plan, clock_scale)
     executor.save_state(lifecycle.state_file(plan), plan.stack_config or {}, rendered, {})
@@ -640,13 +757,12 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
     from labkit import upgrade as bare_upgrade
     from tooling import changes as change_syntax
 
-    global _clock, _load_delay
+    global _clock
     state = executor.load_state(lifecycle.state_file_for(label))
     if state is None:
         raise AwsLabError(f"lab {label} is not up (no applied state): run `lab.py up` first")
     settings = json.loads((Path(STATE_ROOT) / label / SETTINGS_FILE).read_text())
     _clock = settings["clock"]
-    _load_delay = lifecycle.MODEL_LOAD_SECONDS * _clock
     new_config = change_syntax.apply_changes(state.config, changes)
     cluster = stackfile.validate(new_config)
     aws_plan = build(cluster, label, new_config, settings["stack"])
@@ -666,8 +782,15 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
         for name, association in stack.associations.items()
         if changed_arns & set(association.parameters.values())
     }
-    heads = {stack.instances[m.node].instance_id: m.node for m in aws_plan.plan.heads}
-    load = bare_upgrade.LoadSettings(max_requests=max_requests)
+    before = {m.node for m in build(stackfile.validate(state.config), label, state.config).plan.nodes}
+    added = [m for m in aws_plan.plan.nodes if m.node not in before]
+    prepared = _prepare(aws_plan, rendered, stack, machines, identity, added)
+    # The replicas that served before the change: a node being added is not "out".
+    heads = {stack.instances[m.node].instance_id: m.node for m in aws_plan.plan.heads if m.node in before}
+    key = _client_key(identity, state.config, new_config)
+    load = bare_upgrade.LoadSettings(
+        max_requests=max_requests, access=lifecycle.client_access(aws_plan.plan, key)
+    )
     started = time.monotonic()
     with (
         TargetWatch(str(aws_plan.root / "haproxy.sock"), heads) as watch,
@@ -714,6 +837,8 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
             and all(runs.get("nodeProxy", {}).get(m.node) == ssmrun.SUCCESS for m in aws_plan.plan.heads),
         },
         "parametersUpdated": sorted(stack.parameters[name]["name"] for name in parameters),
+        "nodesAdded": [m.node for m in added],
+        "prepared": prepared,
         # Where a failed rollout stopped, and the replicas whose model-server run never started
         # (they serve what they served before).
         "stoppedAt": [f"{s.resource}: {_last_line(s.detail)}" for s in ran if not s.ok],
@@ -729,6 +854,52 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
             if not o.ok
         ][:20],  # fmt: skip
     }
+
+
+def _client_key(identity: endpoint.Identity, before: dict[str, Any], after: dict[str, Any]) -> int:
+    """The lab key the clients use during a change: one the stack accepts before and after it
+    (a rotation that keeps none: the new one)."""
+
+    def accepted(config: dict[str, Any]) -> list[str]:
+        copy = json.loads(json.dumps(config))
+        substitutions.endpoint_secrets(copy, identity)
+        keys = (copy.get(f"{NAMESPACE}:access") or {}).get("apiKeys") or []
+        return [key.get("secure") if isinstance(key, dict) else key for key in keys]
+
+    old, new = accepted(before), accepted(after)
+    indexes = range(len(identity.api_keys))
+    both = [i for i in indexes if identity.api_keys[i] in old and identity.api_keys[i] in new]
+    return (both or [i for i in indexes if identity.api_keys[i] in new] or [0])[0]
+
+
+def _prepare(
+    aws_plan: AwsPlan,
+    rendered: offline.Render,
+    stack: model.AwsStack,
+    machines: dict[str, Machine],
+    identity: endpoint.Identity,
+    added: list[Member],
+) -> dict[str, Any]:
+    """Before the change is applied: every image it pulls in the lab's registry (a new tag), and
+    for nodes added to the stack the machines EC2 would launch: namespace, disk, Docker engine,
+    IMDS and role in the API stand-in, a server in HAProxy (in maintenance until registered).
+    What they run then (first boot, associations, registration) is the apply's."""
+    started = time.monotonic()
+    options = lab_options(_clock)
+    if added:
+        machines_up(aws_plan)  # new links; every member's routes to the new addresses
+        bucket = weights_bucket(stack.weights_uri)
+        _node_etc(aws_plan, stack.region, bucket[0] if bucket else None)
+    engines(aws_plan, machines, options)
+    published = lifecycle.publish_images(aws_plan.plan, options, rendered, pulled_images(stack))
+    if added:
+        bucket = weights_bucket(stack.weights_uri)
+        _service_add_nodes(aws_plan, stack, identity, lab_weights(aws_plan.root) if bucket else None)
+        for member in added:
+            instance = stack.instances[member.node]
+            elb.add_server(str(aws_plan.root / "haproxy.sock"), stack.target_group, instance.instance_id,
+                           member.ip, _clock)  # fmt: skip
+    return {"seconds": round(time.monotonic() - started, 2), "images": published}
 
 
 def _last_line(detail: str) -> str:

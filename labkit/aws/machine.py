@@ -1,16 +1,22 @@
 """A lab namespace as an EC2 instance's operating system: what runs there runs as root, with
-the node's own /etc, /opt and /run/lock, and first boot runs the launch template's user data.
+the node's own /etc, /opt, /var/cache and /run/lock and its own Docker engine, and first boot
+runs the launch template's user data.
 
 The program's node scripts write /etc/qwen-cluster, /etc/sysctl.d, /opt/qwen-cluster,
 /var/cache/qwen-cluster (the weights) and /run/lock as any script on an instance does. Here each
-node has one private mount namespace (held by a process, `holder`; every run enters it with
-nsenter) in which /etc, /opt and /var/cache are overlays whose upper layer is the node's lab
-directory (the host's files stay untouched, the node's own persist from run to run), /run/lock
-is the node's, and `ip netns exec`'s /etc/netns/<ns>/ files (the node's /etc/hosts) are bound
-again on top. So the scripts run unmodified. What stays a departure is on PATH (labkit/aws/bin):
-`sysctl --system` applies the program's drop-in only (a namespace shares the machine's global
-keys), and `docker` reaches the node's containers (labkit/aws/docker.py, until the lab has a
-dockerd per node).
+node has one private mount namespace, its disk (held by a process, `holder`, under the lab's
+cgroup mark; every run enters it with nsenter), in which /etc, /opt and /var/cache are overlays
+whose upper layer is the node's lab directory (the host's files stay untouched, the node's own
+persist from run to run), /run/lock is the node's, and `ip netns exec`'s /etc/netns/<ns>/ files
+(the node's /etc/hosts) are bound again on top. So the scripts run unmodified.
+
+Containers: the node's dockerd (labkit/dockerd.py, started by labkit/aws/lab.py as the bare-metal
+lab starts its own, `mount_pidfile` = this holder) runs in a copy of that disk, so `docker run
+--volume=/var/cache/qwen-cluster/...` mounts the node's files, as on the instance. The scripts'
+`docker` is the real CLI, reaching that daemon as DOCKER_HOST (on EC2: /var/run/docker.sock);
+images come from the lab's registry as Docker Hub mirror (labkit/standins.py). What stays a
+departure on PATH (the run's `bin_dir`): `sysctl --system` applies the program's drop-in only (a
+namespace shares the machine's global keys), and systemctl/timedatectl (labkit/shims.py).
 
 Cloud-init (https://cloudinit.readthedocs.io/en/latest/explanation/format.html): user data that
 starts with `#!` is a script, run once per instance (its semaphore under
@@ -30,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit import netns
 from labkit.aws import ssmrun
 from labkit.aws.model import Instance
 
@@ -45,7 +52,8 @@ class Machine:
     namespace: str
     root: Path  # the node's lab directory
     bin_dir: Path  # the lab's shims for AWS nodes, first on PATH
-    env: dict[str, str]  # what the lab adds to a run's environment (CA bundle, shim settings)
+    env: dict[str, str]  # what the lab adds to a run's environment (CA bundle, DOCKER_HOST)
+    mark: str | None = None  # the holder's cgroup mark (netns.kill_marked: `down` finds it)
 
     def _mounts(self) -> str:
         lines = ["set -e"]
@@ -74,9 +82,10 @@ class Machine:
             pid = int(pidfile.read_text())
             if _holds(pid):
                 return pid
+        argv = ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--propagation", "private",
+                "sh", "-c", self._mounts()]  # fmt: skip
         process = subprocess.Popen(
-            ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--propagation", "private",
-             "sh", "-c", self._mounts()],
+            netns.marked_argv(self.mark, argv),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip

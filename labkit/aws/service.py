@@ -10,7 +10,9 @@
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instance-metadata-v2-how-it-works.html).
 
 Signatures are not verified (moto does not either): the access key names the caller, which is
-what IAM decides on. Run as `python -m labkit.aws.service CONFIG.json` (labkit/aws/lab.py).
+what IAM decides on. Run as `python -m labkit.aws.service CONFIG.json` (labkit/aws/lab.py). On
+SIGHUP it reads CONFIG.json again for nodes added since (a node added to the stack: its IMDS and
+its role's credentials), then writes its ready file again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import ssl
 import sys
 import threading
@@ -39,16 +42,19 @@ ELB_NS = "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/"
 IMDS_ADDRESS = "169.254.169.254"
 
 
+def principals_of(config: dict[str, Any]) -> dict[str, iam.Principal]:
+    """Access key -> (principal name, its policy documents)."""
+    principals = config["principals"].items()
+    return {key: iam.Principal(entry["arn"], entry["documents"]) for key, entry in principals}
+
+
 class Gateway:
     def __init__(self, config: dict[str, Any]):
         self.config = config
         self.region = config["region"]
         self.moto = config["moto"]  # http://127.0.0.1:PORT
         # access key -> (principal name, its policy documents)
-        self.principals = {
-            key: iam.Principal(entry["arn"], entry["documents"])
-            for key, entry in config["principals"].items()
-        }
+        self.principals = principals_of(config)
         self.calls: list[dict[str, Any]] = []
         self.calls_lock = threading.Lock()
         group = config.get("targetGroup")
@@ -59,6 +65,10 @@ class Gateway:
             if group
             else None
         )
+
+    def add_nodes(self, config: dict[str, Any]) -> None:
+        """The principals of nodes added since (every access key of `config`)."""
+        self.principals.update(principals_of(config))
 
     def record(self, **entry: Any) -> None:
         with self.calls_lock:
@@ -400,12 +410,26 @@ def main(argv: list[str]) -> int:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(config["certificate"], config["privateKey"])
     _serve_in(None, config["apiAddress"], 443, ApiHandler, context)
-    for node in config["nodes"]:
-        _serve_in(node["namespace"], IMDS_ADDRESS, 80, Imds(node, config["region"]).handler())
+    served: set[str] = set()
+
+    def serve_nodes(config: dict[str, Any]) -> None:
+        for node in config["nodes"]:
+            if node["namespace"] not in served:
+                _serve_in(node["namespace"], IMDS_ADDRESS, 80, Imds(node, config["region"]).handler())
+                served.add(node["namespace"])
+
+    serve_nodes(config)
     _seed(config)
+    reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     Path(config["readyFile"]).write_text(str(os.getpid()))
     while True:
-        time.sleep(0.5)
+        if reload.wait(0.5):
+            reload.clear()
+            again = json.loads(Path(argv[0]).read_text())
+            gateway.add_nodes(again)
+            serve_nodes(again)
+            Path(config["readyFile"]).write_text(str(os.getpid()))
         if gateway.group is not None:
             with contextlib.suppress(OSError):
                 gateway.group.tick()  # the deregistration delay runs out without a caller
