@@ -64,6 +64,11 @@ def stack() -> ClusterConfig:
     ]
     raw["network"]["cidr"] = f"{net}.0/24"
     raw["model"] = {"vllmFlags": {"--shutdown-timeout": SHUTDOWN_TIMEOUT}}
+    # Loopback answers the whole 127/8 but holds none of these addresses, so the container's
+    # interface finder (qwen_cluster/node/nic.py) would find no NIC for VLLM_HOST_IP and stop
+    # the container; the stack names the interface instead (bareMetal.interface), as a host
+    # whose NIC the finder cannot pick would.
+    raw["bareMetal"] = {**raw.get("bareMetal", {}), "interface": "lo"}
     return ClusterConfig.model_validate(raw)
 
 
@@ -295,6 +300,7 @@ def test_standin_drains_as_vllm_does(real, standin):
         "stream_goes_quiet",
         "new_connection_after_timeout",
         "alive_after_timeout",
+        "exits_when_clients_leave",
     ]
     assert standin.draining.probed_within < SHUTDOWN_TIMEOUT
     differences = _differences(real.draining, standin.draining, fields)
