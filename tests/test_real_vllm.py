@@ -246,7 +246,7 @@ def _differences(real_record, standin_record, fields: list[str]) -> list[str]:
 
 def test_standin_loads_as_vllm_does(real, standin):
     """vLLM accepts no connection until its weights are loaded; the stand-in must not answer
-    either (labkit/modelserver.py answers 503 on main)."""
+    either (its API port opens once loaded, labkit/modelserver.py `_load`)."""
     assert standin.loading.seen == real.loading.seen, (
         f"while loading, the stand-in gave {standin.loading.seen}, vLLM {real.loading.seen}"
     )
