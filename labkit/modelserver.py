@@ -258,7 +258,7 @@ class Settings:
     root: str = ""
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     # vLLM's --shutdown-timeout (on the lab clock): how long requests in flight may finish after
-    # SIGTERM before they are held, unanswered, until SIGKILL.
+    # SIGTERM before they are held, unanswered, until their clients leave or SIGKILL.
     shutdown_timeout: float = 0.0
     # A multi-node head (`--nnodes N --master-port P`): N-1 members must join P before it loads.
     master_port: int | None = None
@@ -433,7 +433,7 @@ class ModelServer:
             return False
         if path == HEALTH_PATH and method == "GET":
             # vLLM's /health: 200 with an empty body (vllm/entrypoints/serve/instrumentator/health.py).
-            await self._send(writer, 200, b"", "application/json", keep_alive, path)
+            await self._send(writer, 200, b"", None, keep_alive, path)
         elif path == "/metrics" and method == "GET":
             await self._send(
                 writer, 200, self.metrics().encode(), "text/plain; version=0.0.4", keep_alive, path
@@ -645,11 +645,12 @@ class ModelServer:
         await self._send(writer, status, json.dumps(data).encode(), "application/json", keep_alive, path)
 
     async def _send(
-        self, writer, status, body: bytes, content_type: str, keep_alive: bool, path: str
+        self, writer, status, body: bytes, content_type: str | None, keep_alive: bool, path: str
     ) -> None:
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}[status]
+        typed = f"Content-Type: {content_type}\r\n" if content_type else ""  # /health has none
         head = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            f"HTTP/1.1 {status} {reason}\r\n{typed}Content-Length: {len(body)}\r\n"
             f"X-Lab-Node: {self.settings.node}\r\nX-Lab-Image: {self.settings.image}\r\n"
             f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
         )
