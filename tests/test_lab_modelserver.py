@@ -26,6 +26,52 @@ def test_models_lists_the_served_model(server):
     assert json.loads(reply.body)["data"][0]["id"] == "Qwen/Qwen3-32B"
 
 
+def test_the_model_card_is_vllms(server):
+    """The fields of vLLM's ModelCard, as the real server fills them (tests/test_real_vllm.py
+    compares the keys with the real server's)."""
+    port, _, _ = server
+    (card,) = json.loads(probes.get("127.0.0.1", port, "/v1/models").body)["data"]
+    assert card["owned_by"] == "vllm" and card["root"] == "Qwen/Qwen3-32B" and card["parent"] is None
+    assert card["max_model_len"] == modelserver.DEFAULT_MAX_MODEL_LEN
+    (permission,) = card["permission"]
+    assert permission["object"] == "model_permission" and permission["id"].startswith("modelperm-")
+
+
+def _post(port: int, body: dict) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_a_model_nobody_serves_is_vllms_404(server):
+    port, _, _ = server
+    status, body = _post(port, {"model": "nobody/x", "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 404
+    assert body == {
+        "error": {
+            "message": "The model `nobody/x` does not exist. Valid aliases: Qwen/Qwen3-32B.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
+
+
+def test_an_answer_cut_by_max_tokens_ends_with_length_and_one_the_stand_in_ends_with_stop(server):
+    port, _, _ = server
+    messages = [{"role": "user", "content": "hi"}]
+    _, cut = _post(port, {"messages": messages, "max_tokens": 3})
+    _, whole = _post(port, {"messages": messages})
+    assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == 3
+    assert whole["choices"][0]["finish_reason"] == "stop" and whole["usage"]["completion_tokens"] == 5
+    text = probes.get("127.0.0.1", port, "/metrics").body.decode()
+    assert 'finished_reason="length"} ' in text and 'finished_reason="abort"} 0' in text
+
+
 def test_chat_completion_is_deterministic_and_names_the_node(server):
     port, _, _ = server
     first = probes.chat("127.0.0.1", port, "same prompt")
@@ -65,7 +111,8 @@ def test_bad_request_body_is_a_400_and_unknown_path_a_404(server):
     conn.request("POST", "/v1/chat/completions", "not json", {"Content-Type": "application/json"})
     assert conn.getresponse().status == 400
     conn.close()
-    assert probes.get("127.0.0.1", port, "/nowhere").status == 404
+    nowhere = probes.get("127.0.0.1", port, "/nowhere")
+    assert nowhere.status == 404 and json.loads(nowhere.body) == {"detail": "Not Found"}  # FastAPI's
 
 
 def test_closed_port_is_refused():

@@ -77,7 +77,8 @@ def test_the_streamed_answer_is_the_stand_ins_tokens_in_order(seen):
     # Served by a replica behind nginx (the stand-in names its node in system_fingerprint).
     assert {chunk["system_fingerprint"] for chunk in chunks} <= {node.name for node in lab_plan.cluster.nodes}
     finishes = [chunk["choices"][0]["finish_reason"] for chunk in chunks if chunk["choices"]]
-    assert finishes[-1] == "stop" and set(finishes[:-1]) == {None}
+    # Cut by max_tokens: vLLM's "length", on the last token's chunk.
+    assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
 
 
@@ -106,7 +107,7 @@ def test_a_plain_completion_parses_with_its_usage(seen):
     plain = report["plain"]
     assert plain["object"] == "chat.completion"
     (choice,) = plain["choices"]
-    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] == "stop"
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] == "length"
     assert choice["message"]["content"] == "".join(modelserver.completion_tokens(PROMPT, MAX_TOKENS)).strip()
     assert plain["usage"] == {
         "prompt_tokens": len(PROMPT.split()),
@@ -125,7 +126,8 @@ def test_the_model_list_has_the_served_model_with_its_creation_time(seen):
 
 
 def test_a_model_nobody_serves_is_the_clients_not_found_error(seen):
-    _, report = seen
+    lab_plan, report = seen
     unknown = report["unknown_model"]
     assert (unknown["raised"], unknown["status"]) == ("NotFoundError", 404)
-    assert unknown["message"].endswith("The model `no-such-model` does not exist.")
+    served = lab_plan.cluster.model.name
+    assert unknown["message"].endswith(f"The model `no-such-model` does not exist. Valid aliases: {served}.")

@@ -1,7 +1,8 @@
 """The stand-in model server's life as vLLM 0.33 lives it (labkit/modelserver.py docstring):
-refused while loading, /health 200 while draining, new requests 500 after SIGTERM, requests past
---shutdown-timeout held unanswered until SIGKILL, a multi-node head that waits for its headless
-members. On loopback (no root needed); `shutdown()` is what the server's SIGTERM handler calls."""
+refused while loading, /health and /v1/models 200 while draining, new requests that render a
+prompt 500 after SIGTERM, past --shutdown-timeout the API port closed and requests held
+unanswered until their clients leave, a multi-node head that waits for its headless members.
+On loopback (no root needed); `shutdown()` is what the server's SIGTERM handler calls."""
 
 from __future__ import annotations
 
@@ -50,13 +51,23 @@ def test_draining_keeps_health_200_answers_new_requests_500_and_finishes_what_fi
         wait_until(lambda: instance.draining, what="draining", timeout=5)
         assert probes.get("127.0.0.1", port, "/health").status == 200
         new = probes.chat("127.0.0.1", port)
-        assert new.status == 500 and json.loads(new.body)["error"]["code"] == 500
+        assert new.status == 500 and json.loads(new.body)["error"] == {
+            "message": modelserver.SHUTDOWN_ERROR,
+            "type": "InternalServerError",
+            "param": None,
+            "code": 500,
+        }
+        # Only what renders a prompt fails: the rest answers as before (measured on vLLM).
+        assert probes.request("127.0.0.1", port, "POST", "/tokenize").status == 500
+        assert probes.get("127.0.0.1", port, "/v1/models").status == 200
+        assert probes.get("127.0.0.1", port, "/version").status == 200
+        assert probes.get("127.0.0.1", port, "/metrics").status == 200
         thread.join(timeout=10)
         assert out["stream"].done and out["stream"].tokens == 10  # it fit in the timeout
         wait_until(lambda: instance.exited.is_set(), what="exit once drained", timeout=5)
 
 
-def test_a_stream_past_the_shutdown_timeout_is_held_open_without_done_until_killed():
+def test_past_the_shutdown_timeout_the_port_closes_and_a_stream_is_held_until_its_client_leaves():
     settings = modelserver.Settings(node="n", shutdown_timeout=0.3)
     with serving(settings) as (port, instance):
         thread, out = _stream_in_background(port, tokens=200, delay=0.02)
@@ -64,13 +75,23 @@ def test_a_stream_past_the_shutdown_timeout_is_held_open_without_done_until_kill
         sigterm(instance)
         wait_until(lambda: instance.held.is_set(), what="held past the timeout", timeout=5)
         sigterm(instance)  # a second SIGTERM changes nothing
+        # uvicorn's shutdown closed the listener: a new connection is refused ...
+        refused = wait_until(
+            lambda: probes.get("127.0.0.1", port, "/health"),
+            what="the API port closed",
+            timeout=5,
+            done=lambda reply: "ConnectionRefused" in (reply.error or ""),
+        )
+        assert refused.status == 0
+        # ... while the process stays up for the client it holds.
+        assert not instance.exited.is_set()
         thread.join(timeout=10)
         stream = out["stream"]
         # The client gave up (its 3 s read timeout): no [DONE], no error event, never closed.
         assert not stream.done and "timed out" in (stream.error or "")
         assert 0 < stream.tokens < 200
-        assert not instance.exited.is_set()  # still up: only SIGKILL ends it
-        assert probes.get("127.0.0.1", port, "/health").status == 200
+        # Its client gone, nothing holds the process: it exits, as vLLM's does.
+        wait_until(lambda: instance.exited.is_set(), what="exit once the held client left", timeout=5)
 
 
 def test_a_multinode_head_loads_only_once_its_headless_members_joined_its_master_port():
@@ -82,6 +103,7 @@ def test_a_multinode_head_loads_only_once_its_headless_members_joined_its_master
         wait_until(lambda: not instance.joined, what="the probe gone", timeout=5)
         assert probes.get("127.0.0.1", port, "/health").status == 0
         member = socket.create_connection(("127.0.0.1", master))
+        member.sendall(modelserver.MEMBER_HELLO + b"worker-1\n")
         try:
             wait_until(lambda: probes.get("127.0.0.1", port, "/health").status, what="loaded",
                        timeout=10, done=lambda status: status == 200)
