@@ -84,8 +84,6 @@ def model_server_argv(args: list[str], lab: dict) -> list[str]:
     serving no HTTP; `--shutdown-timeout` on the lab's clock, as the container's stop grace is
     (labkit/executor.py)."""
     model = args[1] if len(args) > 1 and not args[1].startswith("-") else "Qwen/Qwen3-32B"
-    # Clients ask for --served-model-name when it is given (vLLM's rule), e.g. for a staged copy.
-    model = _flag(args, "--served-model-name", model) or model
     ip = os.environ.get("VLLM_HOST_IP", "")
     node = lab.get("nodes", {}).get(ip, ip or "?")
     host = _flag(args, "--host", "0.0.0.0")
@@ -93,8 +91,9 @@ def model_server_argv(args: list[str], lab: dict) -> list[str]:
     argv = ["labkit.modelserver", "--node", node]
     if "--headless" in args:
         return [*argv, "--join", master, "--host", host]
-    # The card's id is the first served name (vllm/entrypoints/openai/cli_args.py
-    # --served-model-name; the model path when none), its root the model path.
+    # Clients ask for the first --served-model-name when it is given (vLLM's rule, e.g. for a
+    # staged copy: vllm/entrypoints/openai/cli_args.py), else the model path; the card's root is
+    # the model path.
     served = (_flag(args, "--served-model-name") or model).split()[0]
     argv += ["--host", host, "--port", _flag(args, "--port", "8000"), "--model", served, "--root", model]
     if _flag(args, "--max-model-len"):
