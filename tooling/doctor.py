@@ -125,6 +125,15 @@ CHECKS: dict[str, Check] = {
         "no interface holds the node's configured address",
         "ip -o -4 addr show on {node}; the stack's nodes[].ip must be on the cluster NIC",
     ),
+    "container": Check(
+        "connectivity",
+        "critical",
+        "the model server's container cannot be checked on this node (it is not running, or docker "
+        "does not answer or tells nothing of it): what the checks of the table look for in it "
+        "(interface variables, /dev/shm, memlock, devices, what NCCL logged) is unknown",
+        "docker ps -a and docker logs qwen-vllm on {node}; systemctl status docker; pulumi up "
+        "starts a model server that is missing",
+    ),
     "interface-env": Check(
         "connectivity",
         "critical",
