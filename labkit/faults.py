@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from labkit import dockerd, lifecycle, netns
+from labkit import dockerd, lifecycle, netns, standins
 from labkit.blueprint import MEMBER_IF, LabPlan, Member
 from qwen_cluster import tags
 from qwen_cluster.render import collective
@@ -150,11 +150,29 @@ def _without_env(body: dict[str, Any], *names: str) -> None:
     body["Env"] = [item for item in body.get("Env") or [] if item.split("=", 1)[0] not in names]
 
 
+def other_image_tag(body: dict[str, Any], member: Member) -> None:
+    """Cause 10 (its image half): this member runs another tag of the model image than the
+    stack's model.image (published to the lab's registry and pulled by break_model_server)."""
+    body["Image"] = other_tag(str(body["Image"]))
+
+
+def other_tag(image: str) -> str:
+    repository, _, tag = image.rpartition(":")
+    return f"{repository}:{tag}-other" if repository and "/" not in tag else f"{image}:other"
+
+
 def private_ipc(body: dict[str, Any], member: Member) -> None:
     """Cause 6: no `--ipc=host`: docker's private IPC namespace and its 64 MiB /dev/shm."""
     host = body["HostConfig"]
     host["IpcMode"] = "private"
     host["ShmSize"] = DOCKER_SHM_BYTES
+
+
+def loopback_host_ip(body: dict[str, Any], member: Member) -> None:
+    """Cause 2: vLLM's address on this member is not the node's (loopback, as vLLM and Gloo end
+    up with when the node's name resolves there)."""
+    _without_env(body, "VLLM_HOST_IP")
+    body["Env"].append("VLLM_HOST_IP=127.0.0.1")
 
 
 def no_transport_pin(body: dict[str, Any], member: Member) -> None:
@@ -206,10 +224,12 @@ def socket_fallback_log(body: dict[str, Any], member: Member) -> None:
 
 
 CONTAINER_FAULTS = (
+    ContainerFault("VLLM_HOST_IP on loopback", "node-address", 2, loopback_host_ip),
     ContainerFault("no --ipc=host (64 MiB /dev/shm)", "shm", 6, private_ipc),
     ContainerFault("NCCL_NET not pinned", "transport-pin", 3, no_transport_pin),
     ContainerFault("the interface variables missing on one member", "interface-env", 9, no_interface_env),
     ContainerFault("another model path on one member", "model-path", 10, other_model_path),
+    ContainerFault("another image tag on one member", "image", 10, other_image_tag),
     ContainerFault("a 64 KiB memlock", "memlock", 5, small_memlock, rdma_only=True),
     ContainerFault("NCCL's socket fallback in the log", "transport", 3, socket_fallback_log, rdma_only=True),
 )
@@ -228,6 +248,12 @@ def break_model_server(plan: LabPlan, member: Member, faults=CONTAINER_FAULTS) -
     body["HostConfig"] = dict(original["HostConfig"])
     for fault in faults:
         fault.change(body, member)
+    if body["Image"] != original["Config"]["Image"]:
+        # Another tag: built and published as the lab publishes the stack's (lifecycle), pulled
+        # by the node's dockerd from the lab's registry as `pulumi up` pulls model.image.
+        knobs = lifecycle.lab_knobs(plan, lifecycle.Options())
+        standins.publish(lifecycle.registry(plan), [body["Image"]], knobs)
+        dockerd.docker(daemon, "pull", body["Image"])
     dockerd.docker(daemon, "stop", "--time", "10", MODEL_SERVER)
     dockerd.docker(daemon, "rename", MODEL_SERVER, PARKED)
     created = _engine(

@@ -147,6 +147,11 @@ def _no_devices(spec: dict) -> dict:
     return spec
 
 
+def _other_image(spec: dict) -> dict:
+    spec["inspect"]["{{.Config.Image}} {{.Image}}"] = "vllm/vllm-openai:v0.32.0 sha256:2222"
+    return spec
+
+
 def _log(name: str):
     def change(spec: dict) -> dict:
         spec["logs"] = str(DATA / name)
@@ -169,6 +174,8 @@ CASES = {
     # cause 5: memlock
     "memlock 64 KiB": (_memlock_64k, "memlock"),
     "ibv_reg_mr in the log": (_log("memlock.log"), "memlock"),
+    # cause 10: this member on another tag than model.image
+    "another image tag": (_other_image, "image"),
     # cause 6: docker's 64 MB /dev/shm
     "ipc private, 64 MiB /dev/shm": (_shm_64m, "shm"),
     "shm segment error in the log": (_log("shm.log"), "shm"),
@@ -191,7 +198,7 @@ def test_what_docker_cannot_tell_is_a_finding_never_a_silent_pass(tmp_path):
     assert code == 1
     assert {name for name, _ in found} == {"container"}, found
     details = " ".join(detail for _, detail in found)
-    for what in ("environment", "/dev/shm", "memlock", "/dev/infiniband"):
+    for what in ("image", "environment", "/dev/shm", "memlock", "/dev/infiniband"):
         assert what in details, found
 
 

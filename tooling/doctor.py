@@ -199,6 +199,15 @@ CHECKS: dict[str, Check] = {
         "pulumi up to put model.image on every member; docker inspect on {node}",
         row=10,
     ),
+    "image": Check(
+        "connectivity",
+        "critical",
+        "this member runs another image than model.image: with the other members of a replica Ray "
+        "or vLLM refuse to join ('Version mismatch: the cluster was started with Ray X / Python Y'), "
+        "alone it serves another vLLM than the stack says",
+        "pulumi up to put model.image back on {node}; docker inspect qwen-vllm on {node}",
+        row=10,
+    ),
     "model-path": Check(
         "connectivity",
         "critical",

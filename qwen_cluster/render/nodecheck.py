@@ -58,6 +58,7 @@ node_ip={quote(str(node.ip))}
 container={quote(container_name(cluster, node_name))}
 want_net={quote(net)}
 want_model={quote(weights.model_path(cluster))}
+want_image={quote(cluster.model.image)}
 fast={"yes" if fast else "no"}
 min_shm_kb={collective.MIN_SHM_BYTES // 1024}
 # A check that could not run: a finding, so that nothing passes unseen.
@@ -103,7 +104,15 @@ else
   # What docker's inspect tells of the configuration (empty: it tells nothing, e.g. a stand-in).
   network=$(inspect '{{{{.HostConfig.NetworkMode}}}}')
   image=$(inspect '{{{{.Config.Image}}}} {{{{.Image}}}}')
-  if [ -n "$image" ]; then fact image "$image"; fi
+  if [ -n "$image" ]; then
+    fact image "$image"
+    # The image as the container was given it (what the program gives every member: model.image).
+    if [ "${{image%% *}}" != "$want_image" ]; then
+      report image "$node" - "$container runs ${{image%% *}}, not model.image $want_image"
+    fi
+  else
+    unchecked "docker tells not which image $container runs"
+  fi
   # The process's own environment (what the entry script exported), else the container's.
   env_text=$(docker exec "$container" cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n') || env_text=''
   if [ -z "$env_text" ]; then env_text=$(inspect '{{{{range .Config.Env}}}}{{{{println .}}}}{{{{end}}}}'); fi
