@@ -407,7 +407,8 @@ def host_findings(
     workers: int = 8,
 ) -> tuple[list[Finding], list[str]]:
     """Every node's checks, run at once (`run` reaches the node), and the comparisons across
-    nodes. Returns the findings and the notes (what a node could not tell)."""
+    nodes. Returns the findings and the notes (`qwen|note` lines; nodecheck writes none: a check
+    a node cannot run is a `container` finding)."""
     names = [node.name for node in cluster.nodes]
     scripts = {
         name: host_script(cluster, name, bandwidth=bandwidth, connect_timeout=connect_timeout)
