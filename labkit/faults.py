@@ -93,7 +93,7 @@ MODEL_SERVER = tags.MODEL_SERVER_CONTAINER
 PARKED = f"{MODEL_SERVER}-parked"  # the program's container, stopped, while a faulty one runs
 # What a private IPC namespace gives /dev/shm when nothing sizes it (docker's default ShmSize).
 DOCKER_SHM_BYTES = 64 * 1024 * 1024
-SMALL_MEMLOCK = 64 * 1024  # bytes: what `ulimit -l` reads as 64 (KiB), many distributions' default
+SMALL_MEMLOCK = 64 * 1024  # bytes: `ulimit -l` reads 64 (KiB), the classic default of a host
 OTHER_MODEL = "Qwen/Qwen3-14B"
 
 
@@ -187,7 +187,7 @@ def no_interface_env(body: dict[str, Any], member: Member) -> None:
     script = _script(body)
     prelude = collective.interface_prelude()
     if prelude not in script:
-        raise ValueError("the model server's script does not start with the interface prelude")
+        raise ValueError("the model server's script does not hold the interface prelude")
     _set_script(body, script.replace(prelude, "", 1))
 
 
@@ -235,14 +235,10 @@ CONTAINER_FAULTS = (
 )
 
 
-def _daemon(plan: LabPlan, member: Member) -> dockerd.Daemon:
-    return lifecycle.daemon(plan, member)
-
-
 def break_model_server(plan: LabPlan, member: Member, faults=CONTAINER_FAULTS) -> str:
     """Run `member`'s model server with `faults` applied; the program's container is stopped
     and kept (PARKED). Returns the new container's id."""
-    daemon = _daemon(plan, member)
+    daemon = lifecycle.daemon(plan, member)
     original = _engine(daemon, "GET", f"/containers/{MODEL_SERVER}/json")
     body = dict(original["Config"])
     body["HostConfig"] = dict(original["HostConfig"])
@@ -265,7 +261,7 @@ def break_model_server(plan: LabPlan, member: Member, faults=CONTAINER_FAULTS) -
 
 def restore_model_server(plan: LabPlan, member: Member) -> None:
     """The program's container back: the faulty one removed, the parked one named and started."""
-    daemon = _daemon(plan, member)
+    daemon = lifecycle.daemon(plan, member)
     parked = dockerd.docker(daemon, "inspect", "--type", "container", PARKED, check=False)
     if parked.returncode != 0:
         return  # nothing broken here
