@@ -11,6 +11,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+from labkit import doctor as labdoctor
 from labkit import lifecycle, modelserver, netns, probes, renderers
 from labkit.blueprint import LabPlan, Member
 from qwen_cluster.ports import EPHEMERAL_PORTS, SSH_PORT, Vantage
@@ -123,15 +124,17 @@ def sysctl(plan: LabPlan) -> list[Result]:
 
 
 def verify(plan: LabPlan) -> list[Result]:
+    """Each node's verify script, rendered from the config the lab deployed and run as the
+    program's `<node>-verify` command runs it (the session's environment: the node's dockerd),
+    so that its model-server checks see the container the lab runs (labkit/doctor.py)."""
     results = []
+    run, deployed = labdoctor.plan_runner(plan, purpose="verify")
     for member in plan.nodes:
-        text = renderers.verify_script(plan.cluster, member.node)
+        text = renderers.verify_script(deployed, member.node)
         if text is None:
             continue
-        path = lifecycle.state_dir(plan) / f"{member.node}.verify.sh"
-        path.write_text(text)
-        done = netns.exec_in(member.namespace, ["bash", str(path)], check=False, timeout=120)
-        lines = (done.stdout + done.stderr).strip().splitlines()
+        code, output = run(member.node, text)
+        lines = output.strip().splitlines()
         results.append(
             Result(
                 "verify",
@@ -139,17 +142,17 @@ def verify(plan: LabPlan) -> list[Result]:
                 member.node,
                 "rendered verify script",
                 "exit 0",
-                f"exit {done.returncode}: " + "; ".join(lines[-4:]),
-                _status(done.returncode == 0),
+                f"exit {code}: " + "; ".join(lines[-4:]),
+                _status(code == 0),
             )
         )
         # Each finding on its own row, named by its check (tooling/doctor.py CHECKS); a finding
         # of a script that passed is a warning (verify.warn).
-        for line in done.stdout.splitlines():
+        for line in output.splitlines():
             parts = line.split("|", 5)
             if parts[:2] == ["qwen", "finding"] and len(parts) == 6:
                 target = parts[3] if parts[4] == "-" else parts[4]
-                status = "fail" if done.returncode else "warn"
+                status = "fail" if code else "warn"
                 results.append(Result("verify", parts[3], target, parts[2], "no finding", parts[5], status))
     return results
 

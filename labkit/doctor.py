@@ -23,12 +23,17 @@ def lab_fetch(stack: str, label: str | None) -> tuple[doctor.Fetch, str]:
 
 
 def lab_runner(stack: str, label: str | None) -> tuple[doctor.Runner, ClusterConfig]:
-    """Each lab node runs the script in its namespace as root, with the environment its sshd
-    gives a session (the lab's docker on PATH): what `pulumi up`'s commands see there."""
+    """The runner for the lab of `stack` (`label`), and the config it deployed."""
+    return plan_runner(blueprint.load(stack, label=label))
 
-    lab_plan = blueprint.load(stack, label=label)
+
+def plan_runner(lab_plan: blueprint.LabPlan, purpose: str = "doctor") -> tuple[doctor.Runner, ClusterConfig]:
+    """Each lab node runs the script in its namespace as root, with the environment its sshd
+    gives a session (the lab's docker on PATH, its dockerd as DOCKER_HOST): what `pulumi up`'s
+    commands see there. With it, the config the lab deployed (the stack with the lab's
+    substitutions, e.g. no RDMA in a namespace): what the nodes' checks must be rendered from.
+    `purpose` names the script's file in the lab's state directory."""
     options = lifecycle.Options()
-    # What the lab deployed: the stack with the lab's substitutions (no RDMA in a namespace).
     raw, _ = substitutions.stack_config(lifecycle.stack_config(lab_plan), options.clock_scale)
     deployed = stackfile.validate(raw)
 
@@ -36,7 +41,7 @@ def lab_runner(stack: str, label: str | None) -> tuple[doctor.Runner, ClusterCon
         member = lab_plan.node(node)
         if not netns.exists(member.namespace):
             return 2, f"lab {lab_plan.label} is not up (no namespace {member.namespace})"
-        path = lifecycle.state_dir(lab_plan) / f"{node}.doctor.sh"
+        path = lifecycle.state_dir(lab_plan) / f"{node}.{purpose}.sh"
         path.write_text(text)
         env = lifecycle.session_env(lifecycle.host(lab_plan, member, options))
         argv = ["env", *(f"{key}={value}" for key, value in env.items()), "bash", str(path)]

@@ -454,14 +454,19 @@ def publish_images(
     if images is None:
         images = [str(executor.plain(r.inputs).get("name")) for r in rendered.of_type(executor.IMAGE)]
         images += [str(executor.plain(r.inputs).get("image")) for r in rendered.of_type(executor.CONTAINER)]
-    knobs = standins.LabKnobs(
+    knobs = lab_knobs(plan, options)
+    return standins.publish(registry(plan), [image for image in images if image and image != "None"], knobs)
+
+
+def lab_knobs(plan: LabPlan, options: Options) -> standins.LabKnobs:
+    """What the lab's images carry of the lab (its clock, its nodes), for every tag published."""
+    return standins.LabKnobs(
         token_delay=options.token_delay,
         load_delay=round(options.model_load_seconds * options.clock_scale, 3),
         clock=options.clock_scale,
         nodes={member.ip: str(member.node) for member in plan.nodes},
         extra_trees=realvllm.image_trees(standins.APP_DIR) if options.real_model else (),
     )
-    return standins.publish(registry(plan), [image for image in images if image and image != "None"], knobs)
 
 
 def _prune(plan: LabPlan) -> list[str]:

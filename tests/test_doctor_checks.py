@@ -1,8 +1,9 @@
 """The node checks of `verify` and `doctor` (qwen_cluster/render/nodecheck.py) on recorded inputs:
 the rendered script runs against a `docker` that answers as a daemon would for a container with
 the fault (inspect templates, exec, logs: tests/data/doctor/), and doctor's comparisons across a
-replica run on the facts nodes report. Causes the lab cannot produce (EFA, RDMA, NCCL's logs) and
-the container-level ones its docker stand-in does not model are rehearsed here.
+replica run on the facts nodes report. Causes the lab cannot produce (EFA, RDMA, NCCL's errors,
+image skew across a replica's members) are rehearsed only here; the container-level ones it can
+produce are rehearsed on its real dockerd too (tests/test_lab_doctor.py).
 """
 
 from __future__ import annotations
@@ -146,6 +147,11 @@ def _no_devices(spec: dict) -> dict:
     return spec
 
 
+def _other_image(spec: dict) -> dict:
+    spec["inspect"]["{{.Config.Image}} {{.Image}}"] = "vllm/vllm-openai:v0.32.0 sha256:2222"
+    return spec
+
+
 def _log(name: str):
     def change(spec: dict) -> dict:
         spec["logs"] = str(DATA / name)
@@ -168,6 +174,8 @@ CASES = {
     # cause 5: memlock
     "memlock 64 KiB": (_memlock_64k, "memlock"),
     "ibv_reg_mr in the log": (_log("memlock.log"), "memlock"),
+    # cause 10: this member on another tag than model.image
+    "another image tag": (_other_image, "image"),
     # cause 6: docker's 64 MB /dev/shm
     "ipc private, 64 MiB /dev/shm": (_shm_64m, "shm"),
     "shm segment error in the log": (_log("shm.log"), "shm"),
@@ -182,11 +190,30 @@ def test_a_fault_of_the_model_server_is_named_with_its_check(tmp_path, case):
     assert {name for name, _ in found} == {check}, found
 
 
-def test_what_docker_cannot_tell_is_a_note_never_a_finding(tmp_path):
-    """The lab's docker stand-in answers only State.Running: nothing is guessed."""
+def test_what_docker_cannot_tell_is_a_finding_never_a_silent_pass(tmp_path):
+    """A docker that answers only State.Running: each check that could not run is named (the
+    environment, /dev/shm, memlock, the devices), nothing is guessed and nothing passes."""
     spec = {"inspect": {"{{.State.Running}}": "true"}, "exec": {}, "logs": ""}
     code, found = run_checks(tmp_path, spec)
-    assert found == []
+    assert code == 1
+    assert {name for name, _ in found} == {"container"}, found
+    details = " ".join(detail for _, detail in found)
+    for what in ("image", "environment", "/dev/shm", "memlock", "/dev/infiniband"):
+        assert what in details, found
+
+
+def test_a_model_server_that_is_not_running_is_a_finding(tmp_path):
+    spec = {
+        "inspect": {
+            "{{.State.Running}}": "false",
+            "{{.State.Status}} (exit {{.State.ExitCode}})": "exited (exit 1)",
+        },
+        "exec": {},
+        "logs": "",
+    }
+    code, found = run_checks(tmp_path, spec)
+    assert code == 1
+    assert found == [("container", f"{CONTAINER} is not running here: exited (exit 1) (docker inspect)")]
 
 
 # ---------------------------------------------------------------- across the replica

@@ -2,14 +2,18 @@
 on one node (labkit/faults.py), named with that node and its cause within a minute, and gone
 again once the fault is removed. One lab for the module (label d<pid>), every fault undone.
 
-The container-level faults (no --ipc=host, a small memlock, another image tag, an interface
-variable missing, NCCL's socket fallback in the log) need `docker inspect/exec/logs` of a real
-daemon; the lab's docker stand-in does not model them yet, so they are rehearsed on recorded
-inputs in tests/test_doctor_checks.py.
+The host faults one at a time; the container faults all at once, in one model server that
+worker-2's real dockerd runs in place of the program's (each touches what one check reads).
+The lab's stack has no RDMA (NCCL_NET=Socket), so memlock and NCCL's transport line are no
+faults there: they are read from the same container as doctor reads them for an RDMA stack.
+What the lab cannot produce (EFA, image skew across a replica's members: onprem's replicas are
+one node each) is rehearsed on recorded inputs in tests/test_doctor_checks.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -47,6 +51,15 @@ def _from_hosts(lab_plan) -> list[doctor.Finding]:
     run, cluster = labdoctor.lab_runner("onprem", lab_plan.label)
     found, _ = doctor.host_findings(cluster, run, connect_timeout=1)
     return found
+
+
+def _doctor_json(lab_plan) -> tuple[int, dict]:
+    """`scripts/doctor.py onprem --lab --json --from hosts`, as scripts/doctor.py runs it
+    (labkit/doctor.py main), in this process."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = labdoctor.main(["onprem", "--lab", "--label", lab_plan.label, "--json", "--from", "hosts"])
+    return code, json.loads(out.getvalue())
 
 
 def _until(what: str, condition, timeout: float = WITHIN):
@@ -118,3 +131,60 @@ def test_the_cli_names_the_fault_and_its_node_in_json_in_the_guides_order(lab):
     steps = [doctor.STEPS.index(f["step"]) for f in document["findings"]]
     assert steps == sorted(steps)
     print(f"\nscripts/doctor.py onprem --lab --json: {took:.1f} s, {len(document['findings'])} findings")
+
+
+def test_container_faults_on_the_real_engine_are_named_within_a_minute_and_clear(lab):
+    """Every container fault at once on worker-2's model server (labkit/faults.py
+    CONTAINER_FAULTS): doctor --lab --json exits 1 naming worker-2 with each fault's check, and
+    no other node; the program's container back, it exits 0."""
+    member = lab.node(FAULTY)
+    began = time.monotonic()
+    faults.break_model_server(lab, member)
+    started = time.monotonic()
+    print(f"\nworker-2's model server recreated with the faults in {started - began:.1f} s")
+    try:
+        expected = {fault.check for fault in faults.CONTAINER_FAULTS if not fault.rdma_only}
+        seen: dict[str, float] = {}
+
+        def named():
+            code, document = _doctor_json(lab)
+            for finding in document["findings"]:
+                if FAULTY in finding["where"] and finding["check"] in expected:
+                    seen.setdefault(finding["check"], time.monotonic() - started)
+            return code == 1 and expected <= set(seen) and document
+
+        _, document = _until("the container faults on worker-2", named)
+        print("\n".join(finding["what"] for finding in document["findings"]))
+        # No other node is blamed; besides the faults' own checks only the model port of
+        # worker-2, closed while its new server loads (the replica restarting), may be named.
+        assert all(FAULTY in finding["where"] for finding in document["findings"]), document
+        assert {finding["check"] for finding in document["findings"]} <= expected | {"port"}, document
+        for check, took in sorted(seen.items(), key=lambda item: item[1]):
+            print(f"{check}: named with {FAULTY} in {took:.1f} s")
+
+        # The same container as doctor reads it for an RDMA stack (tuning.rdma: NCCL_NET=IB):
+        # worker-2's own memlock and its log's socket fallback are named, read from the engine.
+        run, deployed = labdoctor.lab_runner("onprem", lab.label)
+        rdma = deployed.model_copy(update={"tuning": deployed.tuning.model_copy(update={"rdma": True})})
+        asked = time.monotonic()
+        found, _ = doctor.host_findings(rdma, run, connect_timeout=1)
+        print(f"RDMA view: {time.monotonic() - asked:.1f} s")
+        transport = [f.where for f in found if f.check == "transport"]
+        assert transport == [[FAULTY]], [f.what for f in found]
+        memlock = {f.where[0]: f.what for f in found if f.check == "memlock"}
+        assert f"is {faults.SMALL_MEMLOCK // 1024} KiB" in memlock[FAULTY], memlock
+        assert all(
+            f"is {faults.SMALL_MEMLOCK // 1024} KiB" not in what
+            for node, what in memlock.items()
+            if node != FAULTY
+        )
+    finally:
+        removed = time.monotonic()
+        faults.restore_model_server(lab, member)
+
+    def clean():
+        code, document = _doctor_json(lab)
+        return code == 0 and document["healthy"] and document
+
+    cleared, _ = _until("the container faults removed", clean)
+    print(f"container faults: clean again in {time.monotonic() - removed:.1f} s after the restore began")

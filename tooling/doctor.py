@@ -125,6 +125,15 @@ CHECKS: dict[str, Check] = {
         "no interface holds the node's configured address",
         "ip -o -4 addr show on {node}; the stack's nodes[].ip must be on the cluster NIC",
     ),
+    "container": Check(
+        "connectivity",
+        "critical",
+        "the model server's container cannot be checked on this node (it is not running, or docker "
+        "does not answer or tells nothing of it): what the checks of the table look for in it "
+        "(interface variables, /dev/shm, memlock, devices, what NCCL logged) is unknown",
+        "docker ps -a and docker logs qwen-vllm on {node}; systemctl status docker; pulumi up "
+        "starts a model server that is missing",
+    ),
     "interface-env": Check(
         "connectivity",
         "critical",
@@ -188,6 +197,15 @@ CHECKS: dict[str, Check] = {
         "the members of a replica run different images: Ray or vLLM refuse to join "
         "('Version mismatch: the cluster was started with Ray X / Python Y')",
         "pulumi up to put model.image on every member; docker inspect on {node}",
+        row=10,
+    ),
+    "image": Check(
+        "connectivity",
+        "critical",
+        "this member runs another image than model.image: with the other members of a replica Ray "
+        "or vLLM refuse to join ('Version mismatch: the cluster was started with Ray X / Python Y'), "
+        "alone it serves another vLLM than the stack says",
+        "pulumi up to put model.image back on {node}; docker inspect qwen-vllm on {node}",
         row=10,
     ),
     "model-path": Check(
@@ -389,7 +407,8 @@ def host_findings(
     workers: int = 8,
 ) -> tuple[list[Finding], list[str]]:
     """Every node's checks, run at once (`run` reaches the node), and the comparisons across
-    nodes. Returns the findings and the notes (what a node could not tell)."""
+    nodes. Returns the findings and the notes (`qwen|note` lines; nodecheck writes none: a check
+    a node cannot run is a `container` finding)."""
     names = [node.name for node in cluster.nodes]
     scripts = {
         name: host_script(cluster, name, bandwidth=bandwidth, connect_timeout=connect_timeout)

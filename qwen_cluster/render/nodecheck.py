@@ -8,8 +8,9 @@ Signatures:
 
 It asks what the program's own scripts ask: `getent` for the node's name, the one NIC finder
 and /sys for the interface and its MTU, `docker inspect` / `docker exec` / `docker logs` for
-the running model server. What docker cannot tell (no daemon, no permission, a command a stand-in
-does not model) is a `note`, never a finding: only what was seen is reported.
+the running model server. A check that cannot run (no docker, no daemon, no model server
+running, docker telling neither what is asked nor what stands for it) is a `container` finding:
+nothing passes because it was not seen.
 
 Each finding is one line on stdout, `qwen|finding|<check>|<node>|<peer or ->|<detail>`, and a
 line for the people reading the log; each fact another doctor compares across a replica is
@@ -20,13 +21,10 @@ guide's terms (its CHECKS table).
 from __future__ import annotations
 
 from qwen_cluster import tags
-from qwen_cluster.config import ClusterConfig, Target
+from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import collective, weights
 from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function, quote
 
-# The AWS model server's container (qwen_cluster/render/ssm.py CONTAINER_NAME; not imported:
-# ssm imports the renderers this module sits beside).
-AWS_CONTAINER = "qwen-vllm"
 # What NCCL's and its transports' logs say when a cause of the table happened (the lines are
 # quoted in tests/data/doctor/ with their sources).
 LOG_PATTERNS = {
@@ -42,10 +40,10 @@ LOG_LINES = 20000  # of the model server's log, the latest: NCCL logs its transp
 
 
 def container_name(cluster: ClusterConfig, node_name: str) -> str:
-    if cluster.target is Target.AWS:
-        return AWS_CONTAINER
-    role = tags.HEAD_CONTAINER if cluster.topology.is_head(node_name) else tags.PIPELINE_WORKER_CONTAINER
-    return f"qwen-{role}"
+    """The model server's container name: one on every member, head or pipeline worker, on both
+    targets (components/baremetal/serving.py and qwen_cluster/render/ssm.py name it so; the
+    role is its label, tags.CONTAINER_ROLE_LABEL)."""
+    return tags.MODEL_SERVER_CONTAINER
 
 
 def section(cluster: ClusterConfig, node_name: str) -> str:
@@ -60,9 +58,11 @@ node_ip={quote(str(node.ip))}
 container={quote(container_name(cluster, node_name))}
 want_net={quote(net)}
 want_model={quote(weights.model_path(cluster))}
+want_image={quote(cluster.model.image)}
 fast={"yes" if fast else "no"}
 min_shm_kb={collective.MIN_SHM_BYTES // 1024}
-note() {{ echo "qwen|note|$1|$node|-|$2"; }}
+# A check that could not run: a finding, so that nothing passes unseen.
+unchecked() {{ report container "$node" - "$1"; }}
 fact() {{ echo "qwen|fact|$1|$node|$2"; }}
 {interface_of_function()}
 
@@ -94,21 +94,30 @@ inspect() {{ docker inspect --type container -f "$1" "$container" 2>/dev/null ||
 memlock_format={quote(MEMLOCK_FORMAT)}
 devices_format={quote(DEVICES_FORMAT)}
 if ! command -v docker >/dev/null; then
-  note container "no docker CLI on this node"
+  unchecked "no docker CLI on this node: the model server's checks cannot run"
 elif ! running=$(docker inspect --type container -f '{{{{.State.Running}}}}' "$container" 2>&1); then
-  note container "docker inspect $container: ${{running:0:200}}"
+  unchecked "docker inspect $container: ${{running:0:200}}"
 elif [ "$running" != true ]; then
-  note container "$container is not running here (docker inspect)"
+  state=$(inspect '{{{{.State.Status}}}} (exit {{{{.State.ExitCode}}}})')
+  unchecked "$container is not running here: ${{state:-?}} (docker inspect)"
 else
   # What docker's inspect tells of the configuration (empty: it tells nothing, e.g. a stand-in).
   network=$(inspect '{{{{.HostConfig.NetworkMode}}}}')
   image=$(inspect '{{{{.Config.Image}}}} {{{{.Image}}}}')
-  if [ -n "$image" ]; then fact image "$image"; fi
+  if [ -n "$image" ]; then
+    fact image "$image"
+    # The image as the container was given it (what the program gives every member: model.image).
+    if [ "${{image%% *}}" != "$want_image" ]; then
+      report image "$node" - "$container runs ${{image%% *}}, not model.image $want_image"
+    fi
+  else
+    unchecked "docker tells not which image $container runs"
+  fi
   # The process's own environment (what the entry script exported), else the container's.
   env_text=$(docker exec "$container" cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n') || env_text=''
   if [ -z "$env_text" ]; then env_text=$(inspect '{{{{range .Config.Env}}}}{{{{println .}}}}{{{{end}}}}'); fi
   if [ -z "$env_text" ]; then
-    note environment "docker tells neither $container's process environment nor its configuration"
+    unchecked "docker tells neither $container's process environment nor its configuration"
   else
     value() {{ sed -n "s/^$1=//p" <<<"$env_text" | tail -n1; }}
     host_ip=$(value VLLM_HOST_IP)
@@ -152,7 +161,7 @@ else
         "$container runs with ipc $ipc and a ${{shm_bytes:-default}}-byte /dev/shm, not the host's"
     fi
   elif [ -z "$ipc" ]; then
-    note shm "docker tells neither /dev/shm's size in $container nor its IPC mode"
+    unchecked "docker tells neither /dev/shm's size in $container nor its IPC mode"
   fi
   if [ "$fast" = yes ]; then
     memlock=$(docker exec "$container" sh -c 'ulimit -l' 2>/dev/null) || memlock=''
@@ -163,14 +172,14 @@ else
     if [ -z "$memlock" ] && [ -n "$network" ]; then
       report memlock "$node" - "$container has no memlock ulimit: dockerd's default limit applies"
     elif [ -z "$memlock" ]; then
-      note memlock "docker tells no memlock limit for $container"
+      unchecked "docker tells no memlock limit for $container"
     elif [ "$memlock" != unlimited ]; then
       report memlock "$node" - "memlock in $container is $memlock KiB, not unlimited"
     fi
     devices=$(docker exec "$container" ls /dev/infiniband 2>/dev/null) || devices=''
     if [ -z "$devices" ]; then
       if [ -z "$network" ]; then
-        note devices "docker tells neither /dev/infiniband in $container nor its devices"
+        unchecked "docker tells neither /dev/infiniband in $container nor its devices"
       elif ! inspect "$devices_format" | grep -q /dev/infiniband; then
         report efa-devices "$node" - "$container has no /dev/infiniband: NCCL cannot open the RDMA devices"
       fi
@@ -187,7 +196,7 @@ else
 {patterns}
 QWEN_PATTERNS_EOF
   else
-    note logs "docker logs $container: ${{log:0:200}}"
+    unchecked "docker logs $container: ${{log:0:200}}"
   fi
 fi
 """
