@@ -47,12 +47,11 @@ def test_an_image_bump_replaces_exactly_the_model_containers_one_replica_at_a_ti
     assert replaced == {f"{n}-model-vllm" for n in NODES}
     assert {diff[name].strategy for name in replaced} == {"delete-before-replace"}
     assert "load-balancer-nginx" not in diff and "load-balancer-config" not in diff
-    # Every node stages the image, then the drain and the gate of every replica run (update);
-    # nothing else of the chain moves.
+    # Every node stages the image, then the drain and the gate of every replica run (update), and
+    # each node's verify runs again (its checks compare the running container's image with
+    # model.image, qwen_cluster/render/nodecheck.py); nothing else of the chain moves.
     commands = {name for name, c in diff.items() if c.type == COMMAND}
-    assert commands == (
-        {f"{n}-model-stage" for n in NODES} | {f"{n}-drain" for n in NODES} | {f"{n}-ready" for n in NODES}
-    )
+    assert commands == {f"{n}-{step}" for n in NODES for step in ("model-stage", "drain", "ready", "verify")}
     assert {diff[name].action for name in commands} == {"update"}
     summary = changes.rollout(before, after)
     assert summary.max_replicas_out_of_service == 1
