@@ -838,6 +838,7 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
         },
         "parametersUpdated": sorted(stack.parameters[name]["name"] for name in parameters),
         "nodesAdded": [m.node for m in added],
+        "clientKey": key,  # the lab key the client load used: one the stack accepts after the change
         "prepared": prepared,
         # Where a failed rollout stopped, and the replicas whose model-server run never started
         # (they serve what they served before).
