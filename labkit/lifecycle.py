@@ -266,12 +266,15 @@ def mark(plan: LabPlan, member: Member | None, what: str) -> str:
 
 def registry(plan: LabPlan) -> dockerd.Registry:
     """The lab's registry: in the switch namespace, on the bridge (every node has an on-link
-    route to it), storing in the machine's cache so that what one lab published the next finds."""
+    route to it), storing beside the lab's Docker engines. Its own storage, not one shared by
+    every lab: the images carry the lab's knobs (clock, node names, the real vLLM or the
+    stand-in) under the program's names, so two labs at once sharing tags would pull each
+    other's `vllm/vllm-openai:v0.33.0`. The built images themselves stay cached (images/)."""
     return dockerd.Registry(
         namespace=plan.switch,
         address=REGISTRY_IP,
         port=REGISTRY_PORT,
-        root=dockerd.CACHE / "registry",
+        root=DOCKER_DATA_ROOT / plan.label / "registry",
         run_dir=state_dir(plan) / "registry",
         mark=mark(plan, None, "registry"),
     )
