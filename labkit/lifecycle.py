@@ -9,6 +9,8 @@ only link is a veth into it; no namespace has a route off the lab.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -56,6 +58,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # the sysctl drop-in and nftables.conf land in the node's copy and the host's /etc stays as it was.
 ETC_ENTRIES = ("sysctl.d", "ufw", "default", "nftables.conf")
 ETC_MARKER = Path(STATE_ROOT) / "created-etc-netns"
+# What every lab on this machine shares (the lab's users and sudo rule, /etc/netns, the state
+# root) is created by the first lab up and removed by the last one down; labs may come and go
+# at the same time (two test workers, two shells), so those steps hold this lock.
+SHARED_LOCK = Path(f"{STATE_ROOT}.lock")
 IPERF_PORT = 5201
 # The guide's trap: nginx cuts an upstream that stays silent for proxy_read_timeout, 60 s
 # by default. A thinking pause just past it must pass through.
@@ -233,7 +239,8 @@ def ssh_daemons(plan: LabPlan, options: Options) -> list[StepResult]:
     missing = sshd.missing_requirements()
     if missing:
         raise netns.NetnsError("; ".join(missing))
-    sshd.ensure_users()
+    with shared_lock():  # two labs coming up at once would both `useradd`
+        sshd.ensure_users()
     keys = sshd.ensure_keys(ssh_dir(plan), [member.node for member in plan.nodes])
     steps = []
     for member in plan.nodes:
@@ -394,17 +401,35 @@ def holder(plan: LabPlan, member: Member, rendered: Render) -> StepResult:
     return _start(plan, member, "holder", argv)
 
 
+@contextlib.contextmanager
+def shared_lock():
+    """Held while a lab joins or leaves what every lab on this machine shares (SHARED_LOCK)."""
+    with open(SHARED_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def join_machine(lab_state: Path) -> None:
+    """A lab's state dir made, and /etc/netns if missing, under the shared lock: once the state
+    dir exists, another lab's `down` keeps what the labs share."""
+    with shared_lock():
+        lab_state.mkdir(parents=True, exist_ok=True)
+        if not netns.NETNS_ETC.exists():
+            # Remembered so that `down` removes /etc/netns only if the lab made it.
+            netns.NETNS_ETC.mkdir()
+            ETC_MARKER.touch()
+
+
 def machines(plan: LabPlan, options: Options) -> list[StepResult]:
     """The hosts the program is applied to: namespaces on the lab switch, their /etc copies
     and state dirs, the shims, an iperf3 server each. Idempotent."""
     missing = netns.missing_requirements()
     if missing:
         raise netns.NetnsError("; ".join(missing))
-    state_dir(plan).mkdir(parents=True, exist_ok=True)
-    if not netns.NETNS_ETC.exists():
-        # Remembered so that `down` removes /etc/netns only if the lab made it.
-        netns.NETNS_ETC.mkdir()
-        ETC_MARKER.touch()
+    join_machine(state_dir(plan))
     netns.add(plan.switch)
     if netns.run(["ip", "-n", plan.switch, "link", "show", BRIDGE], check=False).returncode != 0:
         netns.run(["ip", "-n", plan.switch, "link", "add", BRIDGE, "type", "bridge"])
@@ -704,12 +729,13 @@ def down(label: str | None = None) -> list[str]:
         for entry in root.iterdir():
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
-    created = ETC_MARKER.exists()
-    remaining = [entry for entry in root.iterdir() if entry.is_dir()] if root.exists() else []
-    if not remaining:
-        sshd.remove_users()  # the lab's users and their sudo rule go with the last lab
-        netns.remove_etc_root_if_empty(created)
-        ETC_MARKER.unlink(missing_ok=True)
-        if root.exists() and not any(root.iterdir()):
-            root.rmdir()
+    with shared_lock():
+        created = ETC_MARKER.exists()
+        remaining = [entry for entry in root.iterdir() if entry.is_dir()] if root.exists() else []
+        if not remaining:
+            sshd.remove_users()  # the lab's users and their sudo rule go with the last lab
+            netns.remove_etc_root_if_empty(created)
+            ETC_MARKER.unlink(missing_ok=True)
+            if root.exists() and not any(root.iterdir()):
+                root.rmdir()
     return removed

@@ -25,29 +25,62 @@ def bare_metal_raw() -> dict:
     return copy.deepcopy(BASE_BARE_METAL)
 
 
-# Modules whose tests build network namespaces (the lab, or a pair of their own). Labs share this
-# machine's lab users, /etc/sudoers.d and /run/qwen-cluster-lab, so under pytest-xdist (`make
-# test` runs two workers with --dist loadgroup) they all run on one worker, one after another.
-# The real vLLM on loopback (minutes of CPU, one cached environment) runs as a group of its own,
-# beside the rest of the suite (renders, policies, configs) on the other worker.
+# How `make test` shares this machine's two cores (pytest-xdist, `-n 2 --dist loadgroup`):
+# - A module is never split between workers: a lab module's module-scoped fixture is a lab up
+#   (30 s to minutes); split, each worker brought up its own.
+# - SERIAL_GROUPS: modules that run together on one worker, one after another. The real vLLM on
+#   loopback (minutes of CPU each, one cached environment) is one group.
+# - Labs on the two workers may run at once: each has its own label, namespaces, engines and
+#   registry, and what they share (users, sudoers, /etc/netns) is joined and left under
+#   lifecycle.shared_lock().
+# - LONG_MODULES go first, longest first, so that the short ones fill in at the end.
+# pytest-xdist 3.8's own loadgroup scheduler does not group under pytest 9.2 (it renames
+# item._nodeid, which pytest 9.2 no longer reads:
+# https://github.com/pytest-dev/pytest-xdist/issues/1386), so the suite brings its scheduler
+# through xdist's pytest_xdist_make_scheduler hook.
 SERIAL_GROUPS = {
-    "namespaces": (
-        "test_lab_",
-        "test_monitoring_netns",
-        "test_render_firewall",
-        "test_render_scripts",
-        "test_render_sysctl",
-    ),
     "real-vllm": ("test_real_vllm", "test_realvllm_setup"),
 }
+# Seconds per module in a clean-clone run (`PYTEST_ADDOPTS=--durations=0 .ci/run`, summed per
+# module, one lab up each); a module that becomes long belongs here.
+LONG_MODULES = (
+    "test_lab_real_vllm",  # 436 s
+    "test_lab_upgrade",  # 317 s
+    "test_lab_namespaces",  # 285 s
+    "test_real_vllm",  # 131 s; its group (with test_real_vllm_multinode) 185 s
+    "test_lab_aws",  # 160 s
+    "test_lab_ssh",  # 141 s
+    "test_lab_doctor",  # 128 s
+    "test_lab_monitoring",  # 80 s
+    "test_lab_lockout",  # 69 s
+    "test_lab_endpoint",  # 40 s
+    "test_lab_openai",  # 37 s
+)
 
 
 def serial_group(stem: str) -> str | None:
     return next((group for group, prefixes in SERIAL_GROUPS.items() if stem.startswith(prefixes)), None)
 
 
+def schedule_scope(nodeid: str) -> str:
+    """The unit a worker runs whole: the module's group, or the module."""
+    module = nodeid.split("::", 1)[0]
+    return serial_group(Path(module).stem) or module
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    for item in items:
-        group = serial_group(item.path.stem)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+    rank = {stem: place for place, stem in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's order kept
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleAndGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return schedule_scope(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order (LONG_MODULES first)
+    return ModuleAndGroupScheduling(config, log)

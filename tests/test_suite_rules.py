@@ -60,15 +60,42 @@ def _uses(path: Path, patterns: tuple[str, ...]) -> bool:
     return any(pattern in text for pattern in patterns)
 
 
-def test_every_module_that_builds_namespaces_or_the_real_vllm_runs_in_a_serial_group():
-    """Two labs at once would share one machine's lab users and sudoers, two real vLLM servers
-    its two cores: tests/conftest.py puts these modules in groups that each run on one xdist
-    worker. A new module outside them would race."""
+def test_every_module_that_runs_the_real_vllm_on_loopback_is_in_its_group():
+    """Two real vLLM servers at once on two cores starve each other: tests/conftest.py runs
+    these modules one after another on one worker. A new module outside the group would race."""
     from tests.conftest import serial_group
 
     modules = [path for path in TESTS.glob("test_*.py") if path != Path(__file__)]
-    labs = sorted(path.stem for path in modules if _uses(path, _NAMESPACE_USE))
+    labs = {path.stem for path in modules if _uses(path, _NAMESPACE_USE)}
     real = sorted(path.stem for path in modules if _uses(path, ("realvllm",)) and path.stem not in labs)
     assert "test_lab_namespaces" in labs and "test_real_vllm" in real, "the scan's patterns are stale"
-    assert [stem for stem in labs if serial_group(stem) != "namespaces"] == []
-    assert [stem for stem in real if serial_group(stem) is None] == []
+    assert [stem for stem in real if serial_group(stem) != "real-vllm"] == []
+
+
+def test_a_module_and_a_group_are_each_one_unit_of_work():
+    from tests.conftest import schedule_scope
+
+    assert schedule_scope("tests/test_lab_ssh.py::test_a[x::y]") == "tests/test_lab_ssh.py"
+    assert schedule_scope("tests/test_real_vllm.py::test_b") == "real-vllm"
+    assert schedule_scope("tests/test_real_vllm_multinode.py::test_c") == "real-vllm"
+
+
+def test_make_tests_workers_each_run_whole_modules():
+    """As `make test` runs them (two workers, --dist loadgroup): each module's tests all land on
+    one worker (a lab module's fixture is one lab up, not one per worker). Two quick modules
+    stand in for the labs."""
+    import re
+    import subprocess
+    import sys
+
+    modules = ("test_render_sysctl.py", "test_staging.py")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider",
+         *(str(TESTS / module) for module in modules)],
+        capture_output=True, text=True, cwd=TESTS.parent, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    ran = re.findall(r"^\[(gw\d)\] .*PASSED (tests/\S+?)::", result.stdout, re.MULTILINE)
+    assert {module for _, module in ran} == {f"tests/{module}" for module in modules}, result.stdout[-2000:]
+    workers = {module: {worker for worker, name in ran if name == module} for _, module in ran}
+    assert all(len(used) == 1 for used in workers.values()), workers

@@ -496,10 +496,7 @@ def _start_haproxy(aws_plan: AwsPlan, stack: model.AwsStack) -> None:
 
 def machines_up(aws_plan: AwsPlan) -> None:
     plan = aws_plan.plan
-    aws_plan.root.mkdir(parents=True, exist_ok=True)
-    if not netns.NETNS_ETC.exists():
-        netns.NETNS_ETC.mkdir()
-        lifecycle.ETC_MARKER.touch()
+    lifecycle.join_machine(aws_plan.root)
     netns.add(plan.switch)
     if netns.run(["ip", "-n", plan.switch, "link", "show", BRIDGE], check=False).returncode != 0:
         netns.run(["ip", "-n", plan.switch, "link", "add", BRIDGE, "mtu", str(VPC_MTU), "type", "bridge"])
