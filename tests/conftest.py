@@ -12,7 +12,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.helpers import onprem_lab  # noqa: E402
 from tests.helpers.configs import BASE_AWS, BASE_BARE_METAL  # noqa: E402
 
 
@@ -24,27 +23,6 @@ def aws_raw() -> dict:
 @pytest.fixture
 def bare_metal_raw() -> dict:
     return copy.deepcopy(BASE_BARE_METAL)
-
-
-@pytest.fixture(scope="session")
-def host_before() -> dict:
-    """The host's own network and /etc, before any shared lab goes up."""
-    return onprem_lab.host_snapshot()
-
-
-@pytest.fixture(scope="session")
-def shared_onprem_lab(host_before):
-    """The shared onprem lab (tests/helpers/onprem_lab.py): (plan, options, up report)."""
-    from labkit import blueprint, lifecycle
-    from tooling import stackfile
-
-    lifecycle.down(onprem_lab.LABEL)
-    lab_plan = blueprint.build(stackfile.load("onprem"), onprem_lab.LABEL)
-    options = lifecycle.Options()
-    try:
-        yield lab_plan, options, lifecycle.up(lab_plan, options)
-    finally:
-        lifecycle.down(onprem_lab.LABEL)
 
 
 # How `make test` shares this machine's two cores (pytest-xdist, `-n 2 --dist loadgroup`):
@@ -62,20 +40,18 @@ def shared_onprem_lab(host_before):
 # through xdist's pytest_xdist_make_scheduler hook.
 SERIAL_GROUPS = {
     "real-vllm": ("test_real_vllm", "test_realvllm_setup"),
-    "onprem-lab": onprem_lab.MODULES,  # one lab for the four: the shared_onprem_lab fixture
 }
 # Seconds per module in a clean-clone run (`PYTEST_ADDOPTS=--durations=0 .ci/run`, summed per
 # module, one lab up each); a module that becomes long belongs here.
 LONG_MODULES = (
-    # the onprem-lab group, in the order its modules use the shared lab: ~540 s with one up
-    "test_lab_namespaces",  # 285 s with its own up
+    "test_lab_real_vllm",  # 436 s
+    "test_lab_upgrade",  # 317 s
+    "test_lab_namespaces",  # 285 s
+    "test_real_vllm",  # 131 s; its group (with test_real_vllm_multinode) 185 s
+    "test_lab_aws",  # 160 s
     "test_lab_ssh",  # 141 s
     "test_lab_doctor",  # 128 s
     "test_lab_monitoring",  # 80 s
-    "test_lab_real_vllm",  # 436 s
-    "test_lab_upgrade",  # 317 s
-    "test_real_vllm",  # 131 s; its group (with test_real_vllm_multinode) 185 s
-    "test_lab_aws",  # 160 s
     "test_lab_lockout",  # 69 s
     "test_lab_endpoint",  # 40 s
     "test_lab_openai",  # 37 s
@@ -97,7 +73,6 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's order kept
 
 
-@pytest.hookimpl(optionalhook=True)  # a run without pytest-xdist (-p no:xdist) has no such hook
 @pytest.hookimpl(optionalhook=True)  # a run without pytest-xdist (-p no:xdist) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":

@@ -1,7 +1,6 @@
 """`doctor` rehearsed against the failures of issue 26's table the lab can produce: each injected
 on one node (labkit/faults.py), named with that node and its cause within a minute, and gone
-again once the fault is removed. The onprem lab shared with
-the modules of tests/helpers/onprem_lab.py, every fault undone.
+again once the fault is removed. One lab for the module (label d<pid>), every fault undone.
 
 The host faults one at a time; the container faults all at once, in one model server that
 worker-2's real dockerd runs in place of the program's (each touches what one check reads).
@@ -16,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,23 +23,28 @@ from pathlib import Path
 
 import pytest
 
+from labkit import blueprint, faults, lifecycle
 from labkit import doctor as labdoctor
-from labkit import faults
 from tests.test_lab_namespaces import MISSING
-from tooling import doctor
+from tooling import doctor, stackfile
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
 ROOT = Path(__file__).resolve().parents[1]
+LABEL = f"d{os.getpid() % 100000}"
 WITHIN = 60  # the issue: a fault is named within a minute
 FAULTY = "worker-2"
 
 
 @pytest.fixture(scope="module")
-def lab(shared_onprem_lab):
-    """The onprem lab shared with the other modules of tests/helpers/onprem_lab.py."""
-    lab_plan, _, report = shared_onprem_lab
-    assert report.ok, [step for step in report.steps if not step.ok]
-    return lab_plan
+def lab():
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.build(stackfile.load("onprem"), LABEL)
+    try:
+        report = lifecycle.up(lab_plan, lifecycle.Options())
+        assert report.ok, [step for step in report.steps if not step.ok]
+        yield lab_plan
+    finally:
+        lifecycle.down(LABEL)
 
 
 def _from_hosts(lab_plan) -> list[doctor.Finding]:
@@ -106,7 +111,7 @@ def test_the_cli_names_the_fault_and_its_node_in_json_in_the_guides_order(lab):
                 "onprem",
                 "--lab",
                 "--label",
-                lab.label,
+                LABEL,
                 "--json",
             ],
             capture_output=True,

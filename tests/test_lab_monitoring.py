@@ -4,12 +4,13 @@ Alertmanager and exporters in the namespaces (labkit/standins.py), on the lab's 
 replica-down and `scripts/doctor.py onprem --lab` names the node, both resolve once the link is
 back; a netem delay above network.maxLatencyMs fires the latency alert.
 
-The onprem lab shared with the modules of tests/helpers/onprem_lab.py; every fault is undone.
+Its own lab for the module (label m<pid>); every fault is undone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,23 +18,30 @@ from pathlib import Path
 
 import pytest
 
-from labkit import check, lifecycle, netns, probes
+from labkit import blueprint, check, lifecycle, netns, probes
 from qwen_cluster import tags
 from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, port_of
 from tests.helpers.wait import wait_until
 from tests.test_lab_namespaces import MISSING
-from tooling import changes, doctor
+from tooling import changes, doctor, stackfile
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
 ROOT = Path(__file__).resolve().parents[1]
+LABEL = f"m{os.getpid() % 100000}"
 # Wall-time bound for a fault to show (the issue: within a minute) and to clear.
 WITHIN = 60
 
 
 @pytest.fixture(scope="module")
-def running(shared_onprem_lab):
-    """The onprem lab shared with the other modules of tests/helpers/onprem_lab.py."""
-    return shared_onprem_lab
+def running():
+    """Its own lab (module scope: down before the next module's lab goes up)."""
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.build(stackfile.load("onprem"), LABEL)
+    options = lifecycle.Options()
+    try:
+        yield lab_plan, options, lifecycle.up(lab_plan, options)
+    finally:
+        lifecycle.down(LABEL)
 
 
 def _doctor(label: str) -> tuple[int, dict]:
@@ -72,7 +80,7 @@ def test_check_has_a_monitoring_group_that_passes(running):
     results = check.monitoring(lab_plan)
     assert len(results) == len(lab_plan.cluster.nodes) + 2
     assert all(result.ok for result in results), [r for r in results if not r.ok]
-    code, answer = _doctor(lab_plan.label)
+    code, answer = _doctor(LABEL)
     assert (code, answer["healthy"], answer["findings"]) == (0, True, [])
 
 
@@ -88,14 +96,14 @@ def test_a_cut_link_names_the_node_and_clears(running):
                 <= {f.alert for f in _firing(lab_plan) if "worker-2" in f.where}
             ),
         )
-        code, answer = _doctor(lab_plan.label)
+        code, answer = _doctor(LABEL)
         assert code == 1 and not answer["healthy"]
         assert all(f["where"] == ["worker-2"] for f in answer["findings"]), answer
         assert took < WITHIN
     finally:
         netns.run(["ip", "-n", lab_plan.switch, "link", "set", victim.switch_port, "up"])
     _until("the alerts to resolve", lambda: _firing(lab_plan) == [] or None)
-    assert _doctor(lab_plan.label)[0] == 0
+    assert _doctor(LABEL)[0] == 0
 
 
 def _netem(namespace: str, delay_ms: float) -> str | None:
@@ -125,7 +133,7 @@ def test_a_delay_over_the_latency_budget_fires_the_latency_alert(running):
                 f.alert == "QwenNodeLatencyHigh" and "worker-1" in f.where for f in _firing(lab_plan)
             ),
         )
-        code, answer = _doctor(lab_plan.label)
+        code, answer = _doctor(LABEL)
         assert code == 1
         assert any(
             "latency" in f["what"] and "over network.maxLatencyMs" in f["what"] for f in answer["findings"]

@@ -1,18 +1,19 @@
 """The lab for real: the onprem stack in network namespaces, checked, and broken on purpose.
 
 Needs root, iproute2, ping, iperf3, nginx, nft and ufw (CI runs as root with them). The lab
-goes up once for this module and the others of tests/helpers/onprem_lab.py (its own label, so a
-developer's lab is left alone); every fault test puts back what it broke; all traffic stays
-inside the lab's namespaces.
+goes up once for the module (its own label, so a developer's lab is left alone); every
+fault test puts back what it broke; all traffic stays inside the lab's namespaces.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,6 @@ from labkit import cli as lab_cli
 from labkit.imagesite import huggingface_hub as hub
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.firewall import Rule
-from tests.helpers import onprem_lab
 from tests.helpers.wait import wait_until
 from tooling import stackfile
 
@@ -38,10 +38,37 @@ pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok"
 REJOIN_SECONDS = 40
 
 
+def _host_snapshot() -> dict:
+    """What the lab must never change on the host."""
+    files = {}
+    for root in ("/etc/ufw", "/etc/sysctl.d", "/etc/default/ufw", "/etc/nftables.conf", "/etc/sysctl.conf"):
+        path = Path(root)
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if file.is_file():
+                files[str(file)] = hashlib.sha256(file.read_bytes()).hexdigest()
+    keys = sorted(ONPREM.tuning.sysctl)
+    sysctl = subprocess.run(["sysctl", *keys], capture_output=True, text=True).stdout
+    ruleset = subprocess.run(["nft", "-s", "list", "ruleset"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {"files": files, "sysctl": sysctl, "nft": ruleset, "bridges": "br0" in links.split()}
+
+
+@pytest.fixture(scope="session")
+def host_before() -> dict:
+    return _host_snapshot()
+
+
 @pytest.fixture(scope="module")
-def running(shared_onprem_lab):
-    """The onprem lab these tests share with the other modules of tests/helpers/onprem_lab.py."""
-    return shared_onprem_lab
+def running(host_before):
+    """The module's one lab, shared by its tests; down before the next module's lab goes up."""
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.build(ONPREM, LABEL)
+    options = lifecycle.Options()
+    try:
+        report = lifecycle.up(lab_plan, options)
+        yield lab_plan, options, report
+    finally:
+        lifecycle.down(LABEL)
 
 
 def _client(lab_plan):
@@ -154,7 +181,7 @@ def test_up_runs_what_the_program_registered_in_the_engines_order(running):
 
 
 def test_check_is_green_from_every_vantage_and_speaks_json(running, capsys):
-    status = lab_cli.main(["check", "onprem", "--label", running[0].label, "--json"])
+    status = lab_cli.main(["check", "onprem", "--label", LABEL, "--json"])
     document = json.loads(capsys.readouterr().out)
     failures = [r for r in document["results"] if r["status"] == "fail"]
     assert status == 0 and document["ok"] and not failures, failures
@@ -196,7 +223,7 @@ def test_no_listener_outside_the_port_table_from_a_member_or_any_vantage(running
 
 
 def test_lab_leaves_the_host_network_and_etc_alone(running, host_before):
-    now = onprem_lab.host_snapshot()
+    now = _host_snapshot()
     assert now["files"] == host_before["files"]
     assert now["sysctl"] == host_before["sysctl"]
     assert now["nft"] == host_before["nft"]

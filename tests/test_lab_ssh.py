@@ -2,8 +2,7 @@
 node's own sshd as the stack's user, elevated with sudo -n; a user without sudo, a wrong pinned
 host key and a docker daemon that stops answering are each refused before anything changes.
 
-The onprem lab shared with the modules of tests/helpers/onprem_lab.py, reached as the sudo user;
-the refusals run their own short-lived labs.
+One lab for the module, reached as the sudo user; the refusals run their own short-lived labs.
 """
 
 from __future__ import annotations
@@ -35,11 +34,16 @@ def failures(report) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def running(shared_onprem_lab):
-    """The onprem lab shared with the other modules of tests/helpers/onprem_lab.py."""
-    _, _, report = shared_onprem_lab
-    assert report.ok, failures(report)
-    return shared_onprem_lab
+def running():
+    lifecycle.down(LABEL)
+    lab_plan = blueprint.load("onprem", label=LABEL)
+    options = lifecycle.Options()
+    try:
+        report = lifecycle.up(lab_plan, options)
+        assert report.ok, failures(report)
+        yield lab_plan, options, report
+    finally:
+        lifecycle.down(LABEL)
 
 
 def test_every_command_ran_over_ssh_as_the_sudo_user(running):
@@ -129,7 +133,7 @@ def test_docker_unreachable_when_staging_stops_the_change_before_any_drain(runni
     change = ["model.image=vllm/vllm-openai:v0.33.1"]
     lifecycle.docker_daemon_down(lab_plan, lb)  # dockerd killed; its containers keep serving
     try:
-        stopped = upgrade.run(lab_plan.label, change, options)
+        stopped = upgrade.run(LABEL, change, options)
     finally:
         lifecycle.docker_daemon_up(lab_plan, lb)
     failed = {step.resource: step.detail for step in stopped.steps if not step.ok}
@@ -139,7 +143,7 @@ def test_docker_unreachable_when_staging_stops_the_change_before_any_drain(runni
     assert upstream.read_text() == before and " down;" not in before
     assert not [s for s in stopped.steps if s.resource.endswith("-vllm") and s.op in ("create", "delete")]
     assert stopped.failed == 0, stopped.failures
-    converged = upgrade.run(lab_plan.label, change, options)
+    converged = upgrade.run(LABEL, change, options)
     assert converged.ok, failures(converged)
     assert converged.failed == 0 and converged.streams_cut == 0, converged.failures
     assert converged.images == {head.node: "vllm/vllm-openai:v0.33.1" for head in lab_plan.heads}

@@ -75,20 +75,9 @@ def test_every_module_that_runs_the_real_vllm_on_loopback_is_in_its_group():
 def test_a_module_and_a_group_are_each_one_unit_of_work():
     from tests.conftest import schedule_scope
 
-    assert schedule_scope("tests/test_lab_upgrade.py::test_a[x::y]") == "tests/test_lab_upgrade.py"
+    assert schedule_scope("tests/test_lab_ssh.py::test_a[x::y]") == "tests/test_lab_ssh.py"
     assert schedule_scope("tests/test_real_vllm.py::test_b") == "real-vllm"
     assert schedule_scope("tests/test_real_vllm_multinode.py::test_c") == "real-vllm"
-    assert schedule_scope("tests/test_lab_doctor.py::test_d") == "onprem-lab"
-
-
-def test_the_modules_that_share_the_onprem_lab_are_its_group():
-    """A module using the shared lab outside its group would use it from the other worker at
-    the same time as the group's fault tests (and bring up a second one there)."""
-    from tests.helpers import onprem_lab
-
-    modules = [path for path in TESTS.glob("test_*.py") if path != Path(__file__)]
-    users = sorted(path.stem for path in modules if _uses(path, ("shared_onprem_lab",)))
-    assert users == sorted(onprem_lab.MODULES)
 
 
 def test_make_tests_workers_each_run_whole_modules():
