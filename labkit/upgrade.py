@@ -22,6 +22,7 @@ from typing import Any
 from labkit import blueprint, executor, lifecycle, netns, probes
 from labkit.blueprint import LabPlan, ProbeExpectation
 from qwen_cluster.ports import Vantage
+from qwen_cluster.render import rollout
 from qwen_cluster.render.vllm import HEALTH_PATH
 from tooling import changes as change_syntax
 from tooling.changes.impact import DRAIN_SUFFIXES, HEALTH_GATE_SUFFIXES
@@ -144,8 +145,16 @@ class ClientLoad:
             thread.join(timeout=90)
 
 
+PROBE_SECONDS = float(rollout.HEALTH_CONNECT_SECONDS)
+
+
 class ReplicaWatch:
-    """Which replica heads answer /health, sampled from the load-balancer node."""
+    """Which replica heads answer /health, sampled from the load-balancer node. A head is down
+    when it does not answer 200 within the time the program's own health gate gives one probe
+    (rollout.HEALTH_CONNECT_SECONDS): refused, failing or silent that long. A slower answer is
+    not an outage: with a fixed 0.5 s, a real vLLM answering late on a saturated 2-core machine
+    (its peer loading beside it) was counted down, and a bump with one replica out at a time
+    reported two."""
 
     def __init__(self, lab_plan: LabPlan, heads: list[tuple[str, str]], interval: float = 0.1):
         self.heads = heads  # (node, ip)
@@ -165,7 +174,8 @@ class ReplicaWatch:
                     pool.map(
                         lambda head: (
                             netns.call_in(
-                                self.namespace, probes.get, head[1], self.port, HEALTH_PATH, timeout=0.5
+                                self.namespace, probes.get, head[1], self.port, HEALTH_PATH,
+                                timeout=PROBE_SECONDS,
                             ).status
                         ),
                         self.heads,
