@@ -72,6 +72,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from labkit import netns
 
@@ -425,8 +426,12 @@ def registry_config(registry: Registry) -> str:
     )
 
 
-def _http(namespace: str, method: str, url: str, body: bytes | None = None, headers=None, timeout=30.0):
-    """One HTTP request from inside `namespace`: (status, headers, body)."""
+def _http(
+    namespace: str, method: str, url: str, body: bytes | BinaryIO | None = None, headers=None, timeout=30.0
+):
+    """One HTTP request from inside `namespace`: (status, headers, body). A file as `body` is
+    streamed (a layer of GBs is not read into memory); `headers` must then give its
+    Content-Length (without it urllib would send it chunked)."""
 
     def call():
         request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
@@ -516,12 +521,26 @@ class ImageSpec:
     user: str = ""
     stop_signal: str = ""
     exclude: tuple[str, ...] = ("__pycache__", "/test/", "/tests/")  # skipped in trees (substring)
+    # gzip the layer (the registry's usual form). False: a plain tar, for a layer of GBs that
+    # barely compresses and is pulled on every node: dockerd detects the compression of what it
+    # extracts (moby distribution/xfer/download.go
+    # hands each pulled layer to pkg/archive DecompressStream), so gunzip is work saved on every pull.
+    compressed: bool = True
     base: ImageSpec | None = None  # its layers come first; its config is the default
+
+
+GZIP_LAYER, PLAIN_LAYER = "layer.tar.gz", "layer.tar"
+# Media types of a layer in a v2 manifest (distribution's docs/spec/manifest-v2-2.md).
+LAYER_MEDIA_TYPES = {
+    True: "application/vnd.docker.image.rootfs.diff.tar.gzip",
+    False: "application/vnd.docker.image.rootfs.diff.tar",
+}
 
 
 @dataclass(frozen=True)
 class Built:
-    """A built image in the cache: its own layer (gzip), config and manifest, and its base."""
+    """A built image in the cache: its own layer (gzip, or a plain tar), config and manifest,
+    and its base."""
 
     key: str
     folder: Path
@@ -533,8 +552,12 @@ class Built:
         return [*(self.base.layers if self.base else []), self.layer]
 
     @property
+    def compressed(self) -> bool:
+        return not (self.folder / PLAIN_LAYER).exists()
+
+    @property
     def layer(self) -> Path:
-        return self.folder / "layer.tar.gz"
+        return self.folder / (GZIP_LAYER if self.compressed else PLAIN_LAYER)
 
     @property
     def config(self) -> Path:
@@ -658,7 +681,7 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
     tmp = cache / f".{key}.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    raw = tmp / "layer.tar"
+    raw = tmp / PLAIN_LAYER
     made: set[str] = set()
     with tarfile.open(raw, "w", format=tarfile.PAX_FORMAT) as tar:
         for directory in ("tmp", "etc", "root", "dev", "proc", "sys", "run", "var/tmp"):
@@ -707,9 +730,12 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
             info.size, info.mode = len(data), mode
             tar.addfile(info, io.BytesIO(data))
     diff_id = "sha256:" + _sha256_file(raw)
-    with open(raw, "rb") as source, gzip.open(tmp / "layer.tar.gz", "wb", compresslevel=1) as target:
-        shutil.copyfileobj(source, target, 1 << 20)
-    raw.unlink()
+    layer = raw
+    if spec.compressed:
+        layer = tmp / GZIP_LAYER
+        with open(raw, "rb") as source, gzip.open(layer, "wb", compresslevel=1) as target:
+            shutil.copyfileobj(source, target, 1 << 20)
+        raw.unlink()
     base_config = json.loads(base.config.read_text()) if base else {}
     image_config = dict(base_config.get("config", {}))
     image_config.update(
@@ -742,7 +768,6 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
     }
     config_bytes = json.dumps(config, sort_keys=True).encode()
     (tmp / "config.json").write_bytes(config_bytes)
-    layer = tmp / "layer.tar.gz"
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
@@ -754,9 +779,9 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
         "layers": [
             *(json.loads(base.manifest.read_text())["layers"] if base else []),
             {
-                "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                "mediaType": LAYER_MEDIA_TYPES[spec.compressed],
                 "size": layer.stat().st_size,
-                "digest": "sha256:" + _sha256_file(layer),
+                "digest": diff_id if layer == raw else "sha256:" + _sha256_file(layer),
             },
         ],
     }
@@ -795,14 +820,15 @@ def publish(registry: Registry, image: str, built: Built) -> str:
         if location.startswith("/"):
             location = registry.url + location
         joiner = "&" if "?" in location else "?"
-        status, _, body = _http(
-            registry.namespace,
-            "PUT",
-            f"{location}{joiner}digest={digest}",
-            path.read_bytes(),
-            {"Content-Type": "application/octet-stream"},
-            timeout=300,
-        )
+        with open(path, "rb") as blob:
+            status, _, body = _http(
+                registry.namespace,
+                "PUT",
+                f"{location}{joiner}digest={digest}",
+                blob,
+                {"Content-Type": "application/octet-stream", "Content-Length": str(path.stat().st_size)},
+                timeout=300,
+            )
         if status != 201:
             raise DockerdError(f"registry refused blob {digest} of {repository}: {status} {body[:300]!r}")
     status, _, body = _http(

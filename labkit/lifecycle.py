@@ -441,7 +441,7 @@ def machines(plan: LabPlan, options: Options) -> list[StepResult]:
     for member in plan.nodes:
         _etc_copy(member.namespace)
         _hosts_file(member)
-        Path(node_state(plan, member)).mkdir(parents=True, exist_ok=True)
+        Path(node_state(plan, member), substitutions.NODE_LOCK_DIR).mkdir(parents=True, exist_ok=True)
         steps.append(_start(plan, member, "iperf3", ["iperf3", "-s", "-p", str(IPERF_PORT)]))
     return steps + docker_engines(plan, options) + ssh_daemons(plan, options)
 
@@ -488,12 +488,14 @@ def publish_images(
 
 def lab_knobs(plan: LabPlan, options: Options) -> standins.LabKnobs:
     """What the lab's images carry of the lab (its clock, its nodes), for every tag published."""
+    trees = realvllm.image_trees(standins.APP_DIR) if options.real_model else realvllm.ImageTrees((), ())
     return standins.LabKnobs(
         token_delay=options.token_delay,
         load_delay=round(options.model_load_seconds * options.clock_scale, 3),
         clock=options.clock_scale,
         nodes={member.ip: str(member.node) for member in plan.nodes},
-        extra_trees=realvllm.image_trees(standins.APP_DIR) if options.real_model else (),
+        environment_trees=trees.environment,
+        top_trees=trees.top,
     )
 
 

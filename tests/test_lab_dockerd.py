@@ -7,8 +7,10 @@ Needs root, iproute2, Debian's docker.io and docker-registry (scripts/setup-syst
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,9 @@ BUSYBOX = dockerd.ImageSpec(
 )
 # A layer on top: the base's files stay, the config is the base's unless set.
 CHILD = dockerd.ImageSpec(files=(("/etc/lab-child", "child\n", 0o644),), base=BUSYBOX)
+# An uncompressed layer on gzip ones (the real vLLM's environment, labkit/standins.py): dockerd
+# finds out the compression of each layer it pulls.
+PLAIN = dockerd.ImageSpec(files=(("/etc/lab-plain", "plain\n", 0o644),), compressed=False, base=CHILD)
 
 
 def test_split_reference() -> None:
@@ -94,8 +99,12 @@ def lab(tmp_path: Path):
 
 def test_a_daemon_in_a_namespace_pulls_through_the_lab_registry(lab) -> None:
     registry, daemon = lab
-    built = dockerd.build(CHILD)
-    assert len(built.layers) == 2
+    built = dockerd.build(PLAIN)
+    assert len(built.layers) == 3 and not built.compressed and built.base.compressed
+    media = [layer["mediaType"] for layer in json.loads(built.manifest.read_text())["layers"]]
+    assert media == [dockerd.LAYER_MEDIA_TYPES[True]] * 2 + [dockerd.LAYER_MEDIA_TYPES[False]]
+    with tarfile.open(built.layer, "r:") as plain:  # a plain tar, as its media type says
+        assert plain.getnames() == ["etc/lab-plain"]
     dockerd.start_registry(registry)
     assert dockerd.publish(registry, "lab/busybox:v1", built) == "lab/busybox:v1"
     dockerd.start(daemon)
@@ -115,8 +124,10 @@ def test_a_daemon_in_a_namespace_pulls_through_the_lab_registry(lab) -> None:
     dockerd.docker(daemon, *run)
     state = dockerd.docker(daemon, "inspect", "-f", "{{.State.Running}}", "c1").stdout.strip()
     assert state == "true"
-    shown = dockerd.docker(daemon, "exec", "c1", "cat", "/etc/lab-release", "/etc/lab-child").stdout
-    assert shown == "lab\nchild\n"
+    shown = dockerd.docker(
+        daemon, "exec", "c1", "cat", "/etc/lab-release", "/etc/lab-child", "/etc/lab-plain"
+    )
+    assert shown.stdout == "lab\nchild\nplain\n"
     assert "started" in dockerd.docker(daemon, "logs", "c1").stdout
 
     # Every process (registry, dockerd, containerd, shim, the container) carries the mark.

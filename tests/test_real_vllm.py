@@ -25,7 +25,7 @@ import pytest
 
 from components.baremetal import serving
 from labkit import imagebin, realvllm, standins
-from qwen_cluster.config import ClusterConfig
+from qwen_cluster.config import DEFAULT_IMAGE, ClusterConfig
 from qwen_cluster.render import vllm
 from qwen_cluster.render.monitoring import alerts, containers
 from tests.helpers import serving_scenario as scenario
@@ -350,10 +350,45 @@ def test_the_tiny_model_builds_the_same_bytes_again(tmp_path):
 
 
 def test_the_lab_image_gets_the_environment_the_model_the_launcher_and_host_files():
-    trees = dict((image, host) for host, image in realvllm.image_trees(standins.APP_DIR))
+    image_trees = realvllm.image_trees(standins.APP_DIR)
+    trees = dict((image, host) for host, image in image_trees.environment + image_trees.top)
+    assert [image for _, image in image_trees.top] == [realvllm.IMAGE_LAUNCHER]
     venv, model = str(realvllm.venv_dir()), str(realvllm.model_dir())
     assert trees[venv] == venv and trees[model] == model
     launcher = Path(trees[realvllm.IMAGE_LAUNCHER]).read_text()
     assert launcher.startswith(f"#!{venv}/bin/python") and repr(standins.APP_DIR) in launcher
     assert "/usr/bin/lscpu" in trees  # the CPU engine runs it at start
     assert any("libstdc++" in path for path in trees) and any("libgomp" in path for path in trees)
+
+
+def test_the_environment_layer_holds_nothing_of_the_clone_and_the_real_launcher_is_on_top():
+    """The 2.5 GB layer is packed once per environment, not per clone: neither it nor any
+    layer under it reads a file of the clone (their cache keys cover those files' mtimes),
+    it is a plain tar (no gunzip on each node's pull), and the image's `vllm` is the real
+    launcher, in a layer over the lab's code and its stand-in launcher."""
+    trees = realvllm.image_trees(standins.APP_DIR)
+    knobs = standins.LabKnobs(environment_trees=trees.environment, top_trees=trees.top)
+    spec = standins.stand_in_for_image(DEFAULT_IMAGE).spec(DEFAULT_IMAGE, knobs)
+    chain = []
+    while spec is not None:
+        chain.append(spec)
+        spec = spec.base
+    uncompressed = [layer for layer in chain if not layer.compressed]
+    assert len(uncompressed) == 1 and uncompressed[0].trees == trees.environment
+    at = chain.index(uncompressed[0])
+
+    def of_clone(layers) -> list[str]:
+        paths = [host for layer in layers for host, _ in layer.trees]
+        paths += [program for layer in layers for program in layer.programs]
+        return [path for path in paths if Path(path).resolve().is_relative_to(ROOT)]
+
+    assert of_clone(chain[at:]) == []
+    assert of_clone(chain[:at])  # the lab's code, above it
+    launchers = [
+        (index, host)
+        for index, layer in enumerate(chain)
+        for host, path in [*layer.trees, *((path, path) for path, _, _ in layer.files)]
+        if path == realvllm.IMAGE_LAUNCHER
+    ]
+    assert len(launchers) == 2  # the real one overrides the stand-in's of the code layer
+    assert launchers[0][1] == trees.top[0][0]  # the topmost is the real one
