@@ -99,15 +99,18 @@ def render(
         raise ExecutorError(f"the program failed under mocks: {result.error}")
     stored = as_stored(result)
     replacements = substitutions.gate_clock(stack_config, clock_scale)
-    for resource in stored.custom_resources if replacements else ():
+    paced = False
+    for resource in stored.custom_resources:
         if resource.type == COMMAND:
             for key in ("create", "update", "delete"):
                 text = resource.inputs.get(key)
                 if isinstance(text, str):
                     for old_text, new_text in replacements:
                         text = text.replace(old_text, new_text)
-                    resource.inputs[key] = text
-    return stored, made
+                    lab_text = substitutions.script_clock(text, clock_scale)
+                    paced = paced or lab_text != text
+                    resource.inputs[key] = lab_text
+    return stored, made + ([substitutions.SCRIPT_CLOCK_NOTE] if paced else [])
 
 
 def plain(value: Any) -> Any:

@@ -23,6 +23,7 @@ new host path, the lab refuses to run it (naming the resource) instead of touchi
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,40 @@ def gate_clock(raw: dict[str, Any], clock_scale: float) -> list[tuple[str, str]]
         return []
     variable = HEALTH_TIMEOUT_VARIABLE
     return [(f"\n{variable}={MIN_HEALTH_TIMEOUT_SECONDS}\n", f"\n{variable}={scaled}\n")]
+
+
+# The scripts' own pace on the lab's clock: their polls (a drain's 1 s, a health gate's 2 s, the
+# verify's 5 s service wait) and the verify's measurement (ping's interval, iperf3's seconds).
+# A poll only decides how soon a script notices what it waits for, never what it waits for;
+# a measurement's figures do not depend on its length here (veths, no real link).
+SCRIPT_CLOCK_NOTE = (
+    "scripts' polls and measurements on the lab clock: whole-line `sleep N`, ping -i, iperf3 -t "
+    "(substitutions.script_clock)"
+)
+MIN_SLEEP = 0.1  # a poll no faster than this: each costs a process or a request
+MIN_PING_INTERVAL = 0.01  # ping(8): below 0.2 s only for root, which runs the verify
+_SLEEP = re.compile(r"^(\s*)sleep (\d+(?:\.\d+)?)\s*$", re.MULTILINE)
+_PING_INTERVAL = re.compile(r"(\bping [^\n]*?-i )(\d+(?:\.\d+)?)")
+_IPERF_SECONDS = re.compile(r"(\biperf3 [^\n]*?-t )(\d+)")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def script_clock(text: str, clock_scale: float) -> str:
+    """A script's polls and measurement times on the lab's clock (SCRIPT_CLOCK_NOTE): every
+    whole-line `sleep N` (at least MIN_SLEEP), ping's `-i` (at least MIN_PING_INTERVAL), and
+    iperf3's `-t` (whole seconds, at least 1). Nothing else of the text changes."""
+    if clock_scale >= 1:
+        return text
+    text = _SLEEP.sub(
+        lambda m: f"{m.group(1)}sleep {_seconds(max(MIN_SLEEP, float(m.group(2)) * clock_scale))}", text
+    )
+    text = _PING_INTERVAL.sub(
+        lambda m: m.group(1) + _seconds(max(MIN_PING_INTERVAL, float(m.group(2)) * clock_scale)), text
+    )
+    return _IPERF_SECONDS.sub(lambda m: m.group(1) + str(max(1, round(int(m.group(2)) * clock_scale))), text)
 
 
 @dataclass(frozen=True)

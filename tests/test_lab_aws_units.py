@@ -4,9 +4,11 @@ check as HAProxy runs it, and the staging document run twice at once (a fault th
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -16,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import endpoint, executor
+from labkit import endpoint, executor, substitutions
 from labkit.aws import elb, iam, machine, model, ssmrun
-from labkit.aws.lab import lab_config
+from labkit.aws.lab import gate_clock, lab_config
 from qwen_cluster.render import ssm
 from tests.helpers.wait import wait_until
 from tooling import stackfile
@@ -81,6 +83,24 @@ def test_every_registered_document_fills_with_its_associations_parameters(dev):
         text = "\n".join(line for step in steps for line in step.lines)
         assert "{{" not in text, association.resource
         assert text.startswith("#!/bin/bash"), association.resource  # sh -c FILE: the #! decides
+
+
+def test_the_lab_paces_the_documents_polls_and_nothing_else(dev):
+    """gate_clock puts the documents' polls on the lab clock (the model server's health wait
+    polls every 10 s, the drain every second) as bare metal's scripts'
+    (substitutions.script_clock); no other line."""
+    paced = copy.deepcopy(dev)
+    made = gate_clock(paced, 1 / 30)
+    assert substitutions.SCRIPT_CLOCK_NOTE + ", in the documents" in made
+    changed = []
+    for name, content in dev.documents.items():
+        for step, lab_step in zip(content["mainSteps"], paced.documents[name]["mainSteps"], strict=True):
+            lines, lab_lines = step["inputs"].get("runCommand", []), lab_step["inputs"].get("runCommand", [])
+            changed += [(old, new) for old, new in zip(lines, lab_lines, strict=True) if old != new]
+    assert ("    sleep 10", "    sleep 0.333") in changed  # the health wait's poll
+    for old, new in changed:  # and only whole-line sleeps, each on the lab clock
+        indent, seconds = re.fullmatch(r"(\s*)sleep (\d+)", old).groups()
+        assert new == f"{indent}sleep {max(0.1, round(int(seconds) / 30, 3)):g}"
 
 
 # ------------------------------------------------------------------ targets and rate controls

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from labkit import dockerd, dockerprovider, executor, sshd, standins, substitutions
@@ -210,6 +212,56 @@ def test_every_host_path_of_the_program_is_moved_and_none_is_left(onprem):
             if text:
                 moved = substitutions.script(text, resource=resource.name, etc_root="/e/n", state_dir="/r/n")
                 assert not [word for word in substitutions.FORBIDDEN if word in moved], resource.name
+
+
+def test_the_scripts_polls_and_measurements_run_on_the_lab_clock(onprem):
+    """The lab's render paces the scripts' own waits (substitutions.script_clock): the verify's
+    5 s service poll, ping's 0.2 s interval and iperf3's 3 s on a 1/30 clock, and says so."""
+    rendered, made = onprem
+    assert substitutions.SCRIPT_CLOCK_NOTE in made
+    verify = rendered.named("worker-1-verify").inputs["create"]
+    assert re.search(r"^\s*sleep 0\.167$", verify, re.MULTILINE)
+    assert "-i 0.2 " not in verify and "ping -n -c 5 -i 0.01 -W 1" in verify
+    assert "-t 1 -P" in verify and "-t 3 " not in verify
+    assert not re.search(r"^\s*sleep \d+$", verify, re.MULTILINE)
+
+
+def test_script_clock_changes_only_the_polls_and_measurements():
+    text = (
+        'set -e\n  sleep 5\nsleep 1 && echo later\nping -n -c 5 -i 0.2 -W 1 "$ip"\n'
+        "iperf3 -c x -p 1 -t 3 -P 4 -J\n    sleep 2\necho sleep 9\n"
+    )
+    paced = substitutions.script_clock(text, 1 / 30)
+    assert paced.splitlines() == [
+        "set -e",
+        "  sleep 0.167",
+        "sleep 1 && echo later",  # not a whole-line sleep: left as written
+        'ping -n -c 5 -i 0.01 -W 1 "$ip"',
+        "iperf3 -c x -p 1 -t 1 -P 4 -J",
+        "    sleep 0.1",  # 2/30 s, raised to the floor
+        "echo sleep 9",
+    ]
+    assert substitutions.script_clock(text, 1.0) == text
+
+
+def test_each_node_stages_under_its_own_lock(onprem):
+    """The staging's flock on /run/lock is a host's own; the lab's namespaces share this
+    machine's /run/lock, so each node's lock moves into its lab dir: four nodes, four locks
+    (one shared lock would make every node's pull wait for the others')."""
+    rendered, _ = onprem
+    stages = [
+        resource for resource in rendered.of_type(executor.COMMAND) if resource.name.endswith("-model-stage")
+    ]
+    assert len(stages) == 4
+    locks = set()
+    for resource in stages:
+        state = f"/r/{resource.name}"
+        moved = substitutions.script(
+            resource.inputs["create"], resource=resource.name, etc_root="/e", state_dir=state
+        )
+        locks |= set(re.findall(r"exec 9>(\S+)", moved))
+        assert f"exec 9>{state}/{substitutions.NODE_LOCK_DIR}/qwen-cluster-stage.lock" in moved
+    assert len(locks) == 4
 
 
 def test_a_command_over_the_kernels_argument_limit_fails_as_sshd_would(onprem, tmp_path):

@@ -660,8 +660,18 @@ def _save_settings(aws_plan: AwsPlan, clock_scale: float) -> None:
 def gate_clock(stack: model.AwsStack, clock_scale: float) -> list[str]:
     """The model-server runs' health timeout on the lab's clock (`HealthSeconds`): the config
     keeps a floor for a real model's load (labkit/substitutions.py gate_clock does the same for
-    bare metal's gate scripts); the stand-ins load in seconds."""
+    bare metal's gate scripts); the stand-ins load in seconds. And the documents' polls, as
+    bare metal's scripts' (substitutions.script_clock): the health wait's 10 s."""
     made = set()
+    for content in stack.documents.values():
+        for step in content.get("mainSteps", []):
+            inputs = step.get("inputs", {})
+            lines = inputs.get("runCommand")
+            if isinstance(lines, list):
+                paced = [substitutions.script_clock(line, clock_scale) for line in lines]
+                if paced != lines:
+                    inputs["runCommand"] = paced
+                    made.add(substitutions.SCRIPT_CLOCK_NOTE + ", in the documents")
     for association in stack.associations.values():
         value = association.parameters.get("HealthSeconds")
         if value and value.isdigit():

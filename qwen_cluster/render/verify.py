@@ -38,6 +38,7 @@ DYNAMIC_PORTS = (32768,)
 # iperf3 streams per pair: one TCP stream is bound by one core and one flow's hash; NCCL opens
 # several sockets per peer (NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS) and so does this.
 IPERF_STREAMS = 4
+IPERF_SECONDS = 3  # how long each pair is measured (iperf3 -t)
 
 EXPECTATIONS = ("service", "reachable", "closed")
 
@@ -141,6 +142,7 @@ def _script(
     node_section: str = "",
 ) -> str:
     bandwidth = "" if min_bandwidth_gbps is None else f"{min_bandwidth_gbps:g}"
+    iperf = f"-t {IPERF_SECONDS} -P {IPERF_STREAMS}"
     body = f"""
 connect_timeout={connect_timeout_seconds}
 service_wait={service_wait_seconds}
@@ -245,7 +247,7 @@ while IFS='|' read -r dst dst_ip; do
       "(ping -M do -s $((mtu - 28))): the path MTU is below $mtu"
   fi
   if [ -n "$min_bandwidth_gbps" ]; then
-    bps=$(iperf3 -c "$dst_ip" -p "$iperf_port" -t 3 -P {IPERF_STREAMS} -J </dev/null 2>/dev/null \\
+    bps=$(iperf3 -c "$dst_ip" -p "$iperf_port" {iperf} -J </dev/null 2>/dev/null \\
       | grep -o '"bits_per_second":[[:space:]]*[0-9.e+]*' | tail -n1 | grep -o '[0-9.e+]*$' || true)
     if [ -z "$bps" ]; then
       report bandwidth "$src" "$dst" "iperf3: no result (is iperf3 -s -p $iperf_port running on $dst?)"
