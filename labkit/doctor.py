@@ -3,14 +3,23 @@ the lab (its namespaces have no route to the host). scripts/doctor.py runs `main
 
 from __future__ import annotations
 
-from labkit import blueprint, lifecycle, netns, substitutions
+from labkit import blueprint, executor, lifecycle, netns, substitutions
 from qwen_cluster.config import ClusterConfig
 from tooling import doctor, stackfile
 
 
+def lab_plan_of(stack: str, label: str | None) -> blueprint.LabPlan:
+    """The lab as last applied, as `lab.py upgrade` reads it (labkit/upgrade.py changed_config):
+    the config in its applied state, so a lab brought up with `--nodes N`, or changed since,
+    is checked as it runs. The stack file's plan for a lab never applied."""
+    lab_plan = blueprint.load(stack, label=label)
+    state = executor.load_state(lifecycle.state_file(lab_plan))
+    return lifecycle.plan_from_config(state.config, lab_plan.label) if state is not None else lab_plan
+
+
 def lab_fetch(stack: str, label: str | None) -> tuple[doctor.Fetch, str]:
     """A fetch that asks the lab's Prometheus from inside its node's namespace, and its URL."""
-    lab_plan = blueprint.load(stack, label=label)
+    lab_plan = lab_plan_of(stack, label)
     cluster = lab_plan.cluster
     if cluster.monitoring_node is None:
         raise doctor.Unreachable(f"stack {stack} has monitoring.prometheus off: no Prometheus in its lab")
@@ -24,7 +33,7 @@ def lab_fetch(stack: str, label: str | None) -> tuple[doctor.Fetch, str]:
 
 def lab_runner(stack: str, label: str | None) -> tuple[doctor.Runner, ClusterConfig]:
     """The runner for the lab of `stack` (`label`), and the config it deployed."""
-    return plan_runner(blueprint.load(stack, label=label))
+    return plan_runner(lab_plan_of(stack, label))
 
 
 def plan_runner(lab_plan: blueprint.LabPlan, purpose: str = "doctor") -> tuple[doctor.Runner, ClusterConfig]:

@@ -1,6 +1,7 @@
 """`doctor` rehearsed against the failures of issue 26's table the lab can produce: each injected
 on one node (labkit/faults.py), named with that node and its cause within a minute, and gone
-again once the fault is removed. One lab for the module (label d<pid>), every fault undone.
+again once the fault is removed. One lab for the module (label d<pid>, three of onprem's hosts),
+every fault undone.
 
 The host faults one at a time; the container faults all at once, in one model server that
 worker-2's real dockerd runs in place of the program's (each touches what one check reads).
@@ -26,19 +27,22 @@ import pytest
 from labkit import blueprint, faults, lifecycle
 from labkit import doctor as labdoctor
 from tests.test_lab_namespaces import MISSING
-from tooling import doctor, stackfile
+from tooling import doctor
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
 ROOT = Path(__file__).resolve().parents[1]
 LABEL = f"d{os.getpid() % 100000}"
 WITHIN = 60  # the issue: a fault is named within a minute
 FAULTY = "worker-2"
+# The master, worker-1 and worker-2 of onprem: the faulty node, a clean one of its kind, and the
+# master (Prometheus, the load balancer). doctor reads the nodes the lab runs (labdoctor.lab_plan_of).
+NODES = 3
 
 
 @pytest.fixture(scope="module")
 def lab():
     lifecycle.down(LABEL)
-    lab_plan = blueprint.build(stackfile.load("onprem"), LABEL)
+    lab_plan = blueprint.load("onprem", nodes=NODES, label=LABEL)
     try:
         report = lifecycle.up(lab_plan, lifecycle.Options())
         assert report.ok, [step for step in report.steps if not step.ok]

