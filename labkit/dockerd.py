@@ -522,9 +522,9 @@ class ImageSpec:
     stop_signal: str = ""
     exclude: tuple[str, ...] = ("__pycache__", "/test/", "/tests/")  # skipped in trees (substring)
     # gzip the layer (the registry's usual form). False: a plain tar, for a layer of GBs that
-    # barely compresses and is pulled on every node: dockerd detects the compression of what it
-    # extracts (moby distribution/xfer/download.go
-    # hands each pulled layer to pkg/archive DecompressStream), so gunzip is work saved on every pull.
+    # barely compresses and is pulled on every node: dockerd finds out the compression of each
+    # layer it pulls (moby distribution/xfer/download.go hands it to pkg/archive's
+    # DecompressStream), so a plain tar saves a gunzip on every pull.
     compressed: bool = True
     base: ImageSpec | None = None  # its layers come first; its config is the default
 

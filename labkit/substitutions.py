@@ -8,7 +8,8 @@ a host, though, so a few things are substituted, each for the reason given besid
    endpoint's secrets (API keys, the TLS certificate of the lab's CA: labkit/endpoint.py).
 2. Script text (after the render): paths that would land on this machine's disk, or on lock
    files every namespace shares (/run/lock); the health gates' timeout where the lab's clock
-   goes below the config's floor (`gate_clock`).
+   goes below the config's floor (`gate_clock`); the scripts' polls and measurement times on
+   the lab's clock (`script_clock`).
 3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
    machine rather than on the namespace (`systemctl`, `timedatectl`).
 4. The Docker engine (`DOCKER`): each node runs its own dockerd, reached as the program
