@@ -28,8 +28,11 @@ def bare_metal_raw() -> dict:
 # How `make test` shares this machine's two cores (pytest-xdist, `-n 2 --dist loadgroup`):
 # - A module is never split between workers: a lab module's module-scoped fixture is a lab up
 #   (30 s to minutes); split, each worker brought up its own.
-# - SERIAL_GROUPS: modules that run together on one worker, one after another. The real vLLM on
-#   loopback (minutes of CPU each, one cached environment) is one group.
+# - SERIAL_GROUPS: modules that run together on one worker, one after another. Every module that
+#   runs the real vLLM (minutes of CPU each, one cached environment), on loopback or in its lab,
+#   is one group: in a clean-clone run the lab's image bump overlapped the loopback modules' real
+#   servers loading, and a serving replica's /health went unanswered past the program's 5 s
+#   probe (counted down: two replicas down in a bump that takes one out at a time).
 # - Labs on the two workers may run at once: each has its own label, namespaces, engines and
 #   registry, and what they share (users, sudoers, /etc/netns) is joined and left under
 #   lifecycle.shared_lock().
@@ -39,7 +42,7 @@ def bare_metal_raw() -> dict:
 # https://github.com/pytest-dev/pytest-xdist/issues/1386), so the suite brings its scheduler
 # through xdist's pytest_xdist_make_scheduler hook.
 SERIAL_GROUPS = {
-    "real-vllm": ("test_real_vllm", "test_realvllm_setup"),
+    "real-vllm": ("test_lab_real_vllm", "test_real_vllm", "test_realvllm_setup"),
 }
 # Seconds per module in a clean-clone run (`PYTEST_ADDOPTS=--durations=0 .ci/run`, summed per
 # module, one lab up each); a module that becomes long belongs here.

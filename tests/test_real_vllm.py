@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -382,7 +383,7 @@ def test_the_environment_layer_holds_nothing_of_the_clone_and_the_real_launcher_
 
     def of_clone(layers) -> list[str]:
         paths = [host for layer in layers for host, _ in layer.trees]
-        paths += [program for layer in layers for program in layer.programs]
+        paths += [shutil.which(program) or program for layer in layers for program in layer.programs]
         return [path for path in paths if Path(path).resolve().is_relative_to(ROOT)]
 
     assert of_clone(chain[at:]) == []

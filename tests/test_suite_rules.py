@@ -52,7 +52,6 @@ def test_the_rule_finds_a_sleep_in_a_function_and_allows_a_stand_ins(tmp_path):
 
 
 # What a module calls when it builds network namespaces (the lab's, or a pair of its own).
-_NAMESPACE_USE = ("lifecycle.up(", "needs_netns", "netns_pair", "netns.create", "lab.up(", "dockerd.start")
 
 
 def _uses(path: Path, patterns: tuple[str, ...]) -> bool:
@@ -60,15 +59,15 @@ def _uses(path: Path, patterns: tuple[str, ...]) -> bool:
     return any(pattern in text for pattern in patterns)
 
 
-def test_every_module_that_runs_the_real_vllm_on_loopback_is_in_its_group():
+def test_every_module_that_runs_the_real_vllm_is_in_its_group():
     """Two real vLLM servers at once on two cores starve each other: tests/conftest.py runs
-    these modules one after another on one worker. A new module outside the group would race."""
+    these modules, on loopback or in a lab, one after another on one worker. A new module
+    outside the group would race."""
     from tests.conftest import serial_group
 
     modules = [path for path in TESTS.glob("test_*.py") if path != Path(__file__)]
-    labs = {path.stem for path in modules if _uses(path, _NAMESPACE_USE)}
-    real = sorted(path.stem for path in modules if _uses(path, ("realvllm",)) and path.stem not in labs)
-    assert "test_lab_namespaces" in labs and "test_real_vllm" in real, "the scan's patterns are stale"
+    real = sorted(path.stem for path in modules if _uses(path, ("realvllm",)))
+    assert {"test_real_vllm", "test_lab_real_vllm"} <= set(real), "the scan's pattern is stale"
     assert [stem for stem in real if serial_group(stem) != "real-vllm"] == []
 
 
@@ -78,6 +77,7 @@ def test_a_module_and_a_group_are_each_one_unit_of_work():
     assert schedule_scope("tests/test_lab_ssh.py::test_a[x::y]") == "tests/test_lab_ssh.py"
     assert schedule_scope("tests/test_real_vllm.py::test_b") == "real-vllm"
     assert schedule_scope("tests/test_real_vllm_multinode.py::test_c") == "real-vllm"
+    assert schedule_scope("tests/test_lab_real_vllm.py::test_d") == "real-vllm"
 
 
 def test_make_tests_workers_each_run_whole_modules():
