@@ -81,7 +81,7 @@ SCRIPT_CLOCK_NOTE = (
 )
 MIN_SLEEP = 0.1  # a poll no faster than this: each costs a process or a request
 MIN_PING_INTERVAL = 0.01  # ping(8): below 0.2 s only for root, which runs the verify
-_SLEEP = re.compile(r"^(\s*)sleep (\d+(?:\.\d+)?)\s*$", re.MULTILINE)
+_SLEEP = re.compile(r"^([ \t]*)sleep (\d+(?:\.\d+)?)[ \t]*$", re.MULTILINE)  # within one line
 _PING_INTERVAL = re.compile(r"(\bping [^\n]*?-i )(\d+(?:\.\d+)?)")
 _IPERF_SECONDS = re.compile(r"(\biperf3 [^\n]*?-t )(\d+)")
 

@@ -229,7 +229,7 @@ def test_the_scripts_polls_and_measurements_run_on_the_lab_clock(onprem):
 def test_script_clock_changes_only_the_polls_and_measurements():
     text = (
         'set -e\n  sleep 5\nsleep 1 && echo later\nping -n -c 5 -i 0.2 -W 1 "$ip"\n'
-        "iperf3 -c x -p 1 -t 3 -P 4 -J\n    sleep 2\necho sleep 9\n"
+        "iperf3 -c x -p 1 -t 3 -P 4 -J\n    sleep 2\n\n  sleep 3\t\n\necho sleep 9\n"
     )
     paced = substitutions.script_clock(text, 1 / 30)
     assert paced.splitlines() == [
@@ -239,6 +239,9 @@ def test_script_clock_changes_only_the_polls_and_measurements():
         'ping -n -c 5 -i 0.01 -W 1 "$ip"',
         "iperf3 -c x -p 1 -t 1 -P 4 -J",
         "    sleep 0.1",  # 2/30 s, raised to the floor
+        "",  # blank lines around a sleep stay
+        "  sleep 0.1",
+        "",
         "echo sleep 9",
     ]
     assert substitutions.script_clock(text, 1.0) == text
