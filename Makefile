@@ -23,12 +23,9 @@ system:
 demo: venv system
 	$(PY) scripts/demo.py
 
-# Three pytest-xdist workers on two cores: the lab mostly waits on its engines (daemons, pulls,
-# servers loading, the lab clock), so a third worker fills the idle CPU (tests/conftest.py says
-# how modules are shared out; docs/developers.md has the figures).
 test: venv system
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 3 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # make plan STACK=prod DIAGRAM=out/prod.svg  (no STACK: every stack)
 plan: venv system

@@ -25,7 +25,7 @@ def bare_metal_raw() -> dict:
     return copy.deepcopy(BASE_BARE_METAL)
 
 
-# How `make test` shares this machine's two cores (pytest-xdist, `-n 3 --dist loadgroup`):
+# How `make test` shares this machine's two cores (pytest-xdist, `-n 2 --dist loadgroup`):
 # - A module is never split between workers: a lab module's module-scoped fixture is a lab up
 #   (30 s to minutes); split, each worker brought up its own.
 # - SERIAL_GROUPS: modules that run together on one worker, one after another. Every module that
@@ -33,7 +33,7 @@ def bare_metal_raw() -> dict:
 #   is one group: in a clean-clone run the lab's image bump overlapped the loopback modules' real
 #   servers loading, and a serving replica's /health went unanswered past the program's 5 s
 #   probe (counted down: two replicas down in a bump that takes one out at a time).
-# - Labs on different workers may run at once: each has its own label, namespaces, engines and
+# - Labs on the two workers may run at once: each has its own label, namespaces, engines and
 #   registry, and what they share (users, sudoers, /etc/netns) is joined and left under
 #   lifecycle.shared_lock().
 # - LONG_MODULES go first, longest first, so that the short ones fill in at the end.

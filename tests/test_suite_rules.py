@@ -81,7 +81,7 @@ def test_a_module_and_a_group_are_each_one_unit_of_work():
 
 
 def test_make_tests_workers_each_run_whole_modules():
-    """As `make test` runs them (xdist workers, --dist loadgroup): each module's tests all land on
+    """As `make test` runs them (two workers, --dist loadgroup): each module's tests all land on
     one worker (a lab module's fixture is one lab up, not one per worker). Two quick modules
     stand in for the labs."""
     import re
