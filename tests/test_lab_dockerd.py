@@ -75,6 +75,26 @@ def test_build_is_cached_by_inputs(tmp_path: Path) -> None:
     assert changed.key != first.key
 
 
+def test_a_large_blob_is_linked_into_the_registrys_storage(tmp_path: Path, monkeypatch) -> None:
+    blob = tmp_path / "layer.tar"
+    blob.write_bytes(b"layer bytes")
+    digest = "sha256:" + "ab" * 32
+    registry = dockerd.Registry("unused", "127.0.0.1", 5000, tmp_path / "registry", tmp_path / "run")
+    v2 = registry.root / "docker" / "registry" / "v2"
+    assert dockerd.registry_link(registry, "library/x", digest, blob)
+    assert dockerd.registry_link(registry, "other/y", digest, blob)  # a second repository
+    data = v2 / "blobs" / "sha256" / "ab" / ("ab" * 32) / "data"
+    assert data.samefile(blob)  # the cached file itself, not a copy
+    for repository in ("library/x", "other/y"):
+        link = v2 / "repositories" / repository / "_layers" / "sha256" / ("ab" * 32) / "link"
+        assert link.read_text() == digest
+    # Another filesystem: no hard link, the caller pushes the blob over HTTP instead.
+    exdev = OSError(18, "Invalid cross-device link")
+    monkeypatch.setattr(dockerd.os, "link", lambda *_: (_ for _ in ()).throw(exdev))
+    assert not dockerd.registry_link(registry, "library/z", "sha256:" + "cd" * 32, blob)
+    assert not (v2 / "repositories" / "library" / "z").exists()
+
+
 @pytest.fixture
 def lab(tmp_path: Path):
     netns.add(NAMESPACE)
@@ -107,10 +127,16 @@ def test_a_daemon_in_a_namespace_pulls_through_the_lab_registry(lab) -> None:
         assert plain.getnames() == ["etc/lab-plain"]
     dockerd.start_registry(registry)
     assert dockerd.publish(registry, "lab/busybox:v1", built) == "lab/busybox:v1"
+    # Every blob linked into the registry's storage where it can be (the path a multi-GB layer
+    # takes), pushed where it cannot: pulled the same either way.
+    assert dockerd.publish(registry, "lab/linked:v1", built, link_bytes=0) == "lab/linked:v1"
     dockerd.start(daemon)
     assert dockerd.start(daemon).endswith("running")  # idempotent
 
     dockerd.docker(daemon, "pull", "lab/busybox:v1")
+    dockerd.docker(daemon, "pull", "lab/linked:v1")
+    linked = dockerd.docker(daemon, "image", "inspect", "-f", "{{.Id}}", "lab/linked:v1")
+    assert linked.stdout.strip() == built.id
     unknown = dockerd.docker(daemon, "pull", "lab/busybox:nope", check=False)
     assert unknown.returncode != 0
     # One image id on every node: the config's digest, not a per-import id.
