@@ -569,6 +569,7 @@ class Executor:
                 environment=environment,
                 stdin=inputs.get("stdin"),
                 timeout=COMMAND_TIMEOUT,
+                kex=sshd.PULUMI_COMMAND_KEX,
             )
         except OSError as error:
             if error.errno != errno.E2BIG:
