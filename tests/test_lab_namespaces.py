@@ -380,7 +380,9 @@ def test_all_replicas_down_gives_a_prompt_502_or_503_and_recovers(running):
         for head in lab_plan.heads:
             assert lifecycle.start_model_server(lab_plan, head, options).ok
     assert [reply.status for reply in replies] in ([502] * 3, [503] * 3, [502, 503, 503], [502, 502, 503])
-    assert max(reply.seconds for reply in replies) < 2.0
+    # Prompt: every replica refuses at once, nothing waits out a connect timeout (2.6 s was
+    # seen at load average 20, so the bound is the timeout, not a guess at the machine's speed).
+    assert max(reply.seconds for reply in replies) < renderers.nginx_connect_timeout_seconds()
     waited = _wait_for_rejoin(lab_plan, lab_plan.heads[0].node)
     assert waited < REJOIN_SECONDS
 
