@@ -1,7 +1,9 @@
 """Day 2 rehearsed: the lab applies a changed stack config while clients use it (root).
 
 One lab for the module (its own label); the rehearsals run in order on it, each starting
-from what the previous one left, as successive `pulumi up`s would.
+from what the previous one left, as successive `pulumi up`s would. Three of the stack's four
+nodes: a rollout that takes one replica out at a time still has one on either side of it
+(test_lab_namespaces rehearses the stack's four).
 """
 
 from __future__ import annotations
@@ -14,21 +16,20 @@ import pytest
 
 from labkit import blueprint, executor, lifecycle, netns, standins, upgrade
 from labkit import cli as lab_cli
-from tooling import stackfile
 
 LABEL = f"u{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "ufw")
 MISSING = netns.missing_requirements() + [f"{b} not installed" for b in BINARIES if not shutil.which(b)]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
 
-ONPREM_NODES = stackfile.read("onprem")["qwen-cluster:nodes"]
-NEW_NODE = {"name": "worker-4", "ip": "192.168.1.104"}
+NODES = 3
+NEW_NODE = {"name": "worker-4", "ip": "192.168.1.104"}  # not one of the stack file's nodes
 
 
 @pytest.fixture(scope="module")
 def running():
     lifecycle.down(LABEL)
-    lab_plan = blueprint.load("onprem", label=LABEL)
+    lab_plan = blueprint.load("onprem", nodes=NODES, label=LABEL)
     options = lifecycle.Options()
     try:
         report = lifecycle.up(lab_plan, options)
@@ -43,6 +44,11 @@ def _ran(result) -> dict[str, set[str]]:
     for step in result.steps:
         ran.setdefault(step.resource, set()).add(step.op)
     return ran
+
+
+def _nodes(lab_plan) -> list[dict]:
+    """The lab's nodes as its stack config lists them (what `nodes=` changes)."""
+    return lab_plan.stack_config["qwen-cluster:nodes"]
 
 
 def _sysctl(namespace: str, key: str) -> str:
@@ -73,7 +79,7 @@ def test_a_sysctl_change_updates_the_drop_in_in_place_and_restarts_nothing(runni
 
 def test_a_node_added_leaves_the_running_containers_alone_and_no_closed_port_opens(running):
     lab_plan, options = running
-    nodes = [*ONPREM_NODES, NEW_NODE]
+    nodes = [*_nodes(lab_plan), NEW_NODE]
     result = upgrade.run(LABEL, [f"nodes={json.dumps(nodes)}"], options, probe_matrix=True)
     ran = _ran(result)
     assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
@@ -87,8 +93,8 @@ def test_a_node_added_leaves_the_running_containers_alone_and_no_closed_port_ope
 
 
 def test_a_node_removed_is_deleted_without_a_failed_request(running):
-    _, options = running
-    result = upgrade.run(LABEL, [f"nodes={json.dumps(ONPREM_NODES)}"], options)
+    lab_plan, options = running
+    result = upgrade.run(LABEL, [f"nodes={json.dumps(_nodes(lab_plan))}"], options)
     ran = _ran(result)
     assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
     assert result.failed == 0 and result.streams_cut == 0, result.failures
@@ -132,7 +138,8 @@ def test_an_image_that_never_becomes_healthy_stops_the_rollout_with_the_rest_ser
     assert result["failed"] == 0 and result["streamsCut"] == 0, result
     assert [where.split(":")[0] for where in result["stoppedAt"]] == ["master-ready on master"]
     assert "rollout.healthTimeoutSeconds=2" in result["stoppedAt"][0]
-    assert result["replicasNotReached"] == ["worker-1", "worker-2", "worker-3"]
+    assert result["replicasNotReached"] == [head.node for head in lab_plan.heads if head.node != "master"]
+    assert len(result["replicasNotReached"]) == NODES - 1
     assert result["replicasLeftOut"] == ["master"]
     assert result["maxReplicasDown"] == 1
 
