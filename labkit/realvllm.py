@@ -412,6 +412,51 @@ def write_launcher(directory: Path, venv: Path, model: Path, labkit_parent: Path
 
 
 IMAGE_LAUNCHER = "/usr/local/bin/vllm"
+# vLLM learns what a model class supports in a fresh interpreter on every start, unless its cache
+# has the answer: vllm/model_executor/models/registry.py, _LazyRegisteredModel.inspect_model_cls,
+# reads VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json, kept while a hash of the model's
+# source matches, and runs `python -m vllm.model_executor.models.registry` otherwise. A new
+# container has an empty cache: that subprocess cost 13 s of CPU per start in the lab, four
+# starts per real-vLLM rehearsal. The lab's image carries the file vLLM itself wrote for the
+# tiny model's architecture, at VLLM_CACHE_ROOT's default for the image's root user
+# (vllm/envs.py: ~/.cache/vllm). It changes how long a start takes, nothing a client sees; a
+# stale file is only a miss (vLLM inspects again).
+IMAGE_VLLM_CACHE = "/root/.cache/vllm"
+MODELINFO_SCRIPT = """
+import json, sys
+from vllm.model_executor.models.registry import ModelRegistry
+with open(sys.argv[1] + "/config.json") as config:
+    for architecture in json.load(config)["architectures"]:
+        if ModelRegistry._try_inspect_model_cls(architecture) is None:
+            sys.exit(f"vLLM cannot inspect {architecture}")
+"""
+
+
+def ensure_modelinfo(log: Callable[[str], None] = print) -> Path:
+    """vLLM's cache of the tiny model's class inspection (IMAGE_VLLM_CACHE), written by the
+    cached environment's vLLM itself; the directory that holds `modelinfos/`."""
+    venv, model = ensure_venv(log), ensure_model(log)
+    target = cache_root() / f"vllm-modelinfo-{_digest(venv.name.encode(), model.name.encode())}"
+    if (target / COMPLETE).exists():
+        return target
+    with _locked(target.name):
+        if (target / COMPLETE).exists():
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        environment = {**os.environ, "VLLM_CACHE_ROOT": str(target), "HF_HUB_OFFLINE": "1"}
+        environment.update({key: value for key, (value, _why) in CPU_ENVIRONMENT.items()})
+        environment.pop("PYTHONPATH", None)
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", MODELINFO_SCRIPT, str(model)],
+            capture_output=True, text=True, env=environment, timeout=600,
+        )  # fmt: skip
+        if done.returncode != 0 or not any((target / "modelinfos").glob("*.json")):
+            shutil.rmtree(target, ignore_errors=True)
+            raise RuntimeError(f"vLLM's model inspection failed: {(done.stdout + done.stderr)[-2000:]}")
+        (target / COMPLETE).write_text("")
+        log(f"vLLM's model inspection cached: {target}")
+        return target
 
 
 class ImageTrees(NamedTuple):
@@ -419,15 +464,16 @@ class ImageTrees(NamedTuple):
     pairs for the image builder (labkit/dockerd.py ImageSpec trees)."""
 
     environment: tuple[tuple[str, str], ...]  # the environment, the model, the host files
-    top: tuple[tuple[str, str], ...]  # LAUNCHER as the image's `vllm`, over the lab's stand-in
+    top: tuple[tuple[str, str], ...]  # LAUNCHER as the image's `vllm` (over the lab's stand-in), vLLM's cache
 
 
 def image_trees(labkit_parent: str) -> ImageTrees:
     """The image's trees, built first when missing: the environment and the model at their own
     paths (a venv names its interpreter by absolute path; the image's Python is the one it was
     made from, `interpreter()`) with the host files it needs, and LAUNCHER as the image's
-    `vllm`, importing the lab's code from `labkit_parent` in the image. The environment holds
-    nothing of the clone, so its layer can sit under the lab's code (labkit/standins.py)."""
+    `vllm`, importing the lab's code from `labkit_parent` in the image, and vLLM's cache of the
+    model's inspection (IMAGE_VLLM_CACHE). The environment holds nothing of the clone, so its
+    layer can sit under the lab's code (labkit/standins.py)."""
     venv, model = ensure_venv(), ensure_model()
     text = launcher_text(venv, model, labkit_parent)
     directory = cache_root() / f"launcher-{_digest(text.encode())}"
@@ -436,7 +482,10 @@ def image_trees(labkit_parent: str) -> ImageTrees:
         write_launcher(directory, venv, model, Path(labkit_parent))
     host = tuple((path, path) for path in system_files(venv))
     environment = ((str(venv), str(venv)), (str(model), str(model)), *host)
-    return ImageTrees(environment, ((str(launcher), IMAGE_LAUNCHER),))
+    modelinfos = ensure_modelinfo() / "modelinfos"
+    return ImageTrees(
+        environment, ((str(launcher), IMAGE_LAUNCHER), (str(modelinfos), f"{IMAGE_VLLM_CACHE}/modelinfos"))
+    )
 
 
 SYSTEM_FILES = ".lab-system-files-2"

@@ -356,13 +356,37 @@ def test_the_tiny_model_builds_the_same_bytes_again(tmp_path):
 def test_the_lab_image_gets_the_environment_the_model_the_launcher_and_host_files():
     image_trees = realvllm.image_trees(standins.APP_DIR)
     trees = dict((image, host) for host, image in image_trees.environment + image_trees.top)
-    assert [image for _, image in image_trees.top] == [realvllm.IMAGE_LAUNCHER]
+    modelinfos = f"{realvllm.IMAGE_VLLM_CACHE}/modelinfos"
+    assert [image for _, image in image_trees.top] == [realvllm.IMAGE_LAUNCHER, modelinfos]
     venv, model = str(realvllm.venv_dir()), str(realvllm.model_dir())
     assert trees[venv] == venv and trees[model] == model
     launcher = Path(trees[realvllm.IMAGE_LAUNCHER]).read_text()
     assert launcher.startswith(f"#!{venv}/bin/python") and repr(standins.APP_DIR) in launcher
     assert "/usr/bin/lscpu" in trees  # the CPU engine runs it at start
     assert any("libstdc++" in path for path in trees) and any("libgomp" in path for path in trees)
+
+
+def test_the_image_carries_vllms_own_inspection_of_the_model_and_vllm_takes_it():
+    """A container's vLLM finds the model's inspection in its cache (VLLM_CACHE_ROOT's default
+    for root) and does not start the subprocess that makes it: the file is the one vLLM wrote,
+    and its hash is the one vLLM computes for the environment's model source."""
+    top = dict((image, host) for host, image in realvllm.image_trees(standins.APP_DIR).top)
+    cache = Path(top[f"{realvllm.IMAGE_VLLM_CACHE}/modelinfos"]).parent
+    check = (
+        "from pathlib import Path\n"
+        "from vllm.model_executor.models import registry\n"
+        "model = registry.ModelRegistry.models['Qwen3ForCausalLM']\n"
+        "source = Path(registry.__file__).parent / (model.module_name.split('.')[-1] + '.py')\n"
+        "found = model._load_modelinfo_from_cache(model._get_modelinfo_module_hash(source))\n"
+        "print(found.architecture if found else 'miss')\n"
+    )
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VLLM_CACHE_ROOT": str(cache)}
+    done = subprocess.run(
+        [str(realvllm.venv_dir() / "bin" / "python"), "-c", check],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "Qwen3ForCausalLM"
 
 
 def test_the_environment_layer_holds_nothing_of_the_clone_and_the_real_launcher_is_on_top():
