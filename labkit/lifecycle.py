@@ -722,8 +722,14 @@ def down(label: str | None = None) -> list[str]:
         for leftover in netns.NETNS_ETC.iterdir():
             if leftover.name.startswith(prefix):
                 shutil.rmtree(leftover, ignore_errors=True)
-    for docker_root in (DOCKER_DATA_ROOT, DOCKER_RUN_ROOT):
-        shutil.rmtree(docker_root / label if label else docker_root, ignore_errors=True)
+    # Each engine's data apart, at once: a real-vLLM node holds 2.5 GB in ~60,000 files, and one
+    # tree's delete waits on the disk more than on the CPU (11 s each here).
+    engines = [base / label if label else base for base in (DOCKER_DATA_ROOT, DOCKER_RUN_ROOT)]
+    trees = [tree for engine in engines if engine.is_dir() for tree in engine.iterdir()]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda tree: shutil.rmtree(tree, ignore_errors=True), trees))
+    for engine in engines:
+        shutil.rmtree(engine, ignore_errors=True)
     root = Path(STATE_ROOT)
     if label:
         shutil.rmtree(root / label, ignore_errors=True)
