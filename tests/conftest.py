@@ -47,17 +47,17 @@ SERIAL_GROUPS = {
 # Seconds per module in a clean-clone run (`PYTEST_ADDOPTS=--durations=0 .ci/run`, summed per
 # module, one lab up each); a module that becomes long belongs here.
 LONG_MODULES = (
-    "test_lab_real_vllm",  # 436 s
-    "test_lab_upgrade",  # 317 s
-    "test_lab_namespaces",  # 285 s
-    "test_real_vllm",  # 131 s; its group (with test_real_vllm_multinode) 185 s
-    "test_lab_aws",  # 160 s
-    "test_lab_ssh",  # 141 s
-    "test_lab_doctor",  # 128 s
-    "test_lab_monitoring",  # 80 s
-    "test_lab_lockout",  # 69 s
-    "test_lab_endpoint",  # 40 s
-    "test_lab_openai",  # 37 s
+    "test_lab_real_vllm",  # 346 s
+    "test_lab_upgrade",  # 238 s
+    "test_lab_namespaces",  # 218 s
+    "test_lab_aws",  # 135 s
+    "test_lab_doctor",  # 92 s
+    "test_real_vllm",  # 80 s; its group (with test_real_vllm_multinode) 133 s
+    "test_lab_ssh",  # 66 s
+    "test_lab_monitoring",  # 47 s
+    "test_lab_lockout",  # 39 s
+    "test_lab_openai",  # 38 s
+    "test_lab_endpoint",  # 28 s
 )
 
 
