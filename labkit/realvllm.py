@@ -444,9 +444,11 @@ def ensure_modelinfo(log: Callable[[str], None] = print) -> Path:
             return target
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
-        environment = {**os.environ, "VLLM_CACHE_ROOT": str(target), "HF_HUB_OFFLINE": "1"}
-        environment.update({key: value for key, (value, _why) in CPU_ENVIRONMENT.items()})
-        environment.pop("PYTHONPATH", None)
+        # As the launcher runs it (CPU_ENVIRONMENT, CPU_ENVIRONMENT_REMOVED), into this cache.
+        environment = {**os.environ, **{key: value for key, (value, _why) in CPU_ENVIRONMENT.items()}}
+        for key in CPU_ENVIRONMENT_REMOVED:
+            environment.pop(key, None)
+        environment["VLLM_CACHE_ROOT"] = str(target)
         done = subprocess.run(
             [str(venv / "bin" / "python"), "-c", MODELINFO_SCRIPT, str(model)],
             capture_output=True, text=True, env=environment, timeout=600,
