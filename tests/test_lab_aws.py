@@ -161,6 +161,7 @@ def test_an_image_bump_rolls_in_lanes_under_load_with_no_failed_request(day0):
     assert result["requests"] > 100
     assert 1 <= result["maxReplicasDown"] <= aws_plan.plan.cluster.max_unavailable
     assert result["ssm"]["everyDocumentOnEveryNode"], result["ssm"]
+    assert result["ssm"]["notSucceeded"] == [], result["ssm"]["notSucceeded"]
     servers = [s for s in result["steps"] if s["resource"].endswith("-server")]
     assert [s["node"] for s in servers] == ["master", "worker-1"]  # one lane at 2 replicas
     images = {_chat(aws_plan).image for _ in range(6)}
@@ -206,6 +207,7 @@ def test_a_node_added_boots_gets_every_association_registers_and_serves(day0):
     }  # the replicas that served are left alone
     documents = result["ssm"]["documents"]
     assert all(documents[d].get(i) == ssmrun.SUCCESS for d in documents for i in ["worker-2"]), documents
+    assert result["ssm"]["notSucceeded"] == [], result["ssm"]["notSucceeded"]
     assert result["ssm"]["everyDocumentOnEveryNode"], documents
     # The key the stack accepts now (a key rotation may or may not have run before this test).
     _until_served_by(aws_plan, {"master", "worker-1", "worker-2"}, key_index=result["clientKey"])

@@ -701,6 +701,20 @@ def record_runs(aws_plan: AwsPlan, report: AwsUp, stack: model.AwsStack) -> dict
     return table
 
 
+def _not_succeeded(report: AwsUp, stack: model.AwsStack) -> list[dict[str, str]]:
+    return [
+        {
+            "document": _document_role(stack, stack.associations[name].document),
+            "node": invocation.instance,
+            "status": invocation.status,
+            "output": invocation.output[-1500:],
+        }
+        for name, run in report.runs.items()
+        for invocation in run.invocations
+        if invocation.status != ssmrun.SUCCESS
+    ]
+
+
 def _document_role(stack: model.AwsStack, name: str) -> str:
     """A document by what it does (its step's name): modelStage, modelServer, nodeProxy, monitoring."""
     steps = stack.documents.get(name, {}).get("mainSteps") or [{}]
@@ -842,6 +856,9 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
                 if document != "nodeProxy"
             )
             and all(runs.get("nodeProxy", {}).get(m.node) == ssmrun.SUCCESS for m in aws_plan.plan.heads),
+            # This change's runs that did not succeed, with the end of their output (what
+            # `get-command-invocation` shows): why a document is not Success above.
+            "notSucceeded": _not_succeeded(report, stack),
         },
         "parametersUpdated": sorted(stack.parameters[name]["name"] for name in parameters),
         "nodesAdded": [m.node for m in added],
