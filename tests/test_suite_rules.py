@@ -51,9 +51,6 @@ def test_the_rule_finds_a_sleep_in_a_function_and_allows_a_stand_ins(tmp_path):
     assert sleeps_outside_stand_ins(module) == [3, 9]
 
 
-# What a module calls when it builds network namespaces (the lab's, or a pair of its own).
-
-
 def _uses(path: Path, patterns: tuple[str, ...]) -> bool:
     text = path.read_text()
     return any(pattern in text for pattern in patterns)
