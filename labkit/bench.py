@@ -296,7 +296,7 @@ def lab_real_model(stack: str, count: int = 4, max_requests: int = 120) -> dict[
         watcher.start()
         try:
             bump = ["model.image=vllm/vllm-openai:v0.33.1"]
-            result = upgrade.run(label, bump, options, load=realvllm.client_load(max_requests))
+            result = upgrade.run(label, bump, options, load=upgrade.real_model_load(max_requests))
         finally:
             stop.set()
             watcher.join(timeout=30)

@@ -146,7 +146,7 @@ def _upgrade(args, console: Console, options: lifecycle.Options) -> int:
             return status
     load = upgrade.LoadSettings(max_requests=args.max_requests)
     if options.real_model:
-        load = realvllm.client_load(args.max_requests)
+        load = upgrade.real_model_load(args.max_requests)
     try:
         result = upgrade.run(
             args.label or args.stack, args.change, options, load=load, probe_matrix=args.probe_matrix

@@ -529,17 +529,6 @@ def system_files(venv: Path) -> list[str]:
     paths = sorted(canonical | {os.path.realpath(path) for path in canonical})
     cached.write_text("\n".join(paths) + "\n")
     return paths
-def client_load(max_requests: int):
-    """The upgrade's client load against the real server: it writes ~250 tokens/s on a quiet
-    machine shared by every request, and a random model may not stop before its context is
-    full, so fewer requests, each with a token cap."""
-    from labkit import upgrade
-
-    return upgrade.LoadSettings(
-        max_requests=max_requests, rate=2.0, workers=4, stream_tokens=16, chat_tokens=16
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit.realvllm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

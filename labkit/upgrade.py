@@ -44,6 +44,13 @@ class LoadSettings:
     access: probes.ClientAccess | None = None  # None: the lab's own key (lifecycle.client_access)
 
 
+def real_model_load(max_requests: int) -> LoadSettings:
+    """The client load against the real vLLM (`--real-model`): it writes ~250 tokens/s on a quiet
+    machine shared by every request, and a random model may not stop before its context is full,
+    so fewer requests, each with a token cap."""
+    return LoadSettings(max_requests=max_requests, rate=2.0, workers=4, stream_tokens=16, chat_tokens=16)
+
+
 @dataclass
 class Outcome:
     streamed: bool

@@ -78,7 +78,7 @@ def test_openai_streams_from_the_real_server_through_the_locked_endpoint(lab):
 
 def test_an_image_bump_under_load_fails_no_request(lab):
     lab_plan, options = lab
-    result = upgrade.run(LABEL, [BUMP], options, load=realvllm.client_load(REQUESTS))
+    result = upgrade.run(LABEL, [BUMP], options, load=upgrade.real_model_load(REQUESTS))
     summary = result.as_json()
     assert result.ok, summary.get("stoppedAt")
     assert summary["requests"] > 0

@@ -108,9 +108,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# labkit's cycle (shims -> standins -> substitutions -> shims) is being removed with the rewrite of
-# those modules; it joins this list when that lands.
-@pytest.mark.parametrize("package", ["components", "qwen_cluster", "tooling", "policies"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle_inside_a_package(package):
     known = modules(package)
     # A module's own enclosing packages are loaded before it whatever it imports: not an edge.
