@@ -98,15 +98,12 @@ def render(
     if result.error:
         raise ExecutorError(f"the program failed under mocks: {result.error}")
     stored = as_stored(result)
-    replacements = substitutions.gate_clock(stack_config, clock_scale)
     paced = False
     for resource in stored.custom_resources:
         if resource.type == COMMAND:
             for key in ("create", "update", "delete"):
                 text = resource.inputs.get(key)
                 if isinstance(text, str):
-                    for old_text, new_text in replacements:
-                        text = text.replace(old_text, new_text)
                     lab_text = substitutions.script_clock(text, clock_scale)
                     paced = paced or lab_text != text
                     resource.inputs[key] = lab_text

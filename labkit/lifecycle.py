@@ -569,10 +569,10 @@ def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
     from labkit import probes
 
     started = time.monotonic()
-    # Bounded by the stack's own health gate on the lab clock (what a rollout would wait for a
-    # replica), never less than a few load times: a busy machine slows it, nothing hangs it.
-    gate = plan.cluster.rollout.health_timeout_seconds * options.clock_scale
-    limit = max(gate, 3 * options.model_load_seconds * options.clock_scale, 5.0)
+    # Bounded by the stack's own health gate (what a rollout would wait for a replica): a real
+    # speed wait, never on the lab clock (substitutions.CLOCK_KEYS). A busy machine slows it,
+    # nothing hangs it.
+    limit = float(plan.cluster.rollout.health_timeout_seconds)
     lb = plan.load_balancer.namespace
     waiting = list(plan.heads)
     while waiting and time.monotonic() - started < limit:
@@ -588,7 +588,11 @@ def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
     if waiting:
         names = ", ".join(head.node for head in waiting)
         return StepResult(
-            plan.load_balancer.node, "serving", False, f"no {HEALTH_PATH} 200 from {names} in {seconds:.1f} s"
+            plan.load_balancer.node,
+            "serving",
+            False,
+            f"no {HEALTH_PATH} 200 from {names} in {seconds:.1f} s "
+            f"(rollout.healthTimeoutSeconds={plan.cluster.rollout.health_timeout_seconds})",
         )
     return StepResult(
         plan.load_balancer.node, "serving", True, f"every replica healthy after {seconds:.2f} s", op="fixture"

@@ -299,10 +299,10 @@ CPU_CHANGES: tuple[CpuChange, ...] = (
         replica="multi",
     ),
 )
-# The lab clock with the real model: it loads in real time (~30-45 s quiet, minutes under
-# load), so the health gates (rollout.healthTimeoutSeconds, 1800 s: 600 s at 1/3) and the wait
-# for every replica must not shrink to the stand-in's 1/30 (60 s); drains (300 s: 100 s) stay
-# bounded. The rendered --shutdown-timeout and the container's stop grace are not scaled.
+# The lab clock with the real model: its streams run in real time, so drains (300 s: 100 s)
+# must not shrink to the stand-in's 1/30. The health gates are never on the lab clock (they wait
+# for a real load: ~30-45 s quiet, minutes under load; substitutions.CLOCK_KEYS). The rendered
+# --shutdown-timeout and the container's stop grace are not scaled.
 REAL_MODEL_CLOCK = 1 / 3
 # Environment the lab adds to the rendered one (qwen_cluster/render/vllm.py environment()).
 CPU_ENVIRONMENT: dict[str, tuple[str, str]] = {

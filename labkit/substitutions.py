@@ -7,9 +7,8 @@ a host, though, so a few things are substituted, each for the reason given besid
    reaches them (its SSH user, key and the host keys it generated, labkit/sshd.py); the
    endpoint's secrets (API keys, the TLS certificate of the lab's CA: labkit/endpoint.py).
 2. Script text (after the render): paths that would land on this machine's disk, or on lock
-   files every namespace shares (/run/lock); the health gates' timeout where the lab's clock
-   goes below the config's floor (`gate_clock`); the scripts' polls and measurement times on
-   the lab's clock (`script_clock`).
+   files every namespace shares (/run/lock); the scripts' polls and measurement times on the
+   lab's clock (`script_clock`).
 3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
    machine rather than on the namespace (`systemctl`, `timedatectl`).
 4. The Docker engine (`DOCKER`): each node runs its own dockerd, reached as the program
@@ -31,8 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from qwen_cluster.config import NAMESPACE, REDACTED
-from qwen_cluster.config.sections import MIN_HEALTH_TIMEOUT_SECONDS
-from qwen_cluster.render.rollout import HEALTH_TIMEOUT_VARIABLE
 from tooling import stackfile
 
 # -------------------------------------------------------------- 1. stack config
@@ -41,34 +38,19 @@ from tooling import stackfile
 VETH_GBPS = 10
 # Stack-config keys holding durations in seconds, put on the lab's clock (Options.clock_scale):
 # with 1/30 the hour of idle timeout is 2 minutes and the 5-minute drain 10 s, so the ratios
-# the stack promises hold while a rehearsal takes seconds.
+# the stack promises hold while a rehearsal takes seconds. Each bounds something that runs on
+# that clock too: an idle connection, a stream of the stand-in's (its token delays are scaled).
 CLOCK_KEYS = (
     ("loadBalancer", "idleTimeoutSeconds"),
     ("rollout", "drainTimeoutSeconds"),
-    ("rollout", "healthTimeoutSeconds"),
     # Every monitoring duration follows the scrape interval (qwen_cluster/render/monitoring/clock.py):
     # 15 s becomes 1 s, an alert's `for` four seconds.
     ("monitoring", "scrapeIntervalSeconds"),
 )
-
-
-HEALTH_TIMEOUT = ("rollout", "healthTimeoutSeconds")
-
-
-def gate_clock(raw: dict[str, Any], clock_scale: float) -> list[tuple[str, str]]:
-    """The health gates' timeout on the lab's clock where the config's floor (a real model
-    loads for minutes) refuses the scaled value: the stand-ins load in seconds, and a rehearsal
-    of a replica that never becomes healthy should not wait a minute. Text replacements for
-    the rendered gate scripts (qwen_cluster/render/rollout.py HEALTH_TIMEOUT_VARIABLE)."""
-    values = raw.get(f"{NAMESPACE}:{HEALTH_TIMEOUT[0]}")
-    written = values.get(HEALTH_TIMEOUT[1]) if isinstance(values, dict) else None
-    if not isinstance(written, int | float):
-        return []
-    scaled = max(1, round(written * clock_scale))
-    if scaled >= MIN_HEALTH_TIMEOUT_SECONDS:
-        return []
-    variable = HEALTH_TIMEOUT_VARIABLE
-    return [(f"\n{variable}={MIN_HEALTH_TIMEOUT_SECONDS}\n", f"\n{variable}={scaled}\n")]
+# Never on the lab's clock: a wait on what runs at real speed. rollout.healthTimeoutSeconds bounds
+# a container's start and a server's load, which no lab clock makes faster (a process, a pull,
+# an import of torch): scaled, 300 s became 10 s and a good change failed on a busy machine, and
+# the gate's message named the 10 s as if the user had set it.
 
 
 # The scripts' own pace on the lab's clock: their polls (a drain's 1 s, a health gate's 2 s, the
@@ -164,12 +146,6 @@ def stack_config(
         values = section(name)
         if values is not None and isinstance(values.get(key), int | float):
             scaled = max(1, round(values[key] * clock_scale))
-            if (name, key) == HEALTH_TIMEOUT and scaled < MIN_HEALTH_TIMEOUT_SECONDS:
-                # Below the config's floor: the config keeps the floor and the gates' text takes
-                # the lab's value (gate_clock).
-                made.append(f"{name}.{key} {values[key]} -> {scaled} (lab clock, in the health gates)")
-                values[key] = MIN_HEALTH_TIMEOUT_SECONDS
-                continue
             made.append(f"{name}.{key} {values[key]} -> {scaled} (lab clock)")
             values[key] = scaled
     tuning = section("tuning")

@@ -20,7 +20,7 @@ import pytest
 
 from labkit import endpoint, executor, substitutions
 from labkit.aws import elb, iam, machine, model, ssmrun
-from labkit.aws.lab import gate_clock, lab_config
+from labkit.aws.lab import lab_config, pace_documents
 from qwen_cluster.render import ssm
 from tests.helpers.wait import wait_until
 from tooling import stackfile
@@ -86,11 +86,11 @@ def test_every_registered_document_fills_with_its_associations_parameters(dev):
 
 
 def test_the_lab_paces_the_documents_polls_and_nothing_else(dev):
-    """gate_clock puts the documents' polls on the lab clock (the model server's health wait
+    """pace_documents puts the documents' polls on the lab clock (the model server's health wait
     polls every 10 s, the drain every second) as bare metal's scripts'
     (substitutions.script_clock); no other line."""
     paced = copy.deepcopy(dev)
-    made = gate_clock(paced, 1 / 30)
+    made = pace_documents(paced, 1 / 30)
     assert substitutions.SCRIPT_CLOCK_NOTE + ", in the documents" in made
     changed = []
     for name, content in dev.documents.items():
@@ -98,6 +98,10 @@ def test_the_lab_paces_the_documents_polls_and_nothing_else(dev):
             lines, lab_lines = step["inputs"].get("runCommand", []), lab_step["inputs"].get("runCommand", [])
             changed += [(old, new) for old, new in zip(lines, lab_lines, strict=True) if old != new]
     assert ("    sleep 10", "    sleep 0.333") in changed  # the health wait's poll
+    # The health wait's bound is a real-speed wait (a container's start, a server's load): as set.
+    health = {name: a.parameters.get("HealthSeconds") for name, a in dev.associations.items()}
+    assert {name: a.parameters.get("HealthSeconds") for name, a in paced.associations.items()} == health
+    assert "1800" in health.values()
     for old, new in changed:  # and only whole-line sleeps, each on the lab clock
         indent, seconds = re.fullmatch(r"(\s*)sleep (\d+)", old).groups()
         assert new == f"{indent}sleep {max(0.1, round(int(seconds) / 30, 3)):g}"

@@ -23,6 +23,20 @@ def test_the_render_puts_the_stack_on_the_lab_clock_and_hosts(onprem):
     assert "proxy_read_timeout 120s;" in rendered.named("load-balancer-config").inputs["create"]
 
 
+def test_waits_on_real_speed_work_keep_the_configured_timeout():
+    """The health gates wait for a container's start and a server's load, which run at real
+    speed: the lab clock leaves rollout.healthTimeoutSeconds as configured (scaled, 300 s was
+    10 s and a good change failed on a busy machine), and the gate's message names it."""
+    config = stackfile.read("onprem")
+    config["qwen-cluster:rollout"] = {"healthTimeoutSeconds": 300, "drainTimeoutSeconds": 300}
+    rendered, made = executor.render(config, "onprem", 1 / 30)
+    assert "rollout.drainTimeoutSeconds 300 -> 10 (lab clock)" in made
+    assert not any(line.startswith("rollout.healthTimeoutSeconds") for line in made)
+    gate = rendered.named("master-ready").inputs["update"]
+    assert "\nhealth_timeout=300\n" in gate
+    assert "rollout.healthTimeoutSeconds=$health_timeout;" in gate
+
+
 def test_every_resource_follows_what_it_waits_for(onprem):
     rendered, _ = onprem
     deps = executor.graph(rendered)

@@ -621,7 +621,7 @@ def up(
     rendered, more = executor.render(raw, aws_plan.stack, clock_scale, None, identity)
     region = offline.stack_region(raw)
     stack = model.read(rendered, region, s3_uri(plan.cluster))
-    made += gate_clock(stack, clock_scale)
+    made += pace_documents(stack, clock_scale)
     bucket = weights_bucket(stack.weights_uri)
     _node_etc(aws_plan, region, bucket[0] if bucket else None)
     machines = _machines(aws_plan, stack, identity)
@@ -657,11 +657,11 @@ def _save_settings(aws_plan: AwsPlan, clock_scale: float) -> None:
     (aws_plan.root / SETTINGS_FILE).write_text(json.dumps({"clock": clock_scale, "stack": aws_plan.stack}))
 
 
-def gate_clock(stack: model.AwsStack, clock_scale: float) -> list[str]:
-    """The model-server runs' health timeout on the lab's clock (`HealthSeconds`): the config
-    keeps a floor for a real model's load (labkit/substitutions.py gate_clock does the same for
-    bare metal's gate scripts); the stand-ins load in seconds. And the documents' polls, as
-    bare metal's scripts' (substitutions.script_clock): the health wait's 10 s."""
+def pace_documents(stack: model.AwsStack, clock_scale: float) -> list[str]:
+    """The documents' polls on the lab's clock, as bare metal's scripts' (substitutions.script_clock):
+    the health wait's 10 s. The model-server runs' health timeout (`HealthSeconds`) stays as
+    configured: it bounds a container's start and a server's load, which run at real speed
+    (substitutions.CLOCK_KEYS)."""
     made = set()
     for content in stack.documents.values():
         for step in content.get("mainSteps", []):
@@ -672,12 +672,6 @@ def gate_clock(stack: model.AwsStack, clock_scale: float) -> list[str]:
                 if paced != lines:
                     inputs["runCommand"] = paced
                     made.add(substitutions.SCRIPT_CLOCK_NOTE + ", in the documents")
-    for association in stack.associations.values():
-        value = association.parameters.get("HealthSeconds")
-        if value and value.isdigit():
-            scaled = str(max(1, round(int(value) * clock_scale)))
-            association.parameters["HealthSeconds"] = scaled
-            made.add(f"HealthSeconds {value} -> {scaled} (lab clock, in the model-server runs)")
     return sorted(made)
 
 
@@ -685,7 +679,7 @@ def _context(aws_plan: AwsPlan, rendered: offline.Render) -> tuple[model.AwsStac
     identity = endpoint.ensure(aws_plan.root / "endpoint", aws_plan.plan.load_balancer.ip)
     region = offline.stack_region(aws_plan.plan.stack_config or {})
     stack = model.read(rendered, region, s3_uri(aws_plan.plan.cluster))
-    gate_clock(stack, _clock)
+    pace_documents(stack, _clock)
     return stack, _machines(aws_plan, stack, identity)
 
 
