@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.baremetal import connection
 from labkit import netns
+from qwen_cluster import sshhosts
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 22
@@ -273,7 +273,7 @@ def known_host_options(ip: str, host_key: str | None) -> list[str]:
     (pulumi-command's InsecureIgnoreHostKey)."""
     if host_key is None:
         return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-    return ["-o", "UserKnownHostsFile=/dev/null", *connection.known_host_options(ip, SSH_PORT, host_key)]
+    return ["-o", "UserKnownHostsFile=/dev/null", *sshhosts.known_host_options(ip, SSH_PORT, host_key)]
 
 
 def refused_environment(environment: dict[str, str]) -> list[str]:

@@ -6,7 +6,7 @@ import pytest
 
 from components.baremetal import connection
 from components.baremetal.host import steps_for
-from qwen_cluster import config, tags
+from qwen_cluster import config, sshhosts, tags
 from qwen_cluster.render import privilege, ssm
 from tooling import offline, stackfile
 
@@ -292,7 +292,7 @@ def test_docker_pins_the_bastion_host_key_through_a_proxy_command():
         update={"bastion": config.Bastion(host="203.0.113.10", port=2222, host_key="ssh-ed25519 AAAAB")}
     )
     cluster = cluster.model_copy(update={"bare_metal": bare_metal})
-    _, options = connection.docker_host(cluster, cluster.nodes[1])
+    _, options = sshhosts.docker_host(cluster, cluster.nodes[1])
     proxy = next(option for option in options if option.startswith("ProxyCommand="))
     assert "-J" not in options
     assert proxy == (

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from components.baremetal.connection import known_host_options
 from qwen_cluster import config
+from qwen_cluster.sshhosts import known_host_options
 from tooling import stackfile
 
 # The key type pinned: ed25519, which every supported OpenSSH offers by default.

@@ -23,6 +23,7 @@ from components.baremetal import monitoring as node_monitoring
 from components.baremetal.host import HostSetup, HostSetupArgs
 from components.baremetal.rollout import Rollout, RolloutArgs
 from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
+from qwen_cluster import sshhosts
 from qwen_cluster.config import ClusterConfig, EndpointSecrets
 from qwen_cluster.render import verify
 from qwen_cluster.render.monitoring import containers as monitoring_containers
@@ -64,7 +65,7 @@ class Cluster(pulumi.ComponentResource):
         drained = {replica.head.name: pulumi.deferred_output() for replica in cluster.topology.replicas}
         head_of = {m.name: r.head.name for r in cluster.topology.replicas for m in r.members}
         for node in cluster.nodes:
-            docker_host, ssh_opts = connection.docker_host(cluster, node)
+            docker_host, ssh_opts = sshhosts.docker_host(cluster, node)
             self.servers[node.name] = ModelServer(
                 f"{node.name}-model",
                 ModelServerArgs(

@@ -1,6 +1,6 @@
-"""How the program reaches a bare-metal host: SSH connection settings for pulumi-command and
-pulumi-docker (from `bareMetal`), and `command`, the one way a remote command is registered,
-which runs its scripts as root (qwen_cluster/render/privilege.py)."""
+"""How the program reaches a bare-metal host: SSH connection settings for pulumi-command (from
+`bareMetal`; what they hold is computed in qwen_cluster/sshhosts.py), and `command`, the one way a
+remote command is registered, which runs its scripts as root (qwen_cluster/render/privilege.py)."""
 
 from __future__ import annotations
 
@@ -10,46 +10,24 @@ from typing import Any
 import pulumi
 from pulumi_command import remote
 
+from qwen_cluster import sshhosts
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import privilege
-
-MISSING_KEY = (
-    "qwen-cluster:sshPrivateKey is not set and no SSH agent is running (SSH_AUTH_SOCK). Set it with "
-    "`pulumi config set --secret qwen-cluster:sshPrivateKey < ~/.ssh/id_ed25519`, or load the key "
-    "into ssh-agent."
-)
 
 
 def check_credentials(ssh_private_key: Any, environ: dict[str, str] | None = None) -> None:
     """Fail before registering anything when there is no way to authenticate."""
-    environ = os.environ if environ is None else environ
-    if ssh_private_key is None and not environ.get("SSH_AUTH_SOCK"):
-        raise pulumi.RunError(MISSING_KEY)
-
-
-def unverified_hosts(cluster: ClusterConfig) -> list[str]:
-    """The hosts pulumi would reach without checking who answers: pulumi-command accepts any
-    host key when `connection.hostKey` is unset (provider/pkg/provider/remote/connection.go:
-    ssh.InsecureIgnoreHostKey), and the docker provider's ssh then has none to pin."""
-    bare_metal = cluster.bare_metal
-    names = [node.name for node in cluster.nodes if node.name not in bare_metal.host_keys]
-    if bare_metal.bastion is not None and not bare_metal.bastion.host_key:
-        names.append(f"the bastion {bare_metal.bastion.host}")
-    return names
+    message = sshhosts.missing_credentials(ssh_private_key, os.environ if environ is None else environ)
+    if message:
+        raise pulumi.RunError(message)
 
 
 def check_host_keys(cluster: ClusterConfig, *, dry_run: bool) -> None:
     """`pulumi up` refuses unverified hosts unless the stack accepts them explicitly; a preview
     says so and goes on (it connects nowhere)."""
-    missing = unverified_hosts(cluster)
-    if not missing or cluster.bare_metal.allow_unverified_hosts:
+    message = sshhosts.unverified_hosts_refusal(cluster)
+    if message is None:
         return
-    message = (
-        f"bareMetal.hostKeys pins no host key for {', '.join(missing)}: pulumi would connect "
-        "without checking who answers. Pin them with `scripts/hostkeys.py <stack> --write` (it asks "
-        "each host, as ssh-keyscan does, and writes bareMetal.hostKeys), or accept unverified hosts "
-        "explicitly with bareMetal.allowUnverifiedHosts: true"
-    )
     if dry_run:
         pulumi.log.warn(f"{message}. `pulumi up` will refuse to deploy.")
         return
@@ -78,40 +56,6 @@ def node_connection(cluster: ClusterConfig, node: Node, ssh_private_key: Any) ->
         proxy=proxy,
         dial_error_limit=10,
     )
-
-
-def known_host_options(host: str, port: int, key: str) -> list[str]:
-    """Pin `key` for `host` without touching ~/.ssh/known_hosts: OpenSSH (8.5+) asks
-    KnownHostsCommand for the known-hosts line, and a mismatch refuses the connection."""
-    name = host if port == 22 else f"[{host}]:{port}"
-    return ["-o", "StrictHostKeyChecking=yes", "-o", f"KnownHostsCommand=/bin/echo {name} {key}"]
-
-
-def docker_host(cluster: ClusterConfig, node: Node) -> tuple[str, list[str]]:
-    """`ssh://user@ip` and ssh options for pulumi-docker, which runs the system `ssh`: it takes
-    the key from ssh-agent or ~/.ssh/config, never from the stack config. Pinned host keys are
-    handed to ssh directly, for the node and for the bastion."""
-    bare_metal = cluster.bare_metal
-    options = ["-o", "BatchMode=yes"]
-    if node.name in bare_metal.host_keys:
-        options += known_host_options(str(node.ip), 22, bare_metal.host_keys[node.name])
-    if bare_metal.bastion is not None:
-        bastion = bare_metal.bastion
-        user = bastion.user or bare_metal.ssh_user
-        if bastion.host_key:
-            # -J does not pass -o options on to the jump connection; a ProxyCommand does.
-            pinned = " ".join(
-                f'"{option}"' if " " in option else option
-                for option in known_host_options(bastion.host, bastion.port, bastion.host_key)
-            )
-            options += [
-                "-o",
-                f"ProxyCommand=ssh -o BatchMode=yes {pinned} -p {bastion.port} -W %h:%p "
-                f"{user}@{bastion.host}",
-            ]
-        else:
-            options += ["-J", f"{user}@{bastion.host}:{bastion.port}"]
-    return f"ssh://{bare_metal.ssh_user}@{node.ip}", options
 
 
 def command(
