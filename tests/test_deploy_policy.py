@@ -10,7 +10,7 @@ import pytest
 from parliament import analyze_policy_string
 
 from qwen_cluster.tags import STACK_TAG
-from tooling import deploy_policy, offline
+from tooling import deploy_grants, deploy_policy, offline
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +159,53 @@ def test_parliaments_community_auditors_report_only_what_deploying_a_role_implie
         (f.issue, "CreateEC2WithExistingIP" in str(f.location)) for f in _lint(committed_policy, True)
     )
     assert findings == [("PERMISSIONS_MANAGEMENT_ACTIONS", False), ("PRIVILEGE_ESCALATION", True)]
+
+
+def _grants_file(tmp_path, change) -> object:
+    """tooling/deploy_grants.yaml with `change` applied to its parsed rows, written to tmp_path."""
+    import yaml
+
+    raw = yaml.safe_load(deploy_grants.SOURCE.read_text())
+    change(raw["grants"])
+    path = tmp_path / "deploy_grants.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _row(grants: list[dict], type_: str) -> dict:
+    return next(row for row in grants if row["type"] == type_)
+
+
+def test_the_grants_file_holds_every_row_with_its_citation():
+    assert len(deploy_grants.GRANTS) == len(deploy_grants.load())
+    assert all(grant.source.startswith("internal/service/") for grant in deploy_grants.GRANTS)
+    assert deploy_grants.grants_for("aws:ec2/vpc:Vpc")[0].tag == ("ec2:CreateTags", "ec2:DeleteTags")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda rows: _row(rows, "aws:ec2/vpc:Vpc").update(arns=["arn:aws:ec2:{region}::vpc/*"]),
+         "a tag-scoped grant has no arns"),
+        (lambda rows: _row(rows, "aws:ssm/document:Document").update(arns=[]),
+         "a name-scoped grant needs arns"),
+        (lambda rows: _row(rows, "aws:ssm/document:Document").update(arn=["x"]),
+         "Extra inputs are not permitted"),
+        (lambda rows: _row(rows, "aws:ssm/document:Document").update(create=["CreateDocument"]),
+         "'CreateDocument' is not an IAM action"),
+        (lambda rows: _row(rows, "aws:ssm/document:Document").update(source="ssm/document.go"),
+         "String should match pattern"),
+        (lambda rows: _row(rows, "aws:ssm/document:Document").update(
+            arns=["arn:aws:ssm:{region}:{account}:document/{aws:ssm/documents:Document}"]),
+         "{aws:ssm/documents:Document} is neither one of region, account, name"),
+        (lambda rows: _row(rows, "aws:iam/rolePolicyAttachment:RolePolicyAttachment").update(
+            sid="RolePolicyAttachmentRead"),
+         "statement RolePolicyAttachmentRead is aws:iam/rolePolicyAttachment:RolePolicyAttachment's too"),
+    ],
+    ids=["field-of-another-scope", "scope-without-arns", "unknown-field", "bad-action", "bad-source",
+         "unknown-placeholder", "duplicate-sid"],
+)  # fmt: skip
+def test_a_grants_file_that_does_not_hold_is_refused_naming_what(tmp_path, change, message):
+    with pytest.raises(ValueError, match="deploy_grants.yaml is not valid") as refused:
+        deploy_grants.load(_grants_file(tmp_path, change))
+    assert message in str(refused.value)
