@@ -10,7 +10,7 @@ import pytest
 from parliament import analyze_policy_string
 
 from qwen_cluster.tags import STACK_TAG
-from tooling import deploy_grants, deploy_policy, offline
+from tooling import deploy_grants, deploy_policy, iampolicy, offline
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +75,9 @@ def test_a_resource_without_the_stack_tag_is_reported(found, committed_policy):
 
 def test_another_stacks_name_is_not_covered(committed_policy):
     parameter = "arn:aws:ssm:us-west-2:ACCOUNT:parameter/qwen-cluster/staging/endpoint/api-keys"
-    assert not deploy_policy.allows(committed_policy, "ssm:PutParameter", parameter, {})
+    assert not iampolicy.allows(committed_policy, "ssm:PutParameter", parameter, {})
     own = "arn:aws:ssm:us-west-2:ACCOUNT:parameter/qwen-cluster/dev/endpoint/api-keys"
-    assert deploy_policy.allows(committed_policy, "ssm:PutParameter", own, {})
+    assert iampolicy.allows(committed_policy, "ssm:PutParameter", own, {})
 
 
 def test_what_the_old_hand_written_policy_lacked_is_granted(committed_policy):
@@ -92,34 +92,34 @@ def test_what_the_old_hand_written_policy_lacked_is_granted(committed_policy):
                 "ssm:DeleteParameter",
                 "ssm:AddTagsToResource",
             ):
-                assert deploy_policy.allows(committed_policy, action, arn, {}), (action, arn)
+                assert iampolicy.allows(committed_policy, action, arn, {}), (action, arn)
         document = f"arn:aws:ssm:{region}:ACCOUNT:document/node-proxy-document-1a2b3c4"
         for action in ("ssm:CreateDocument", "ssm:UpdateDocument", "ssm:DeleteDocument"):
-            assert deploy_policy.allows(committed_policy, action, document, {})
+            assert iampolicy.allows(committed_policy, action, document, {})
 
 
 def test_ec2_calls_reach_only_resources_of_the_stacks(committed_policy):
     instance = "arn:aws:ec2:us-west-2:ACCOUNT:instance/i-0123456789abcdef0"
     ours = {f"aws:ResourceTag/{STACK_TAG}": "dev"}
     theirs = {f"aws:ResourceTag/{STACK_TAG}": "someone-else"}
-    assert deploy_policy.allows(committed_policy, "ec2:TerminateInstances", instance, ours)
-    assert not deploy_policy.allows(committed_policy, "ec2:TerminateInstances", instance, theirs)
-    assert not deploy_policy.allows(committed_policy, "ec2:TerminateInstances", instance, {})  # untagged
-    assert not deploy_policy.allows(
+    assert iampolicy.allows(committed_policy, "ec2:TerminateInstances", instance, ours)
+    assert not iampolicy.allows(committed_policy, "ec2:TerminateInstances", instance, theirs)
+    assert not iampolicy.allows(committed_policy, "ec2:TerminateInstances", instance, {})  # untagged
+    assert not iampolicy.allows(
         committed_policy, "ec2:RunInstances", instance, {f"aws:RequestTag/{STACK_TAG}": "someone-else"}
     )
 
 
 def test_pass_role_is_for_the_node_role_and_ec2_only(committed_policy):
     role = "arn:aws:iam::ACCOUNT:role/gpu-node-role-role-1a2b3c4"
-    assert deploy_policy.allows(
+    assert iampolicy.allows(
         committed_policy, "iam:PassRole", role, {"iam:PassedToService": "ec2.amazonaws.com"}
     )
-    assert not deploy_policy.allows(
+    assert not iampolicy.allows(
         committed_policy, "iam:PassRole", role, {"iam:PassedToService": "lambda.amazonaws.com"}
     )
     admin = "arn:aws:iam::ACCOUNT:role/Admin"
-    assert not deploy_policy.allows(
+    assert not iampolicy.allows(
         committed_policy, "iam:PassRole", admin, {"iam:PassedToService": "ec2.amazonaws.com"}
     )
 
@@ -136,7 +136,7 @@ def test_a_capacity_reservation_and_an_existing_vpc_are_named(found):
     mine.add("dev", stack_config, offline.render(stack_config, "dev"))
     own = deploy_policy.policy(mine)
     reservation = "arn:aws:ec2:us-west-2:ACCOUNT:capacity-reservation/cr-0aaaabbbbccccdddd"
-    assert deploy_policy.allows(own, "ec2:RunInstances", reservation, {})
+    assert iampolicy.allows(own, "ec2:RunInstances", reservation, {})
 
 
 def _list(value):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
-import fnmatch
 import json
 import sys
 import textwrap
@@ -34,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwen_cluster.tags import STACK_TAG
-from tooling import offline, stackfile
+from tooling import iampolicy, offline, stackfile
 from tooling.deploy_grants import GRANTS, ID_KEYS, Grant, covered_types, grants_for
 
 OUTPUT = stackfile.PROJECT_ROOT / "docs" / "aws.md"
@@ -315,40 +314,6 @@ def _creates(action: str) -> bool:
     return name.startswith(("Create", "Run", "Allocate", "Authorize"))
 
 
-# --- checking: what a statement allows (the part of IAM's evaluation this policy uses) ---
-
-
-def allows(document: Mapping[str, Any], action: str, arn: str, context: Mapping[str, str]) -> bool:
-    """Whether an Allow statement of `document` grants `action` on `arn` under `context` (condition
-    keys -> value). Wildcards as IAM matches them (`*`, `?`); StringEquals and ArnEquals, with IfExists."""
-    for statement in document["Statement"]:
-        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-        resources = (
-            statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-        )
-        if not any(fnmatch.fnmatchcase(action, pattern) for pattern in actions):
-            continue
-        if not any(fnmatch.fnmatchcase(arn, pattern.replace("[", "[[]")) for pattern in resources):
-            continue
-        if all(
-            _holds(operator, context.get(key), values if isinstance(values, list) else [values])
-            for operator, keys in (statement.get("Condition") or {}).items()
-            for key, values in keys.items()
-        ):
-            return True
-    return False
-
-
-def _holds(operator: str, value: str | None, allowed: list[str]) -> bool:
-    if value is None:
-        return operator.endswith("IfExists")
-    if operator.startswith("StringEquals"):
-        return value in allowed
-    if operator.startswith("ArnEquals") or operator.startswith("ArnLike"):
-        return any(fnmatch.fnmatchcase(value, pattern) for pattern in allowed)
-    raise ValueError(f"condition operator {operator} is not modelled here")
-
-
 def uncovered(found: Registered, document: Mapping[str, Any]) -> list[str]:
     """Each registration of `found` the policy does not cover: a type without a grant, or a
     call of its grants the policy does not allow on its ARNs (names) or tags."""
@@ -390,12 +355,13 @@ def _uncovered(
         missing = [
             action
             for action in grant.actions
-            if not allows(document, action, arn, {f"aws:ResourceTag/{STACK_TAG}": stack})
+            if not iampolicy.allows(document, action, arn, {f"aws:ResourceTag/{STACK_TAG}": stack})
         ]
         missing += [
             f"{action} (on create, aws:RequestTag)"
             for action in grant.create
-            if _creates(action) and not allows(document, action, arn, {f"aws:RequestTag/{STACK_TAG}": stack})
+            if _creates(action)
+            and not iampolicy.allows(document, action, arn, {f"aws:RequestTag/{STACK_TAG}": stack})
         ]
         return [f"{label}: {action} not allowed" for action in missing]
     if grant.scope != "name":
@@ -408,7 +374,7 @@ def _uncovered(
     problems = []
     for arn in resource_arns(grant, resource, render, region):
         for action in grant.actions:
-            if not allows(document, action, arn, context):
+            if not iampolicy.allows(document, action, arn, context):
                 problems.append(f"{label}: {action} not allowed on {arn}")
     return problems
 

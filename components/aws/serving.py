@@ -78,7 +78,7 @@ class NodeRole(pulumi.ComponentResource):
         # keys, TLS key, Ray token), whatever the scoped read policies say. An explicit deny
         # outside this stack's own prefix wins over that allow (IAM policy evaluation logic);
         # the agent needs those actions only for {{ssm:...}} references, which no document of
-        # the program has. Found by the AWS lab (labkit/aws/iam.py evaluating the node role).
+        # the program has. Found by the AWS lab (tooling/iampolicy.py evaluating the node role).
         aws.iam.RolePolicy(
             f"{name}-parameters-scope",
             role=role.name,

@@ -1,7 +1,7 @@
 """The AWS APIs the GPU nodes call, in one process of the lab's `aws` namespace:
 
 - the API endpoints (HTTPS on 443, names resolved by each node's /etc/hosts, a certificate of
-  the lab's CA): every call is checked against the caller's IAM policies (labkit/aws/iam.py)
+  the lab's CA): every call is checked against the caller's IAM policies (tooling/iampolicy.py)
   and refused as AWS refuses it (AccessDenied) when they do not allow it; then
   S3 and SSM Parameter Store are answered by moto's server (pinned in requirements.txt), and
   ELBv2 by the target group stand-in in front of HAProxy (labkit/aws/elb.py);
@@ -35,17 +35,18 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from labkit.aws import elb, iam
+from labkit.aws import elb
 from labkit.aws.model import ACCOUNT, TargetGroup
+from tooling import iampolicy
 
 ELB_NS = "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/"
 IMDS_ADDRESS = "169.254.169.254"
 
 
-def principals_of(config: dict[str, Any]) -> dict[str, iam.Principal]:
+def principals_of(config: dict[str, Any]) -> dict[str, iampolicy.Principal]:
     """Access key -> (principal name, its policy documents)."""
     principals = config["principals"].items()
-    return {key: iam.Principal(entry["arn"], entry["documents"]) for key, entry in principals}
+    return {key: iampolicy.Principal(entry["arn"], entry["documents"]) for key, entry in principals}
 
 
 class Gateway:
@@ -88,7 +89,7 @@ def _access_key(headers) -> str:
     return ""
 
 
-def _s3_request(host: str, method: str, path: str, query: dict[str, list[str]]) -> iam.Request:
+def _s3_request(host: str, method: str, path: str, query: dict[str, list[str]]) -> iampolicy.Request:
     bucket, key = "", ""
     first = host.split(".s3.", 1)
     if len(first) == 2 and first[0]:
@@ -100,15 +101,15 @@ def _s3_request(host: str, method: str, path: str, query: dict[str, list[str]]) 
     if not key:
         if method in ("GET", "HEAD") and ("list-type" in query or not query or "prefix" in query):
             context = {"s3:prefix": query.get("prefix", [""])[0]}
-            return iam.Request("s3:ListBucket", (f"arn:aws:s3:::{bucket}",), context)
-        return iam.Request(f"s3:{method.title()}Bucket", (f"arn:aws:s3:::{bucket}",))
+            return iampolicy.Request("s3:ListBucket", (f"arn:aws:s3:::{bucket}",), context)
+        return iampolicy.Request(f"s3:{method.title()}Bucket", (f"arn:aws:s3:::{bucket}",))
     action = {
         "GET": "s3:GetObject",
         "HEAD": "s3:GetObject",
         "PUT": "s3:PutObject",
         "DELETE": "s3:DeleteObject",
     }
-    return iam.Request(action.get(method, f"s3:{method}"), (f"arn:aws:s3:::{bucket}/{key}",))
+    return iampolicy.Request(action.get(method, f"s3:{method}"), (f"arn:aws:s3:::{bucket}/{key}",))
 
 
 def _ssm_parameter_arn(region: str, name: str) -> str:
@@ -155,12 +156,12 @@ class ApiHandler(BaseHTTPRequestHandler):
             form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
             action = form.get("Action", [""])[0]
             arn = form.get("TargetGroupArn", ["*"])[0]
-            request = iam.Request(f"elasticloadbalancing:{action}", (arn,))
+            request = iampolicy.Request(f"elasticloadbalancing:{action}", (arn,))
         elif service == "ssm":
             action = (self.headers.get("X-Amz-Target") or ".").split(".", 1)[1]
             payload = json.loads(body or b"{}")
             names = payload.get("Names") or [payload.get("Name", "*")]
-            request = iam.Request(
+            request = iampolicy.Request(
                 f"ssm:{action}", tuple(_ssm_parameter_arn(gateway.region, n) for n in names)
             )
         elif service == "s3":
