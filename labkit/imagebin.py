@@ -155,7 +155,8 @@ def ray(args: list[str]) -> int:
         print("lab ray: RAY_AUTH_MODE=token and no RAY_AUTH_TOKEN: refused", file=sys.stderr)
         return 1
     if any(word.startswith("--ray-client-server-port") for word in args):
-        # Ray without ray[client] (grpcio), as measured with 2.60.
+        # Ray without ray[client] (grpcio), as measured with 2.60 (docs/decisions.md, "Multi-node
+        # replicas: vLLM's own launch, not Ray").
         print("lab ray: Ray Client requires pip package `ray[client]`", file=sys.stderr)
         return 1
     if args[:1] == ["stop"]:
