@@ -5,7 +5,7 @@ images carry (`/usr/local/bin/vllm`, `/usr/local/bin/ray`, dcgm-exporter's entry
 only: the images hold Python, this package and the model server's few dependencies.
 
 What a container cannot learn from the program's inputs (the lab's clock, which node it is on)
-comes from the lab layer of its image, `LAB_FILE` (written by standins.lab_layer): the node is
+comes from the lab layer of its image, `LAB_FILE` (written by standins._vllm): the node is
 found from `VLLM_HOST_IP`, the address the program gives every vLLM container.
 """
 
