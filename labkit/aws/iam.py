@@ -3,7 +3,7 @@ an explicit Deny wins, else any matching Allow, else an implicit deny (AccessDen
 
 The policies are the node role's as the program registers them (every inline
 `aws:iam/rolePolicy:RolePolicy` on the role, every attached managed policy), read from the
-render with the lab's identities (labkit/aws/identities.py) in place of the mocks' values.
+render with the lab's identities (labkit/aws/model.py `identities`) in place of the mocks' values.
 Rules followed (IAM User Guide, "Policy evaluation logic" and "IAM JSON policy elements"):
 actions match case-insensitively with `*` and `?`; resources case-sensitively with the same
 wildcards; every condition block must hold (operators used by this project: StringEquals,
