@@ -35,7 +35,7 @@ Standalone: it needs root, `ip`, `unshare` and Debian's `docker.io` and `docker-
     dockerd.ImageSpec(trees=(("/opt/vllm-venv", "/opt/venv"),), base=some_spec)
     # labkit/standins.py builds the lab's images this way (LabKnobs.extra_trees for vLLM's).
 
-What this machine needs (REAL-COMPONENTS.md, "Docker engine"), all applied here:
+What this machine needs (docs/lab.md, "Where the lab departs from a host"), all applied here:
 - `ip netns exec` mounts a fresh sysfs, so /sys/fs/cgroup is empty and dockerd dies with
   `Devices cgroup isn't mounted`: the start script re-creates the host's cgroup mounts in the
   daemon's own private mount namespace before it execs dockerd.
@@ -84,7 +84,8 @@ REGISTRY = "docker-registry"
 # Docker Hub's official images live under library/ in a registry (and so in a mirror).
 HUB = "docker.io"
 GPU_HOOK = "nvidia-container-runtime-hook"
-# This machine's hard limits for root without CAP_SYS_RESOURCE (REAL-COMPONENTS.md).
+# This machine's hard limits for root without CAP_SYS_RESOURCE (docs/lab.md, "Where the lab
+# departs from a host").
 HARD_LIMITS = {"memlock": 8 * 1024 * 1024, "nofile": 20000}
 # Part of every image's cache key: bump it when build() changes what it writes.
 BUILDER_VERSION = 4
@@ -175,7 +176,8 @@ def dockerd_argv(daemon: Daemon) -> list[str]:
         f"--pidfile={daemon.pidfile}",
         f"--host={daemon.host}",
         "--storage-driver=overlay2",
-        # Host networking only, and no node turned into a router (REAL-COMPONENTS.md).
+        # Host networking only, and no node turned into a router (docs/lab.md, "Where the lab
+        # departs from a host").
         "--iptables=false",
         "--ip6tables=false",
         "--bridge=none",

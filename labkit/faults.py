@@ -1,5 +1,5 @@
-"""The failures of issue 26's table that the lab can produce, injected on one node and removed
-again (tests/test_lab_doctor.py rehearses `doctor` against each).
+"""The failures of docs/monitoring.md's table ("The ten failures") that the lab can produce,
+injected on one node and removed again (tests/test_lab_doctor.py rehearses `doctor` against each).
 
 Host faults (FAULTS) are a pair of functions (inject, remove) on a lab node. Container faults
 (CONTAINER_FAULTS) change the node's model server as it runs on the node's real dockerd
@@ -128,7 +128,7 @@ Change = Callable[[dict[str, Any], Member], None]  # edits a create body in plac
 class ContainerFault:
     name: str
     check: str  # the doctor check that must name it (tooling/doctor.py CHECKS)
-    row: int  # issue 26's table (docs/monitoring.md)
+    row: int  # its row in docs/monitoring.md, "The ten failures"
     change: Change
     # The lab's stack is on NCCL_NET=Socket (no RDMA in a namespace): the checks that only
     # matter with RDMA (memlock, the transport line) are seen by doctor as an RDMA stack runs it.

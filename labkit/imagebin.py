@@ -5,7 +5,7 @@ images carry (`/usr/local/bin/vllm`, `/usr/local/bin/ray`, dcgm-exporter's entry
 only: the images hold Python, this package and the model server's few dependencies.
 
 What a container cannot learn from the program's inputs (the lab's clock, which node it is on)
-comes from the lab layer of its image, `LAB_FILE` (written by standins.lab_layer): the node is
+comes from the lab layer of its image, `LAB_FILE` (written by standins._vllm): the node is
 found from `VLLM_HOST_IP`, the address the program gives every vLLM container.
 """
 
@@ -155,7 +155,8 @@ def ray(args: list[str]) -> int:
         print("lab ray: RAY_AUTH_MODE=token and no RAY_AUTH_TOKEN: refused", file=sys.stderr)
         return 1
     if any(word.startswith("--ray-client-server-port") for word in args):
-        # Ray without ray[client] (grpcio), as measured with 2.60.
+        # Ray without ray[client] (grpcio), as measured with 2.60 (docs/decisions.md, "Multi-node
+        # replicas: vLLM's own launch, not Ray").
         print("lab ray: Ray Client requires pip package `ray[client]`", file=sys.stderr)
         return 1
     if args[:1] == ["stop"]:

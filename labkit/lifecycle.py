@@ -163,8 +163,9 @@ def _etc_copy(namespace: str) -> None:
 
 def _hosts_file(member: Member) -> None:
     """The node's /etc/hosts, as a host of the cluster has it: its name (this machine's, which
-    every namespace shares) on its own address, never on loopback (issue 26, cause 1). Written
-    in place, so a fault test's rewrite reaches processes that already run."""
+    every namespace shares) on its own address, never on loopback (docs/monitoring.md, "The ten
+    failures", row 1). Written in place, so a fault test's rewrite reaches processes that already
+    run."""
     path = netns.NETNS_ETC / member.namespace / "hosts"
     path.write_text(f"127.0.0.1 localhost\n{member.ip} {socket.gethostname()} {member.node}\n")
 

@@ -1,6 +1,7 @@
 """A stand-in for vLLM's OpenAI-compatible server (`vllm serve`, release 0.33.0): small,
-deterministic, stdlib only. What a client sees, as measured on the real server
-(../shared/REAL-COMPONENTS.md) and read in the release, so that a side-by-side test can compare:
+deterministic, stdlib only. What a client sees, as measured on the real server (docs/lab.md,
+"The real vLLM"; tests/test_real_vllm.py) and read in the release, so that a side-by-side test
+can compare:
 
 - loading the weights. Real: nothing listens on the API port, a connection is refused (no 503).
   Stand-in: the same for `load_delay` s, for ever with an image tagged `-unhealthy`.

@@ -184,7 +184,7 @@ NODE_LOCK_DIR = "run-lock"
 def path_map(etc_root: str, state_dir: str) -> list[tuple[str, str]]:
     """Host paths the program's scripts write, and where the lab puts them for one node.
 
-    /etc/<entry> for the entries `lab.ETC_ENTRIES` copies needs no substitution: `ip netns
+    /etc/<entry> for the entries `lifecycle.ETC_ENTRIES` copies needs no substitution: `ip netns
     exec` bind-mounts /etc/netns/<ns>/<entry> over it. A directory the host does not have
     cannot be bind-mounted (`ip netns exec` warns and goes on, and the write would land on the
     host), so it is rewritten to the node's lab dir instead; not under /etc/netns/<ns>/, where

@@ -112,7 +112,7 @@ def current_facts() -> Facts:
 
 
 # The provider's region, which the program checks the availability zone against
-# (qwen_cluster/config.py from_pulumi: `pulumi.Config("aws").get("region")`).
+# (qwen_cluster/config/loading.py from_pulumi: `pulumi.Config("aws").get("region")`).
 AWS_REGION_KEY = "aws:region"
 
 

@@ -1,4 +1,4 @@
-"""Day 2 on AWS (issue 10): every routine change, planned offline against the replacement table.
+"""Day 2 on AWS (docs/day2.md, "AWS"): every routine change, planned offline against the replacement table.
 
 Each test renders the stack as it is and with one change, diffs the two
 (tooling/changes/) and asserts what is replaced, in what order, and the rollout summary.
@@ -149,7 +149,7 @@ def test_adding_a_node_touches_only_that_node():
         "gpu-nodes-worker-2-server": ("create", None),
         "node-proxy-worker-2": ("create", None),
         "gpu-nodes-worker-2-stage": ("create", None),
-        # Monitoring: the new node's, and the others' probes and scrape targets (issue 12).
+        # Monitoring: the new node's, and the others' probes and scrape targets (docs/monitoring.md, "Day 2").
         "monitoring-worker-2": ("create", None),
         "monitoring-master": ("update", None),
         "monitoring-worker-1": ("update", None),

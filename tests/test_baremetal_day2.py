@@ -32,7 +32,7 @@ def before() -> offline.Render:
 
 
 def moved(old: offline.Render, new: offline.Render) -> dict[str, changes.Change]:
-    """What changes, monitoring aside (issue 12's own component, judged by its tests)."""
+    """What changes, monitoring aside (its own component, judged by tests/test_baremetal_monitoring.py)."""
     return {
         c.name: c
         for c in changes.diff(old, new)

@@ -1,7 +1,7 @@
-"""AWS's own counters of issue 26's failures, which the lab cannot produce: the ENA allowance
-counters (node_exporter's ethtool collector) and EFA's error counters (nodemetrics), on recorded
-inputs (tests/data/doctor/README.md), through the rendered rules and the real promtool, and told
-by doctor in the guide's terms."""
+"""AWS's own counters of the failures in docs/monitoring.md ("The ten failures"), which the lab
+cannot produce: the ENA allowance counters (node_exporter's ethtool collector) and EFA's error
+counters (nodemetrics), on recorded inputs (tests/data/doctor/README.md), through the rendered
+rules and the real promtool, and told by doctor in the guide's terms."""
 
 from __future__ import annotations
 

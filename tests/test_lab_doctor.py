@@ -1,7 +1,7 @@
-"""`doctor` rehearsed against the failures of issue 26's table the lab can produce: each injected
-on one node (labkit/faults.py), named with that node and its cause within a minute, and gone
-again once the fault is removed. One lab for the module (label d<pid>, three of onprem's hosts),
-every fault undone.
+"""`doctor` rehearsed against the failures of docs/monitoring.md's table ("The ten failures")
+the lab can produce: each injected on one node (labkit/faults.py), named with that node and its
+cause within a minute, and gone again once the fault is removed. One lab for the module (label
+d<pid>, three of onprem's hosts), every fault undone.
 
 The host faults one at a time; the container faults all at once, in one model server that
 worker-2's real dockerd runs in place of the program's (each touches what one check reads).

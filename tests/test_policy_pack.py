@@ -569,7 +569,7 @@ def test_the_stack_config_from_the_engine_is_validated_or_says_why_it_is_missing
 
 
 def test_the_pack_validates_the_engine_config_with_the_stack_region_as_the_program_does():
-    """The program validates with aws:region (qwen_cluster/config.py from_pulumi); a zone outside
+    """The program validates with aws:region (qwen_cluster/config/loading.py from_pulumi); a zone outside
     it is refused there, so the pack must not judge the stack by that config either."""
     stack_config = {**stackfile.read("dev"), "aws:region": "eu-west-1"}
     values, _ = stackfile.as_pulumi_config(stack_config)

@@ -1,47 +1,8 @@
 """GpuNodeGroup: a cluster placement group, one EFA instance per configured node, and each
 node's model server as an SSM association, rolled in rollout.maxUnavailable lanes.
 
-Day 2 (issue 10), what decides the design, from the providers' sources:
-- A launch template change is a new version, and the instance replaces when the version it
-  names changes (terraform-provider-aws internal/service/ec2/ec2_instance.go, CustomizeDiff on
-  launch_template.0.version). So the template holds only the machine (image, type, interfaces,
-  placement, disk, instance profile, the MTU/EFA first boot); the model server, its flags, its
-  environment and sysctl are association parameters (qwen_cluster/render/ssm.py).
-- Each node has a static IP, so a replaced instance must be gone before its successor asks
-  for the address (EC2 answers InvalidIPAddress.InUse otherwise): delete_before_replace.
-- An association's wait_for_success_timeout_seconds is honoured in Create only
-  (internal/service/ssm/association.go: resourceAssociationUpdate returns right after
-  UpdateAssociation). So any change to an association replaces it (replaceOnChanges on its
-  parameters and targets), and the replacement's create waits for the run, which waits for
-  the node to serve again.
-- The lanes: replica i rolls in lane i mod k (k = rollout.maxUnavailable as a count,
-  ClusterConfig.rollout_lanes). Each replica's instances and associations depend on the head
-  association of the replica before it in its lane, its health gate; the lanes do not wait for
-  each other. A model-server change rolls k replicas at a time, and so does a machine change
-  (the association targets the instance by id: a new instance means new targets, so a new
-  association that waits before the lane's next instance is touched). A lane's first
-  associations also wait for the staging of every node (`<group>-stage`, below), so no replica
-  is drained before what the change stages is on every node.
-- Day 0 does not wait for a model load: what an association's create waits for is its run
-  (association.go resourceAssociationCreate: waitAssociationSuccess after CreateAssociation),
-  and the run (qwen_cluster/render/ssm.py) waits for /health only when the replica served
-  before it (a container of ours ran on the node) or the target group already has a healthy
-  target (a machine replaced in a serving cluster, a node that joins one). On a new stack
-  neither holds: each run starts its server and returns, and the NLB's health check admits
-  every replica when it has loaded. A lane on day 0 is ceil(replicas / k) turns of launch,
-  boot and server start (4 at the default 25 %, whatever the node count), not of model loads.
-- A pipeline-parallel replica drains as a whole: its workers' runs take the replica's head out
-  of the target group before they restart their headless vLLM (ssm.py), and the head's run after
-  them.
-- Staging: each node has a staging association (`<node>-stage`, the staging document,
-  qwen_cluster/render/ssm.py stage_document) that pulls the image and fetches the weights while
-  the node serves. Its parameters are the staging script alone, which changes exactly when the
-  image or the weights do; like the server's it is replaced on any change and its create waits
-  for the run (wait_for_success_timeout_seconds, association.go). It depends on its instance and
-  the permissions only, so on a change every node stages at once; the node's server association
-  waits for its own staging. `stage_resources` lists them all. One more association
-  (`<group>-stage`, `staged`) runs the same document on every node of the stack by tag, and each
-  lane's first server association waits for it: no replica drains before every node staged.
+Why it is shaped this way (what a day-2 change replaces, the lanes, staging, day 0), with the
+provider sources that decide it: docs/day2.md, "AWS", and docs/decisions.md, "AWS".
 """
 
 from __future__ import annotations

@@ -7,36 +7,13 @@ load balancer's host:
     staged  ->  <head>-drain  ->  the replica's containers  ->  <head>-ready  ->  the lane's
     next drain ...
 
-The lanes do not wait for each other (Kubespray's graceful_rolling, not synchronised waves):
-a slow replica holds only its own lane, and at most k replicas are out of service at once.
-A lane's first drain waits for `staged` (RolloutArgs), so that no replica leaves the load
-balancer before whatever the change stages on every node is there.
+`staged` (RolloutArgs) is every node's staging: no replica leaves the load balancer before what
+the change stages is on every node. A pipeline-parallel replica drains as a whole: every
+member's container waits for the head's drain, and the gate for all of them.
 
-Pulumi does the ordering: each step `depends_on` the one before, and the engine starts a
-resource only when what it depends on has finished (the SDK registers it once their
-RegisterResource calls have answered, which the engine does when their steps are done). A
-`ready` that fails (no /health within rollout.healthTimeoutSeconds) fails the update there:
-what depends on it never starts, so the replicas after it keep serving the old version.
-
-What runs when (pulumi-command v1.2.1 remote/commandController.go: Create runs `create` and
-nothing at all without one; Update runs `update`, or `create` without one; `triggers` alone
-replace, common/inputs.go):
-- `drain` has no `create`: day 0 and a node that joins cost nothing. Its `update` (out of
-  rotation, wait for the streams in flight) carries the fingerprint of the replica's
-  containers (their ForceNew inputs), so it runs exactly when one of them will be replaced.
-- `ready`: `create` waits for /health only if the server is marked down (a node that joined
-  a running cluster: the load balancer's install script lists it down); on day 0 every server
-  starts in rotation, so the replicas start and load together, whatever their lane. `update`
-  (same fingerprint) always waits for /health, then puts the server back. `delete`, when a replica leaves: its
-  streams finish before its containers go (deletes run dependents first).
-
-Day 0 cost of a lane: its replicas' containers are created one after another (`docker create`
-+ start over SSH, seconds each; the model loads in the background), plus one SSH command per
-replica (`ready`, which finds nothing down). Nothing waits for a model load; at the default 25 %
-a lane is 4 replicas long at any size.
-
-A pipeline-parallel replica drains as a whole: every member's container waits for the head's
-drain, and the gate for all of them.
+Why lanes, what runs when (pulumi-command's create and update) and what day 0 costs:
+docs/day2.md, "Bare metal" and "Lanes, and a replica that does not come back";
+docs/decisions.md, "Changes roll in lanes; day 0 does not wait on them".
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The node role's policy documents as the lab's IAM sees them: every inline
 `aws:iam/rolePolicy:RolePolicy` on the role as the program registers it, and every attached
 managed policy (the one the program attaches is below, as AWS publishes it). They are read from
-the render with the lab's identities in place of the mocks' values (labkit/aws/lab.py); the
+the render with the lab's identities (labkit/aws/model.py `identities`) in place of the mocks'
+values; the
 evaluation is the tooling's (tooling/iampolicy.py), the same the deploy policy is checked with.
 """
 

@@ -66,8 +66,9 @@ def official_image(image: str) -> bool:
 # - `--shutdown-timeout 60`: on SIGTERM vLLM lets the requests in flight finish for at most this
 #   many seconds (vllm/config/vllm.py VllmConfig.shutdown_timeout, "Shutdown grace period for
 #   in-flight requests", default 0; read by vllm/entrypoints/launchers/launcher.py). Measured
-#   (../shared/REAL-COMPONENTS.md): new requests get 500 meanwhile, /health stays 200, and a
-#   stream that outlasts it is held open until the process is killed. The
+#   (docs/lab.md, "The real vLLM", what a client sees): new requests get 500 meanwhile, /health
+#   stays 200, and a stream that outlasts it is held open until its client leaves or the process
+#   is killed. The
 #   container's stop grace follows the value in effect (qwen_cluster/render/vllm.py
 #   stop_grace_seconds), so docker never kills the server before its drain ends. An image older
 #   than the flag refuses it: drop it there with `model.vllmFlags: {--shutdown-timeout: false}`.

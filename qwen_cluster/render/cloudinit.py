@@ -35,11 +35,11 @@ def user_data(cluster: ClusterConfig, node_name: str) -> str:
         f"NODE_IP={ip}",
         "",
         "# The cluster interface is the one holding the node's static IP.",
-        # The one finder (qwen_cluster/node/nic.py through shell.interface_of_function). Until
-        # issue 26 this was a copy of its own that printed every interface holding the address
-        # (two lines broke `ip link set`); making it the shared text changed the user data once,
-        # a new launch-template version, which replaces each GPU instance on that `up`
-        # (tooling/changes.py). Paid once, so that no copy drifts again.
+        # The one finder (qwen_cluster/node/nic.py through shell.interface_of_function), not a
+        # copy of its own: it prints exactly one interface (two lines would break `ip link set`).
+        # Its text is part of the user data, so changing it is a new launch-template version,
+        # which replaces every GPU instance on that `up` (tooling/changes/rules.py, the
+        # launch template's and the instance's rules).
         interface_of_function(),
         f'IFACE=$({INTERFACE_OF} "$NODE_IP")',
         'if [ -z "$IFACE" ]; then echo "no interface holds $NODE_IP" >&2; exit 1; fi',

@@ -1,6 +1,6 @@
 """What every member of a replica gives NCCL, Gloo and vLLM so that they meet on the cluster
-interface and use the fast transport, or fail loudly (issue 26, docs/monitoring.md's table of
-the ten failures). One function per fact, for both targets: the bare-metal container
+interface and use the fast transport, or fail loudly (docs/monitoring.md, "The ten failures").
+One function per fact, for both targets: the bare-metal container
 (components/baremetal/serving.py) and the SSM model server (qwen_cluster/render/ssm.py) take
 their environment and container settings from here, so the two cannot drift apart.
 

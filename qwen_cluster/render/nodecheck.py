@@ -1,5 +1,5 @@
-"""What a node checks about itself, beyond the probe matrix: the causes of issue 26's table that
-only the node can see (docs/monitoring.md, "The ten failures"). A bash section of the verify
+"""What a node checks about itself, beyond the probe matrix: the causes in docs/monitoring.md's
+table of "The ten failures" that only the node can see. A bash section of the verify
 script (qwen_cluster/render/verify.py): `verify` runs it at deploy time, `doctor` any time.
 
 Signatures:

@@ -10,8 +10,9 @@ Checks: the OS family (Debian or RHEL), the interface holding `node_ip` (or `int
 speed from /sys/class/net/<if>/speed against network.minBandwidthGbps and the declared
 bareMetal.nicSpeedGbps (None skips that, e.g. in a lab of veth pairs), its MTU, time sync;
 and what the model server's NCCL needs of the host that the program cannot set from the
-container (issue 26): python3 for the one NIC finder, /dev/shm (shared with --ipc=host), and with
-tuning.rdma the RDMA devices and a memlock that may be unlimited (--ulimit memlock=-1).
+container (docs/monitoring.md, "The ten failures"): python3 for the one NIC finder, /dev/shm
+(shared with --ipc=host), and with tuning.rdma the RDMA devices and a memlock that may be
+unlimited (--ulimit memlock=-1).
 """
 
 from __future__ import annotations

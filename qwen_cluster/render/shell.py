@@ -87,7 +87,7 @@ os_family() {{
 # The rule every target uses to find the cluster interface, in one text: qwen_cluster/node/nic.py
 # (the first interface in the kernel's address dump holding the node's IPv4 address, primary or
 # secondary). Host scripts run it with python3, the model server's container and the monitoring
-# endpoint run the same file; there is no second spelling to drift (issue 26).
+# endpoint run the same file; there is no second spelling to drift.
 INTERFACE_OF = "interface_of"
 
 

@@ -1,11 +1,9 @@
 """The model server on AWS as an SSM Run Command document plus per-node parameters (pure).
 
-Why SSM State Manager and not user data: user data belongs to the launch template, and any
-change to it is a new template version, which replaces the instance (terraform-provider-aws
-internal/service/ec2/ec2_instance.go, the CustomizeDiff on launch_template.0.version). The
-model server's lifecycle is not the machine's: the document below is applied to one node by
-one association (components/aws/nodes.py), and a change to the image, the vLLM flags, the
-serving environment or sysctl changes only the association's parameters.
+The document is applied to one node by one association (components/aws/nodes.py), so a change
+to the image, the vLLM flags, the serving environment or sysctl changes only the association's
+parameters, never the machine. Why SSM and not user data: docs/decisions.md, "AWS", and
+docs/day2.md, "AWS".
 
 What one run does on a node (idempotent, so re-running it on an unchanged node is harmless):
 1. writes the sysctl drop-in and applies it (no restart needed);

@@ -38,7 +38,8 @@ LOOPBACK = "127.0.0.1"
 HEALTH_PATH = "/health"
 # vLLM's own graceful shutdown (config.DEFAULT_VLLM_FLAGS): on SIGTERM it answers new requests
 # with 500 and lets those in flight finish for at most this many seconds; a stream that outlasts
-# it stays open until the process is killed (measured, ../shared/REAL-COMPONENTS.md).
+# it stays open until its client leaves or the process is killed (measured: docs/lab.md, "The
+# real vLLM", what a client sees).
 SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
 # What docker waits beyond that before SIGKILL: the engine's processes exit and free the GPUs.
 STOP_MARGIN_SECONDS = 30
@@ -133,8 +134,8 @@ def stop_grace_seconds(cluster: ClusterConfig) -> int:
 
 def ray_argv(cluster: ClusterConfig, node_name: str) -> list[str]:
     """`ray start` for a member of a Ray replica, its ports pinned in the range. Not `--block` on a
-    worker: that process outlives `ray stop` (measured with Ray 2.60); RAYLET_WATCH watches
-    the raylet instead."""
+    worker: that process outlives `ray stop` (measured with Ray 2.60: docs/decisions.md,
+    "Multi-node replicas: vLLM's own launch, not Ray"); RAYLET_WATCH watches the raylet instead."""
     topology = cluster.topology
     replica = topology.replica_of(node_name)
     _, node_ip = _member(cluster, node_name)

@@ -2,27 +2,9 @@
 from loopback and serves on the endpoint port, the peer probes, and the exporters' arguments
 and files. Pure: text and data.
 
-The pieces and why:
-- Host: node_exporter (Debian's prometheus-node-exporter, `prom/node-exporter` in a
-  container), with its default `infiniband` collector, which reads the EFA devices' counters
-  under /sys/class/infiniband as AWS's HyperPod observability stack does, and `netclass`
-  for the NIC speed.
-- GPUs: NVIDIA's dcgm-exporter, a pinned image run with `--gpus all` (only where the node
-  has GPUs), with a counters file that enables `DCGM_EXP_XID_ERRORS_COUNT`: XID errors
-  counted over a window by the exporter, not `DCGM_FI_DEV_XID_ERRORS`, the last XID seen,
-  which a scrape can miss.
-- vLLM: its own `/metrics` on the model port (heads only: a pipeline member after the head serves
-  no HTTP).
-- Peers: blackbox_exporter probes from this node, ICMP to every other member and TCP
-  connect to each member's model port and the pinned inter-node ports that listen there.
-- One port: `qwen_cluster/node/nodemetrics.py`, a small stdlib aggregator on :8000 that fetches all
-  of the above from loopback and serves them as one `/metrics`, every sample labelled with
-  `qwen_source`, and `qwen_source_up{qwen_source}` for each source, so a dead exporter is
-  an alert, never a silent gap. exporter_exporter (Debian's prometheus-exporter-exporter)
-  was the other candidate; it serves one module per `/proxy?module=` URL and refuses by
-  design to merge them ("merging of module outputs into one query ... would break up
-  behaviour", its README), so `GET :8000/metrics` could not be the node's metrics and the
-  probes of each peer would be one scrape job per peer and port.
+What each piece is and serves: docs/monitoring.md, "What answers on each node"; why one
+endpoint of our own and not exporter_exporter, and XIDs as a windowed count:
+docs/decisions.md, "Monitoring".
 """
 
 from __future__ import annotations
