@@ -2,8 +2,8 @@
 `aws:iam/rolePolicy:RolePolicy` on the role as the program registers it, and every attached
 managed policy (the one the program attaches is below, as AWS publishes it). They are read from
 the render with the lab's identities (labkit/aws/model.py `identities`) in place of the mocks'
-values; the
-evaluation is the tooling's (tooling/iampolicy.py), the same the deploy policy is checked with.
+values. The evaluation is the tooling's (tooling/iampolicy.py), the one the deploy policy is
+checked with.
 """
 
 from __future__ import annotations
