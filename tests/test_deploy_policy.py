@@ -192,7 +192,7 @@ def test_the_grants_file_holds_every_row_with_its_citation():
         (lambda rows: _row(rows, "aws:ssm/document:Document").update(arn=["x"]),
          "Extra inputs are not permitted"),
         (lambda rows: _row(rows, "aws:ssm/document:Document").update(create=["CreateDocument"]),
-         "'CreateDocument' is not an IAM action"),
+         "(aws:ssm/document:Document) create: 'CreateDocument' is not an IAM action"),
         (lambda rows: _row(rows, "aws:ssm/document:Document").update(source="ssm/document.go"),
          "String should match pattern"),
         (lambda rows: _row(rows, "aws:ssm/document:Document").update(

@@ -108,13 +108,13 @@ class GrantsFile(_Frozen):
             for key in {key for template in templates for key in _PLACEHOLDER.findall(template)}:
                 if key not in PLACEHOLDERS and key not in named:
                     raise ValueError(
-                        f"grants.{index} ({grant.type}): {{{key}}} is neither one of "
+                        f"grants[{index}] ({grant.type}): {{{key}}} is neither one of "
                         f"{', '.join(PLACEHOLDERS)} nor a name-scoped type"
                     )
             if grant.scope == "name":
                 sid = grant.sid or grant.type.rsplit(":", 1)[-1]
                 if sid in sids:
-                    raise ValueError(f"grants.{index} ({grant.type}): statement {sid} is {sids[sid]}'s too")
+                    raise ValueError(f"grants[{index}] ({grant.type}): statement {sid} is {sids[sid]}'s too")
                 sids[sid] = grant.type
         return self
 
@@ -125,7 +125,23 @@ def load(path: Path = SOURCE) -> tuple[Grant, ...]:
     try:
         return GrantsFile.model_validate(raw).grants
     except pydantic.ValidationError as error:
-        raise ValueError(f"{path.name} is not valid:\n{error}") from None
+        rows = raw.get("grants") if isinstance(raw, dict) else None
+        problems = [_problem(detail, rows) for detail in error.errors()]
+        raise ValueError(f"{path.name} is not valid:\n" + "\n".join(problems)) from None
+
+
+def _problem(detail: Any, rows: Any) -> str:
+    """One validation error as `grants[3] (aws:ec2/vpc:Vpc) create: <why>`."""
+    loc = list(detail["loc"])
+    why = detail["msg"].removeprefix("Value error, ")
+    if not loc:
+        return f"  {why}"
+    where = ".".join(map(str, loc))
+    if loc[:1] == ["grants"] and len(loc) > 1 and isinstance(loc[1], int) and isinstance(rows, list):
+        row = rows[loc[1]] if loc[1] < len(rows) and isinstance(rows[loc[1]], dict) else {}
+        field = ".".join(map(str, loc[2:]))
+        where = f"grants[{loc[1]}] ({row.get('type', '?')})" + (f" {field}" if field else "")
+    return f"  {where}: {why}"
 
 
 GRANTS = load()
