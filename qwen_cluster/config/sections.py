@@ -264,6 +264,16 @@ class LoadBalancer(Section):
         description="Serve HTTPS on `port` (TLS 1.2 and 1.3 only, Mozilla's intermediate ciphers); "
         "without it the listener speaks plain HTTP.",
     )
+    routing: Literal["least-conn", "cache-aware"] = Field(
+        default="least-conn",
+        description="How requests are spread over the replicas. `least-conn`: the balancer sends each "
+        "request to the replica with the fewest open requests. `cache-aware`: through vLLM's router "
+        f"(`vllm-router`, `--policy cache_aware`; port row `{port_table.ROUTER}`), which sends a prompt "
+        "to the replica that already holds its prefix in its KV cache, with a load bound; the balancer "
+        "keeps TLS, the keys and the route allowlist, and falls back to the replicas themselves when the "
+        "router is down. The default stays `least-conn` until the routing benchmark shows "
+        "`cache-aware` better on every workload (docs/routing.md).",
+    )
 
 
 def _pinned_image(value: object) -> object:

@@ -1,0 +1,150 @@
+"""vLLM's router as rendered: the balance thresholds, its command line, and the admin calls the
+rollout makes (run against a loopback stand-in of the router's admin routes)."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import subprocess
+import threading
+
+import pytest
+
+from qwen_cluster import ports
+from qwen_cluster.config import validate
+from qwen_cluster.render import router
+from qwen_cluster.render.shell import script
+from tests.helpers.baremetal import shellcheck
+
+
+def cache_aware(raw: dict) -> dict:
+    raw["loadBalancer"] = {"routing": "cache-aware"}
+    return raw
+
+
+@pytest.mark.parametrize(("replicas", "absolute"), [(1, 2), (2, 2), (3, 3), (4, 4), (16, 16)])
+def test_balance_thresholds_fire_with_a_few_replicas(replicas, absolute):
+    # The router's defaults (64, 1.5) need 64 more requests in flight on one worker.
+    assert router.balance_thresholds(replicas) == (absolute, 1.25)
+
+
+def test_balance_thresholds_refuse_no_replica():
+    with pytest.raises(ValueError, match="replicas 0 must be at least 1"):
+        router.balance_thresholds(0)
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_bare_metal_router_binds_loopback_and_routes_to_every_head(bare_metal_raw):
+    cluster = validate(cache_aware(bare_metal_raw))
+    argv = router.command(cluster)
+    assert argv[0] == "vllm-router"
+    assert flag(argv, "--host") == "127.0.0.1"
+    assert flag(argv, "--port") == "30000"
+    assert flag(argv, "--policy") == "cache_aware"
+    heads = argv[argv.index("--worker-urls") + 1 : argv.index("--policy")]
+    assert heads == [f"http://192.168.1.{100 + i}:5000" for i in range(4)]
+    assert (flag(argv, "--balance-abs-threshold"), flag(argv, "--balance-rel-threshold")) == ("4", "1.25")
+    assert (flag(argv, "--prometheus-host"), flag(argv, "--prometheus-port")) == (
+        "127.0.0.1",
+        str(ports.ROUTER_METRICS_PORT),
+    )
+    # No key either way: nginx keeps the client keys.
+    assert not {"--api-key", "--api-key-validation-urls"} & set(argv)
+
+
+def test_the_thresholds_follow_the_replicas_not_the_nodes(bare_metal_raw):
+    bare_metal_raw["model"] = {"pipelineParallel": 2}
+    argv = router.command(validate(cache_aware(bare_metal_raw)))
+    assert flag(argv, "--balance-abs-threshold") == "2"
+    assert len(argv[argv.index("--worker-urls") + 1 : argv.index("--policy")]) == 2
+
+
+def test_a_moved_router_row_moves_the_listener(bare_metal_raw):
+    raw = cache_aware(bare_metal_raw)
+    raw["ports"] = [
+        {"name": "model-service", "port": 5000, "scope": "clients"},
+        {"name": "inter-node", "port": "6000-6100", "scope": "cluster"},
+        {"name": "router", "port": 6200, "scope": "cluster"},
+    ]
+    assert flag(router.command(validate(raw)), "--port") == "6200"
+
+
+def test_aws_router_binds_the_masters_address(aws_raw):
+    cluster = validate(cache_aware(aws_raw))
+    assert flag(router.command(cluster), "--host") == str(cluster.master.ip)
+
+
+def test_the_router_waits_for_its_workers_as_long_as_the_rollout(bare_metal_raw):
+    raw = cache_aware(bare_metal_raw)
+    raw["rollout"] = {"healthTimeoutSeconds": 2400}
+    raw["loadBalancer"]["idleTimeoutSeconds"] = 5400
+    argv = router.command(validate(raw))
+    assert flag(argv, "--worker-startup-timeout-secs") == "2400"
+    assert flag(argv, "--request-timeout-secs") == "5400"
+
+
+class _Admin(http.server.BaseHTTPRequestHandler):
+    seen: list[str] = []
+    answer = (200, "Successfully removed worker")
+
+    def do_POST(self):  # noqa: N802 (the stdlib's name)
+        type(self).seen.append(self.path)
+        code, text = type(self).answer
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(text.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def admin():
+    _Admin.seen = []
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Admin)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def run_ctl(port: int, *args: str) -> subprocess.CompletedProcess:
+    text = script("router_ctl", router.admin_function(address="127.0.0.1", port=port) + 'router_ctl "$@"')
+    return subprocess.run(
+        ["bash", "-c", text, "router_ctl", *args], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_router_ctl_removes_and_adds_a_worker_by_its_url(admin):
+    port = admin.server_address[1]
+    assert run_ctl(port, "remove", "http://10.0.0.4:5000").returncode == 0
+    _Admin.answer = (200, "Successfully added worker")
+    assert run_ctl(port, "add", "http://10.0.0.4:5000").returncode == 0
+    assert _Admin.seen == ["/remove_worker?url=http://10.0.0.4:5000", "/add_worker?url=http://10.0.0.4:5000"]
+
+
+def test_router_ctl_takes_a_worker_already_there_as_added(admin):
+    _Admin.answer = (400, "Worker already exists: http://10.0.0.4:5000")
+    assert run_ctl(admin.server_address[1], "add", "http://10.0.0.4:5000").returncode == 0
+
+
+def test_router_ctl_fails_on_any_other_refusal(admin):
+    _Admin.answer = (400, "Failed to add worker http://10.0.0.4:5000")
+    result = run_ctl(admin.server_address[1], "add", "http://10.0.0.4:5000")
+    assert result.returncode == 1
+    assert "answered 400" in result.stderr
+
+
+def test_router_ctl_says_3_when_no_router_listens():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    assert run_ctl(free, "remove", "http://10.0.0.4:5000").returncode == 3
+
+
+def test_router_ctl_is_shellcheck_clean(tmp_path):
+    shellcheck(script("router_ctl", router.admin_function(address="127.0.0.1", port=30000)), tmp_path)
