@@ -22,9 +22,10 @@ from components.baremetal import connection
 from components.baremetal import monitoring as node_monitoring
 from components.baremetal.host import HostSetup, HostSetupArgs
 from components.baremetal.rollout import Rollout, RolloutArgs
+from components.baremetal.router import Router, RouterArgs
 from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
 from qwen_cluster.config import ClusterConfig, EndpointSecrets
-from qwen_cluster.render import verify
+from qwen_cluster.render import router, verify
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 
 
@@ -103,6 +104,12 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
+        # vLLM's router behind nginx (loadBalancer.routing cache-aware), on the same host.
+        self.router: Router | None = None
+        if router.needs_router(cluster):
+            self.router = Router(
+                "router", RouterArgs(cluster, self.servers[lb_node.name].provider, setup_done), opts=child
+            )
         # The model containers start through the rollout lanes: in each lane one replica after
         # another, drained before its containers are replaced and healthy before the next starts.
         try:
@@ -115,6 +122,7 @@ class Cluster(pulumi.ComponentResource):
                     connections[lb_node.name],
                     setup_done,
                     staged=[self.staged],
+                    router=self.router.container if self.router else None,
                 ),
                 opts=child,
             )
@@ -133,6 +141,7 @@ class Cluster(pulumi.ComponentResource):
                 *setup_done,
                 *(s.container for s in self.servers.values()),
                 self.load_balancer.container,
+                *([self.router.container] if self.router else []),
                 *self.rollout.gates.values(),
             ],
             opts=child,

@@ -50,7 +50,7 @@ from pulumi_command import remote
 from components.baremetal import connection
 from components.baremetal.serving import LoadBalancer, ModelServer, replacing_fields
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import rollout
+from qwen_cluster.render import nginx, rollout
 from qwen_cluster.topology import previous_in_lane
 
 
@@ -66,6 +66,9 @@ class RolloutArgs:
     # What must be on every node before any replica drains (images and weights staged while
     # the old servers still serve): each lane's first drain depends on all of it.
     staged: Sequence[pulumi.Resource] = ()
+    # vLLM's router's container (loadBalancer.routing cache-aware): the drains and gates call its
+    # admin routes, so they come after it.
+    router: pulumi.Resource | None = None
 
 
 def _with(fingerprint: str | pulumi.Output[str], render) -> str | pulumi.Output[str]:
@@ -81,6 +84,7 @@ class Rollout(pulumi.ComponentResource):
         self.drains: dict[str, remote.Command] = {}
         self.gates: dict[str, remote.Command] = {}
         width = cluster.max_unavailable
+        router_at = nginx.router_server(cluster)
         ready_of: list[remote.Command] = []  # by replica index
         for replica in cluster.topology.replicas:
             before = previous_in_lane(replica, width)
@@ -101,6 +105,8 @@ class Rollout(pulumi.ComponentResource):
                 else rollout.fingerprint(specs)
             )
             after = [args.load_balancer.config, args.load_balancer.container]
+            if args.router is not None:
+                after.append(args.router)
             drain = connection.command(
                 f"{head.name}{rollout.DRAIN_SUFFIX}",
                 connection=args.connection,
@@ -111,13 +117,16 @@ class Rollout(pulumi.ComponentResource):
                         replica=label,
                         drain_timeout_seconds=settings.drain_timeout_seconds,
                         fingerprint=fp,
+                        router_at=router_at,
                     ),
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, *waits_for]),
             )
             containers = [args.servers[member.name].container for member in replica.members]
-            gate = dict(replica=label, health_timeout_seconds=settings.health_timeout_seconds)
+            gate = dict(
+                replica=label, health_timeout_seconds=settings.health_timeout_seconds, router_at=router_at
+            )
             ready = connection.command(
                 f"{head.name}{rollout.READY_SUFFIX}",
                 connection=args.connection,
@@ -134,7 +143,10 @@ class Rollout(pulumi.ComponentResource):
                     ),
                 ),
                 delete=rollout.retire_script(
-                    server, replica=label, drain_timeout_seconds=settings.drain_timeout_seconds
+                    server,
+                    replica=label,
+                    drain_timeout_seconds=settings.drain_timeout_seconds,
+                    router_at=router_at,
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=containers),

@@ -1,0 +1,58 @@
+"""The onprem stack with loadBalancer.routing cache-aware, rendered offline: vLLM's router beside
+nginx on the load-balancer host, nginx sending to it with the replicas as backups, the rollout
+taking replicas out of the router and back, and the policy pack still clean."""
+
+from __future__ import annotations
+
+import pytest
+
+from qwen_cluster import tags
+from qwen_cluster.render import router
+from tests.helpers.baremetal import ONPREM_CACHE_AWARE, cache_aware_stack, shellcheck
+from tooling import offline, policy_harness
+
+
+@pytest.fixture(scope="module")
+def render() -> offline.Render:
+    return offline.render(cache_aware_stack(), "onprem")
+
+
+def test_the_router_runs_on_the_load_balancer_host_with_host_networking(render):
+    container = render.named("router-router")
+    assert container.inputs["name"] == router.CONTAINER_NAME
+    assert container.inputs["image"] == router.IMAGE
+    assert container.inputs["networkMode"] == "host"
+    assert container.inputs["command"] == router.command(ONPREM_CACHE_AWARE)
+    assert {"label": tags.CONTAINER_ROLE_LABEL, "value": tags.ROUTER_CONTAINER} in container.inputs["labels"]
+    lb = ONPREM_CACHE_AWARE.load_balancer_node.name
+    assert render.named("router-image").provider.split("::")[-1] == f"{lb}-model-docker-id"
+
+
+def test_nginx_sends_to_the_router_with_the_replicas_as_backups(render):
+    script = render.named("load-balancer-config").inputs["create"]
+    assert "server 127.0.0.1:30000 max_fails=3 fail_timeout=30s;" in script
+    assert 'flag=" backup"' in script
+
+
+def test_each_drain_leaves_the_router_and_each_gate_rejoins_it(render):
+    for head in ONPREM_CACHE_AWARE.topology.heads:
+        worker = router.worker_url(str(head.ip), ONPREM_CACHE_AWARE.model_port)
+        drain = render.named(f"{head.name}-drain")
+        ready = render.named(f"{head.name}-ready")
+        assert "router_leave\nif server_flag" in drain.inputs["update"]
+        assert worker in drain.inputs["update"] and worker in ready.inputs["update"]
+        gate = ready.inputs["update"]
+        # Back in nginx first, then in the router's worker set, both after the health wait.
+        assert gate.index("until [") < gate.index("  mark up") < gate.index("\nrouter_join\n")
+        assert "router-router" in render.dependencies()[drain.name]
+
+
+def test_the_rollout_scripts_are_shellcheck_clean(render, tmp_path):
+    head = ONPREM_CACHE_AWARE.topology.heads[0].name
+    for name, key in ((f"{head}-drain", "update"), (f"{head}-ready", "update"), (f"{head}-ready", "delete")):
+        shellcheck(render.named(name).inputs[key], tmp_path)
+
+
+def test_the_policy_pack_passes_the_cache_aware_stack(render):
+    violations = policy_harness.analyze_render(render, cluster=ONPREM_CACHE_AWARE)
+    assert policy_harness.mandatory(violations) == []
