@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from qwen_cluster import tags
-from qwen_cluster.render import router
+from qwen_cluster.render import nginx, router
 from tests.helpers.baremetal import ONPREM_CACHE_AWARE, cache_aware_stack, shellcheck
 from tooling import offline, policy_harness
 
@@ -34,17 +34,30 @@ def test_nginx_sends_to_the_router_with_the_replicas_as_backups(render):
     assert 'flag=" backup"' in script
 
 
+def test_nginx_leaves_the_routers_address_for_the_rollout(render):
+    script = render.named("load-balancer-config").inputs["create"]
+    assert f"printf '%s\\n' 127.0.0.1:30000 >\"$conf_dir/{nginx.ROUTER_FILE}.new\"" in script
+
+
 def test_each_drain_leaves_the_router_and_each_gate_rejoins_it(render):
     for head in ONPREM_CACHE_AWARE.topology.heads:
         worker = router.worker_url(str(head.ip), ONPREM_CACHE_AWARE.model_port)
-        drain = render.named(f"{head.name}-drain")
-        ready = render.named(f"{head.name}-ready")
-        assert "router_leave\nif server_flag" in drain.inputs["update"]
-        assert worker in drain.inputs["update"] and worker in ready.inputs["update"]
-        gate = ready.inputs["update"]
+        drain = render.named(f"{head.name}-drain").inputs["update"]
+        gate = render.named(f"{head.name}-ready").inputs["update"]
+        assert "router_leave\nif server_flag" in drain
+        assert worker in drain and worker in gate
         # Back in nginx first, then in the router's worker set, both after the health wait.
         assert gate.index("until [") < gate.index("  mark up") < gate.index("\nrouter_join\n")
-        assert "router-router" in render.dependencies()[drain.name]
+        assert "router-router" in render.dependencies()[f"{head.name}-drain"]
+
+
+def test_switching_the_routing_drains_no_replica(render):
+    """The rollout's scripts read the router's address when they run: the same text either way,
+    so a drain (which runs when its text changes) does not run for the switch."""
+    least_conn = offline.render_stack("onprem")
+    for head in ONPREM_CACHE_AWARE.topology.heads:
+        for name in (f"{head.name}-drain", f"{head.name}-ready"):
+            assert render.named(name).inputs == least_conn.named(name).inputs, name
 
 
 def test_the_rollout_scripts_are_shellcheck_clean(render, tmp_path):

@@ -72,11 +72,6 @@ def test_a_moved_router_row_moves_the_listener(bare_metal_raw):
     assert flag(router.command(validate(raw)), "--port") == "6200"
 
 
-def test_aws_router_binds_the_masters_address(aws_raw):
-    cluster = validate(cache_aware(aws_raw))
-    assert flag(router.command(cluster), "--host") == str(cluster.master.ip)
-
-
 def test_the_router_waits_for_its_workers_as_long_as_the_rollout(bare_metal_raw):
     raw = cache_aware(bare_metal_raw)
     raw["rollout"] = {"healthTimeoutSeconds": 2400}
@@ -112,39 +107,50 @@ def admin():
     server.server_close()
 
 
-def run_ctl(port: int, *args: str) -> subprocess.CompletedProcess:
-    text = script("router_ctl", router.admin_function(address="127.0.0.1", port=port) + 'router_ctl "$@"')
+def run_ctl(tmp_path, port: int | None, *args: str) -> subprocess.CompletedProcess:
+    """router_ctl with the router's address in a file (nginx.ROUTER_FILE), or no file (None)."""
+    address_file = tmp_path / "router.addr"
+    if port is not None:
+        address_file.write_text(f"127.0.0.1:{port}\n")
+    body = f"router_file={address_file}\n" + router.admin_function('"$router_file"') + 'router_ctl "$@"'
     return subprocess.run(
-        ["bash", "-c", text, "router_ctl", *args], capture_output=True, text=True, timeout=30
+        ["bash", "-c", script("router_ctl", body), "router_ctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
-def test_router_ctl_removes_and_adds_a_worker_by_its_url(admin):
+def test_router_ctl_removes_and_adds_a_worker_by_its_url(admin, tmp_path):
     port = admin.server_address[1]
-    assert run_ctl(port, "remove", "http://10.0.0.4:5000").returncode == 0
+    assert run_ctl(tmp_path, port, "remove", "http://10.0.0.4:5000").returncode == 0
     _Admin.answer = (200, "Successfully added worker")
-    assert run_ctl(port, "add", "http://10.0.0.4:5000").returncode == 0
+    assert run_ctl(tmp_path, port, "add", "http://10.0.0.4:5000").returncode == 0
     assert _Admin.seen == ["/remove_worker?url=http://10.0.0.4:5000", "/add_worker?url=http://10.0.0.4:5000"]
 
 
-def test_router_ctl_takes_a_worker_already_there_as_added(admin):
+def test_router_ctl_takes_a_worker_already_there_as_added(admin, tmp_path):
     _Admin.answer = (400, "Worker already exists: http://10.0.0.4:5000")
-    assert run_ctl(admin.server_address[1], "add", "http://10.0.0.4:5000").returncode == 0
+    assert run_ctl(tmp_path, admin.server_address[1], "add", "http://10.0.0.4:5000").returncode == 0
 
 
-def test_router_ctl_fails_on_any_other_refusal(admin):
+def test_router_ctl_fails_on_any_other_refusal(admin, tmp_path):
     _Admin.answer = (400, "Failed to add worker http://10.0.0.4:5000")
-    result = run_ctl(admin.server_address[1], "add", "http://10.0.0.4:5000")
+    result = run_ctl(tmp_path, admin.server_address[1], "add", "http://10.0.0.4:5000")
     assert result.returncode == 1
     assert "answered 400" in result.stderr
 
 
-def test_router_ctl_says_3_when_no_router_listens():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        free = probe.getsockname()[1]
-    assert run_ctl(free, "remove", "http://10.0.0.4:5000").returncode == 3
+def test_router_ctl_says_3_when_no_router_listens(tmp_path):
+    with socket.socket() as held:  # bound, never listening: a connection is refused
+        held.bind(("127.0.0.1", 0))
+        assert run_ctl(tmp_path, held.getsockname()[1], "remove", "http://10.0.0.4:5000").returncode == 3
+
+
+def test_router_ctl_says_4_without_a_router_configured(tmp_path):
+    assert run_ctl(tmp_path, None, "remove", "http://10.0.0.4:5000").returncode == 4
 
 
 def test_router_ctl_is_shellcheck_clean(tmp_path):
-    shellcheck(script("router_ctl", router.admin_function(address="127.0.0.1", port=30000)), tmp_path)
+    text = "router_file=/etc/qwen-cluster/nginx/router.addr\n" + router.admin_function('"$router_file"')
+    shellcheck(script("router_ctl", text), tmp_path)

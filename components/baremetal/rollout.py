@@ -50,7 +50,7 @@ from pulumi_command import remote
 from components.baremetal import connection
 from components.baremetal.serving import LoadBalancer, ModelServer, replacing_fields
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import nginx, rollout
+from qwen_cluster.render import rollout
 from qwen_cluster.topology import previous_in_lane
 
 
@@ -84,7 +84,6 @@ class Rollout(pulumi.ComponentResource):
         self.drains: dict[str, remote.Command] = {}
         self.gates: dict[str, remote.Command] = {}
         width = cluster.max_unavailable
-        router_at = nginx.router_server(cluster)
         ready_of: list[remote.Command] = []  # by replica index
         for replica in cluster.topology.replicas:
             before = previous_in_lane(replica, width)
@@ -117,16 +116,13 @@ class Rollout(pulumi.ComponentResource):
                         replica=label,
                         drain_timeout_seconds=settings.drain_timeout_seconds,
                         fingerprint=fp,
-                        router_at=router_at,
                     ),
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, *waits_for]),
             )
             containers = [args.servers[member.name].container for member in replica.members]
-            gate = dict(
-                replica=label, health_timeout_seconds=settings.health_timeout_seconds, router_at=router_at
-            )
+            gate = dict(replica=label, health_timeout_seconds=settings.health_timeout_seconds)
             ready = connection.command(
                 f"{head.name}{rollout.READY_SUFFIX}",
                 connection=args.connection,
@@ -143,10 +139,7 @@ class Rollout(pulumi.ComponentResource):
                     ),
                 ),
                 delete=rollout.retire_script(
-                    server,
-                    replica=label,
-                    drain_timeout_seconds=settings.drain_timeout_seconds,
-                    router_at=router_at,
+                    server, replica=label, drain_timeout_seconds=settings.drain_timeout_seconds
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=containers),

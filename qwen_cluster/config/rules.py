@@ -138,7 +138,7 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
     if monitoring is not None:
         errors += _monitoring_errors(monitoring, nodes, table)
     if load_balancer is not None:
-        errors += _routing_errors(load_balancer, table)
+        errors += _routing_errors(load_balancer, table, target)
 
     gpus, gpu_memory = None, None
     if target is Target.AWS and aws is not None and (kind := catalog.instance_type(aws.instance_type)):
@@ -297,12 +297,22 @@ def complete_ports(
     return result
 
 
-def _routing_errors(load_balancer: LoadBalancer, table: list[port_table.PortEntry] | None) -> list[str]:
+def _routing_errors(
+    load_balancer: LoadBalancer, table: list[port_table.PortEntry] | None, target: Target | None
+) -> list[str]:
     """cache-aware routing needs the router's row (single port, scope cluster: its listener also
-    serves the admin routes) and its loopback metrics port clear of the table."""
-    if load_balancer.routing != "cache-aware" or table is None:
+    serves the admin routes) and its loopback metrics port clear of the table. It is built for
+    bare metal only so far (docs/routing.md, "AWS")."""
+    if load_balancer.routing != "cache-aware":
         return []
     errors: list[str] = []
+    if target is Target.AWS:
+        errors.append(
+            "loadBalancer.routing cache-aware is built for target bare-metal only so far; on aws "
+            "keep least-conn (docs/routing.md says what the aws side needs)"
+        )
+    if table is None:
+        return errors
     name = port_table.ROUTER
     found = next((entry for entry in table if entry.name == name), None)
     if found is None:

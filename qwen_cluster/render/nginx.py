@@ -61,6 +61,10 @@ CONF_FILE = "nginx.conf"
 # Relative: nginx resolves an include against the directory of the -c file, so the same
 # nginx.conf finds it in the container and wherever a lab keeps the files.
 UPSTREAM_FILE = "upstream.conf"
+# `host:port` of vLLM's router on this host (loadBalancer.routing cache-aware), absent without
+# one: the rollout's scripts read it when they run (render/rollout.py), so that their text, and
+# whether a replica drains, does not depend on the routing.
+ROUTER_FILE = "router.addr"
 CONTAINER_NAME = "qwen-nginx"
 WORKER_CONNECTIONS = 4096
 # A proxied request holds two descriptors (client and upstream connection), and worker_connections
@@ -466,6 +470,11 @@ def install_script(
     lines carry `backup`; the rollout's `down` marks work on them alike."""
     wanted = "\n".join(f"{ip}:{port}" for ip, port in servers)
     router_line = f"echo {quote(_server_line(*router_at))}" if router_at else ":"
+    router_file = (
+        f"printf '%s\\n' {quote(f'{router_at[0]}:{router_at[1]}')} >\"$conf_dir/{ROUTER_FILE}.new\""
+        if router_at
+        else f'rm -f "$conf_dir/{ROUTER_FILE}.new"'
+    )
     backup = " backup" if router_at else ""
     body = f"""
 conf_dir={quote(conf_dir)}
@@ -478,7 +487,7 @@ had_upstream=no
 [ -e "$upstream" ] && had_upstream=yes
 backup=$(mktemp -d)
 trap 'rm -rf "$backup"' EXIT
-for file in {CONF_FILE} {UPSTREAM_FILE} {" ".join(SECRET_FILES)}; do
+for file in {CONF_FILE} {UPSTREAM_FILE} {ROUTER_FILE} {" ".join(SECRET_FILES)}; do
   [ -e "$conf_dir/$file" ] && cp -p "$conf_dir/$file" "$backup/$file"
 done
 
@@ -517,6 +526,7 @@ QWEN_SERVERS_EOF
 cat >"$conf_dir/{CONF_FILE}.new" <<'QWEN_NGINX_CONF_EOF'
 {conf.rstrip(chr(10))}
 QWEN_NGINX_CONF_EOF
+{router_file}
 # Renames, so nginx never reads a half-written file.
 mv -f "$upstream.new" "$upstream"
 for file in {" ".join(SECRET_FILES)}; do
@@ -526,6 +536,12 @@ for file in {" ".join(SECRET_FILES)}; do
   esac
 done
 mv -f "$conf_dir/{CONF_FILE}.new" "$conf_dir/{CONF_FILE}"
+# The router's address for the rollout's scripts, or none.
+if [ -e "$conf_dir/{ROUTER_FILE}.new" ]; then
+  mv -f "$conf_dir/{ROUTER_FILE}.new" "$conf_dir/{ROUTER_FILE}"
+else
+  rm -f "$conf_dir/{ROUTER_FILE}"
+fi
 cat "$upstream"
 echo "nginx: secret files: ${{given# }}"
 
@@ -537,7 +553,7 @@ if [ "$status" = 3 ]; then
 elif [ "$status" != 0 ]; then
   echo "nginx: the new configuration was not taken (its test failed, or docker did not" \\
     "answer: see above); the previous files are back" >&2
-  for file in {CONF_FILE} {UPSTREAM_FILE} {" ".join(SECRET_FILES)}; do
+  for file in {CONF_FILE} {UPSTREAM_FILE} {ROUTER_FILE} {" ".join(SECRET_FILES)}; do
     if [ -e "$backup/$file" ]; then cp -p "$backup/$file" "$conf_dir/$file"; else rm -f "$conf_dir/$file"; fi
   done
   exit 1

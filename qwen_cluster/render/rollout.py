@@ -6,21 +6,24 @@ Signatures:
     fingerprint(specs: Iterable[Mapping]) -> str
         the digest of a replica's containers, in the scripts so that they change with them
     drain_script(server: tuple[str, int], *, replica: str, drain_timeout_seconds: int,
-                 fingerprint: str, conf_dir: str = nginx.CONF_DIR, poll_seconds: int = 1,
-                 router_at: tuple[str, int] | None = None) -> str
+                 fingerprint: str, conf_dir: str = nginx.CONF_DIR, poll_seconds: int = 1) -> str
     ready_script(server, *, replica: str, health_timeout_seconds: int, fingerprint: str,
-                 only_if_down: bool, conf_dir=..., poll_seconds: int = 2, router_at=None) -> str
+                 only_if_down: bool, conf_dir=..., poll_seconds: int = 2) -> str
     retire_script(server, *, replica: str, drain_timeout_seconds: int, conf_dir=...,
-                  poll_seconds: int = 1, router_at=None) -> str
+                  poll_seconds: int = 1) -> str
 
-With `router_at` (vLLM's router on this host, nginx.router_server) the drain first takes the
-replica out of the router's worker set (POST /remove_worker) and the ready step puts it back (POST
-/add_worker) after its health gate, through router.admin_function. A router that is not running is
-passed over: nginx sends to the replicas directly meanwhile, and a router that starts takes its
-workers from its command line. The router's own connections to the replica are this host's too, so
-the wait for streams in flight counts them; its client keeps idle connections up to 50 s
-(vllm-project/router src/server.rs startup: reqwest `pool_idle_timeout(50 s)`), which the wait
-counts as in flight until they close.
+vLLM's router (loadBalancer.routing cache-aware) follows the rollout: the drain first takes the
+replica out of the router's worker set (POST /remove_worker) and the ready step puts it back
+(POST /add_worker) after its health gate, through router.admin_function, at the address nginx's
+install script leaves in nginx.ROUTER_FILE. The scripts read that file when they run, so their
+text is the same with or without a router: switching loadBalancer.routing rewrites nginx's files
+and starts or removes the router, and drains no replica (a drain runs when its text changes).
+Without the file the calls do nothing; a router that is not running is passed over: nginx sends
+to the replicas directly meanwhile, and a router that starts takes its workers from its command
+line. The router's own connections to the replica are this host's too, so the wait for streams
+in flight counts them; its client keeps idle connections up to 50 s (vllm-project/router
+src/server.rs startup: reqwest `pool_idle_timeout(50 s)`), which the wait counts as in flight
+until they close.
 
 A server is out of rotation when its line in nginx's upstream file ends in `down` (nginx
 upstream module: `down` marks the server as permanently unavailable); a reload makes nginx
@@ -55,28 +58,23 @@ def fingerprint(specs: Iterable[Mapping]) -> str:
     return sha256(json.dumps(list(specs), sort_keys=True, default=str))
 
 
-def _router_calls(server: tuple[str, int], router_at: tuple[str, int] | None) -> str:
+def _router_calls(server: tuple[str, int]) -> str:
     """`router_leave` and `router_join`: the replica out of and back into the router's workers."""
-    if router_at is None:
-        return """
-router_leave() { :; }
-router_join() { :; }
-"""
-    address, port = router_at
     worker = router.worker_url(*server)
-    return f"""{router.admin_function(address=address, port=port).rstrip()}
+    return f"""{router.admin_function('"$router_file"').rstrip()}
 
-# The replica in the router's worker set (vLLM's router on this host). Not running (3): nginx
-# sends to the replicas directly meanwhile, and the router takes its workers from its command
-# line when it starts. Any other failure stops the step: the replica is never stopped while the
-# router may still send it requests.
+# The replica in the router's worker set (vLLM's router on this host, when nginx's files name
+# one). No router configured (4): nothing to do. Not running (3): nginx sends to the replicas
+# directly meanwhile, and the router takes its workers from its command line when it starts.
+# Any other failure stops the step: the replica is never stopped while the router may still
+# send it requests.
 router_call() {{
   local status=0
   router_ctl "$1" {quote(worker)} || status=$?
-  if [ "$status" = 3 ]; then
-    echo "router: not running on {address}:{int(port)}; nothing to $1"
-    return 0
-  fi
+  case "$status" in
+    0 | 4) return 0 ;;
+    3) echo "router: not running; nothing to $1"; return 0 ;;
+  esac
   return "$status"
 }}
 router_leave() {{ router_call remove; }}
@@ -84,9 +82,10 @@ router_join() {{ router_call add; }}
 """
 
 
-def _helpers(server: tuple[str, int], conf_dir: str, router_at: tuple[str, int] | None = None) -> str:
+def _helpers(server: tuple[str, int], conf_dir: str) -> str:
     ip, port = server
-    return f"""{_router_calls(server, router_at).rstrip()}
+    return f"""router_file={quote(conf_dir)}/{nginx.ROUTER_FILE}
+{_router_calls(server).rstrip()}
 
 server_ip={quote(ip)}
 server_port={int(port)}
@@ -178,13 +177,12 @@ def drain_script(
     fingerprint: str,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 1,
-    router_at: tuple[str, int] | None = None,
 ) -> str:
     """Out of the router's workers (with one) and out of rotation, then wait (at most the drain
     timeout) for its requests in flight."""
     body = f"""
 # {replica}: the containers it will run next: {fingerprint}
-{_helpers(server, conf_dir, router_at).strip()}
+{_helpers(server, conf_dir).strip()}
 
 router_leave
 if server_flag "$address" "$upstream" any; then
@@ -206,7 +204,6 @@ def ready_script(
     only_if_down: bool,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 2,
-    router_at: tuple[str, int] | None = None,
 ) -> str:
     """Wait until the server's /health answers 200 (at most the health timeout), then put it
     back in rotation. Fails, leaving it out, when it does not: the rollout stops there.
@@ -223,7 +220,7 @@ fi
     )
     body = f"""
 # {replica}: the containers it runs: {fingerprint}
-{_helpers(server, conf_dir, router_at).strip()}
+{_helpers(server, conf_dir).strip()}
 
 # The status code of GET path, or nothing (bash's /dev/tcp: no curl needed on the host).
 http_status() {{
@@ -263,14 +260,13 @@ def retire_script(
     drain_timeout_seconds: int,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 1,
-    router_at: tuple[str, int] | None = None,
 ) -> str:
     """A replica that leaves the cluster: out of rotation if it still is in (the load
     balancer's new upstream normally dropped it already), then its streams finish before its
     container goes (the engine deletes dependents first: this runs before the container's
     delete)."""
     body = f"""
-{_helpers(server, conf_dir, router_at).strip()}
+{_helpers(server, conf_dir).strip()}
 
 router_leave
 if server_flag "$address" "$upstream" any && ! server_flag "$address" "$upstream" down; then

@@ -8,7 +8,7 @@ Signatures:
     worker_urls(cluster: ClusterConfig) -> list[str]           the replica heads, as the router names them
     listen_address(cluster: ClusterConfig) -> str              where the router binds
     command(cluster: ClusterConfig) -> list[str]               the container's command, argv[0] first
-    admin_function(*, address: str, port: int) -> str          bash `router_ctl add|remove URL`
+    admin_function(address_file: str) -> str                   bash `router_ctl add|remove URL`
 
 Every flag rendered here exists in both of the release's command lines, checked in its own source
 (0.1.17, PyPI of Nov 2026): the wheel's console script `vllm-router` is the Python launcher
@@ -22,7 +22,6 @@ common set is rendered.
 from __future__ import annotations
 
 from qwen_cluster import ports as port_table
-from qwen_cluster.render.shell import quote
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 VERSION = "0.1.17"
@@ -84,11 +83,10 @@ def worker_urls(cluster) -> list[str]:
 
 
 def listen_address(cluster) -> str:
-    """Bare metal: loopback on the load-balancer host, where nginx and the rollout's scripts run
-    (nothing else needs it). AWS: the router node's address, for every node's proxy."""
-    if cluster.bare_metal is not None:
-        return LOOPBACK
-    return str(cluster.master.ip)
+    """Loopback on the load-balancer host (bare metal), where nginx and the rollout's scripts run:
+    nothing else needs the router. (AWS, not built yet, would bind the router node's address for
+    every node's proxy: docs/routing.md.)"""
+    return LOOPBACK
 
 
 def command(cluster) -> list[str]:
@@ -135,28 +133,32 @@ def command(cluster) -> list[str]:
     ]
 
 
-def admin_function(*, address: str, port: int) -> str:
+def admin_function(address_file: str) -> str:
     """bash `router_ctl add|remove URL`: the router's admin routes (src/server.rs build_app
-    `admin_routes`: POST /add_worker?url=, POST /remove_worker?url=, on the API listener).
-    Exit 3: nothing listens (the router is not running: nginx sends to the replicas directly,
+    `admin_routes`: POST /add_worker?url=, POST /remove_worker?url=, on the API listener), at the
+    `host:port` written in `address_file` (a shell word, e.g. "$router_file"; nginx.install_script
+    writes it with cache-aware routing and removes it without). Exit 4: no router configured (no
+    file); 3: nothing listens (the router is not running: nginx sends to the replicas directly,
     and a router that starts takes its workers from its command line). /remove_worker answers
     200 whether or not it knew the worker; /add_worker answers 400 with the reason when it
-    cannot add it (already there counts as done here). bash's /dev/tcp, no curl on the host."""
+    cannot add it ("already exists" counts as done here). bash's /dev/tcp, no curl on the host."""
     return f"""
 router_ctl() {{
-  local path reply code
+  local path reply code host port
   case "$1" in
     add) path=/add_worker ;;
     remove) path=/remove_worker ;;
     *) echo "router_ctl: add or remove, not $1" >&2; return 2 ;;
   esac
+  [ -s {address_file} ] || return 4
+  IFS=: read -r host port <{address_file}
   # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
   reply=$(timeout 10 bash -c '
     exec 3<>"/dev/tcp/$0/$1" || exit 3
     printf "POST %s?url=%s HTTP/1.0\\r\\nHost: %s\\r\\nContent-Length: 0\\r\\n\\r\\n" \\
       "$2" "$3" "$0" >&3
     cat <&3
-  ' {quote(address)} {int(port)} "$path" "$2" 2>/dev/null </dev/null) || return 3
+  ' "$host" "$port" "$path" "$2" 2>/dev/null </dev/null) || return 3
   code=$(printf '%s\\n' "$reply" | head -n 1 | cut -d ' ' -f 2)
   if [ "$code" = 200 ] || {{ [ "$1" = add ] && printf '%s' "$reply" | grep -q 'already exists'; }}; then
     echo "router: $1 $2: ok"
