@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from qwen_cluster import tags
-from qwen_cluster.render import nginx, router
-from tests.helpers.baremetal import ONPREM_CACHE_AWARE, cache_aware_stack, shellcheck
+from qwen_cluster import ports, tags
+from qwen_cluster.render import firewall, nginx, router
+from tests.helpers.baremetal import ONPREM, ONPREM_CACHE_AWARE, cache_aware_stack, shellcheck
 from tooling import offline, policy_harness
 
 
@@ -69,3 +69,22 @@ def test_the_rollout_scripts_are_shellcheck_clean(render, tmp_path):
 def test_the_policy_pack_passes_the_cache_aware_stack(render):
     violations = policy_harness.analyze_render(render, cluster=ONPREM_CACHE_AWARE)
     assert policy_harness.mandatory(violations) == []
+
+
+def test_the_router_row_opens_nothing_new_in_the_host_firewall():
+    """A cluster row is reached through the all-traffic rule between members alone: the firewall
+    rules, and the document the pack reads from them, are the least-conn stack's."""
+    for node in ONPREM_CACHE_AWARE.nodes:
+        rules = firewall.host_rules(ONPREM_CACHE_AWARE, node.name)
+        assert rules == firewall.host_rules(ONPREM, node.name)
+        assert firewall.policy_document(ONPREM_CACHE_AWARE, node.name, rules) == firewall.policy_document(
+            ONPREM, node.name, rules
+        )
+
+
+def test_only_members_may_reach_the_routers_port():
+    expectations = ports.reachability(
+        ONPREM_CACHE_AWARE.ports, listener_port=ONPREM_CACHE_AWARE.load_balancer.port, ssh_to_nodes=True
+    )
+    opened = {e.vantage for e in expectations if e.name == ports.ROUTER and e.open}
+    assert opened == {ports.Vantage.NODE}
