@@ -36,7 +36,8 @@ def test_nginx_sends_to_the_router_with_the_replicas_as_backups(render):
 
 def test_nginx_leaves_the_routers_address_for_the_rollout(render):
     script = render.named("load-balancer-config").inputs["create"]
-    assert f"printf '%s\\n' 127.0.0.1:30000 >\"$conf_dir/{nginx.ROUTER_FILE}.new\"" in script
+    line = "127.0.0.1:30000 127.0.0.1:29000"  # the API, then the metrics listener
+    assert f"printf '%s\\n' '{line}' >\"$conf_dir/{nginx.ROUTER_FILE}.new\"" in script
 
 
 def test_each_drain_leaves_the_router_and_each_gate_rejoins_it(render):

@@ -154,3 +154,56 @@ def test_router_ctl_says_4_without_a_router_configured(tmp_path):
 def test_router_ctl_is_shellcheck_clean(tmp_path):
     text = "router_file=/etc/qwen-cluster/nginx/router.addr\n" + router.admin_function('"$router_file"')
     shellcheck(script("router_ctl", text), tmp_path)
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    text = ""
+
+    def do_GET(self):  # noqa: N802 (the stdlib's name)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(type(self).text.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def run_running(tmp_path, metrics_port: int | None, worker: str) -> str:
+    address_file = tmp_path / "router.addr"
+    if metrics_port is not None:
+        address_file.write_text(f"127.0.0.1:1 127.0.0.1:{metrics_port}\n")
+    body = f"router_file={address_file}\n" + router.running_function('"$router_file"') + 'router_running "$1"'
+    done = subprocess.run(
+        ["bash", "-c", script("running", body), "running", worker], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_router_running_reads_the_routers_in_flight_count_for_one_worker(tmp_path):
+    # The gauge as the 0.1.17 router prints it (metrics-exporter-prometheus), two workers.
+    _Metrics.text = (
+        "# TYPE vllm_router_running_requests gauge\n"
+        'vllm_router_running_requests{worker="http://10.0.0.4:5000"} 3\n'
+        'vllm_router_running_requests{worker="http://10.0.0.40:5000"} 7\n'
+    )
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert run_running(tmp_path, port, "http://10.0.0.4:5000") == "3"
+        assert run_running(tmp_path, port, "http://10.0.0.5:5000") == "0"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_router_running_is_0_without_a_router_or_an_answer(tmp_path):
+    assert run_running(tmp_path, None, "http://10.0.0.4:5000") == "0"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        assert run_running(tmp_path, held.getsockname()[1], "http://10.0.0.4:5000") == "0"
+
+
+def test_the_address_line_names_the_api_then_the_metrics_listener():
+    assert router.address_line(("127.0.0.1", 30000)) == "127.0.0.1:30000 127.0.0.1:29000"

@@ -61,9 +61,10 @@ CONF_FILE = "nginx.conf"
 # Relative: nginx resolves an include against the directory of the -c file, so the same
 # nginx.conf finds it in the container and wherever a lab keeps the files.
 UPSTREAM_FILE = "upstream.conf"
-# `host:port` of vLLM's router on this host (loadBalancer.routing cache-aware), absent without
-# one: the rollout's scripts read it when they run (render/rollout.py), so that their text, and
-# whether a replica drains, does not depend on the routing.
+# `host:port host:port`: vLLM's router on this host, its API and its metrics listener
+# (loadBalancer.routing cache-aware; router.address_line), absent without one: the rollout's
+# scripts read it when they run (render/rollout.py), so that their text, and whether a replica
+# drains, does not depend on the routing.
 ROUTER_FILE = "router.addr"
 CONTAINER_NAME = "qwen-nginx"
 WORKER_CONNECTIONS = 4096
@@ -471,7 +472,7 @@ def install_script(
     wanted = "\n".join(f"{ip}:{port}" for ip, port in servers)
     router_line = f"echo {quote(_server_line(*router_at))}" if router_at else ":"
     router_file = (
-        f"printf '%s\\n' {quote(f'{router_at[0]}:{router_at[1]}')} >\"$conf_dir/{ROUTER_FILE}.new\""
+        f"printf '%s\\n' {quote(router.address_line(router_at))} >\"$conf_dir/{ROUTER_FILE}.new\""
         if router_at
         else f'rm -f "$conf_dir/{ROUTER_FILE}.new"'
     )

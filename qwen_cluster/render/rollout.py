@@ -20,10 +20,9 @@ text is the same with or without a router: switching loadBalancer.routing rewrit
 and starts or removes the router, and drains no replica (a drain runs when its text changes).
 Without the file the calls do nothing; a router that is not running is passed over: nginx sends
 to the replicas directly meanwhile, and a router that starts takes its workers from its command
-line. The router's own connections to the replica are this host's too, so the wait for streams
-in flight counts them; its client keeps idle connections up to 50 s (vllm-project/router
-src/server.rs startup: reqwest `pool_idle_timeout(50 s)`), which the wait counts as in flight
-until they close.
+line. The wait for streams in flight counts, with a router, its own count for the replica
+(router.running_function) instead of its connections, which its client keeps open idle long
+after the last request (measured with the 0.1.17 wheel: 90 s after /remove_worker).
 
 A server is out of rotation when its line in nginx's upstream file ends in `down` (nginx
 upstream module: `down` marks the server as permanently unavailable); a reload makes nginx
@@ -58,10 +57,11 @@ def fingerprint(specs: Iterable[Mapping]) -> str:
     return sha256(json.dumps(list(specs), sort_keys=True, default=str))
 
 
-def _router_calls(server: tuple[str, int]) -> str:
-    """`router_leave` and `router_join`: the replica out of and back into the router's workers."""
-    worker = router.worker_url(*server)
+def _router_calls() -> str:
+    """`router_leave` and `router_join`: the replica ($worker_url) out of and back into the
+    router's workers."""
     return f"""{router.admin_function('"$router_file"').rstrip()}
+{router.running_function('"$router_file"').rstrip()}
 
 # The replica in the router's worker set (vLLM's router on this host, when nginx's files name
 # one). No router configured (4): nothing to do. Not running (3): nginx sends to the replicas
@@ -70,7 +70,7 @@ def _router_calls(server: tuple[str, int]) -> str:
 # send it requests.
 router_call() {{
   local status=0
-  router_ctl "$1" {quote(worker)} || status=$?
+  router_ctl "$1" "$worker_url" || status=$?
   case "$status" in
     0 | 4) return 0 ;;
     3) echo "router: not running; nothing to $1"; return 0 ;;
@@ -85,7 +85,8 @@ router_join() {{ router_call add; }}
 def _helpers(server: tuple[str, int], conf_dir: str) -> str:
     ip, port = server
     return f"""router_file={quote(conf_dir)}/{nginx.ROUTER_FILE}
-{_router_calls(server).rstrip()}
+worker_url={quote(router.worker_url(ip, port))}
+{_router_calls().rstrip()}
 
 server_ip={quote(ip)}
 server_port={int(port)}
@@ -137,9 +138,21 @@ mark_locked() {{
   return 1
 }}
 
-# Requests nginx has in flight to the server: its established connections from this host.
+# Requests in flight to the server: nginx's established connections from this host. With a
+# router, the router's own count for the worker instead of its connections (router_running: its
+# client keeps idle ones open well after the last request), and the connections of every other
+# process (ss -p names the owner: `vllm-router`, the image's binary, or `vllm::router`, the
+# wheel's process title). Without -p's names (not root) every connection counts: longer, never
+# shorter.
 in_flight() {{
-  ss -Htn state established dst "$server_ip" dport = ":$server_port" | wc -l
+  local others
+  if [ ! -s "$router_file" ]; then
+    ss -Htn state established dst "$server_ip" dport = ":$server_port" | wc -l
+    return 0
+  fi
+  others=$(ss -Htnp state established dst "$server_ip" dport = ":$server_port" |
+    grep -Evc 'users:\\(\\("vllm(::|-)router"' || true)
+  echo $((others + $(router_running "$worker_url")))
 }}
 """
 

@@ -9,6 +9,8 @@ Signatures:
     listen_address(cluster: ClusterConfig) -> str              where the router binds
     command(cluster: ClusterConfig) -> list[str]               the container's command, argv[0] first
     admin_function(address_file: str) -> str                   bash `router_ctl add|remove URL`
+    running_function(address_file: str) -> str                 bash `router_running URL`
+    address_line(api: tuple[str, int]) -> str                  nginx.ROUTER_FILE's line
 
 Every flag rendered here exists in both of the release's command lines, checked in its own source
 (0.1.17, PyPI of Nov 2026): the wheel's console script `vllm-router` is the Python launcher
@@ -45,6 +47,11 @@ CACHE_THRESHOLD = 0.3
 # default 60 s). A replica that dies between the rollout's calls is found within this much;
 # 60 s of requests to a dead worker is too long, nginx's own fail window is 30 s.
 HEALTH_CHECK_INTERVAL_SECONDS = 5
+# How long an admin call may take. /add_worker waits for the worker's health up to
+# --worker-startup-timeout-secs before it answers (measured with the 0.1.17 wheel: a dead worker
+# answered 400 "Timeout 20s waiting for worker ... to become healthy" after 30 s; a healthy one in
+# 0.01 s), and the ready step calls it only after the replica answered /health.
+ADMIN_TIMEOUT_SECONDS = 60
 # The router's relative threshold for the load guard: the issue's bound on the busiest replica
 # (at most 1.25x the mean) taken as the ratio of the busiest to the least busy worker's
 # in-flight requests. The defaults (64, 1.5: router_args.py) are sized for dozens of busy
@@ -136,7 +143,7 @@ def command(cluster) -> list[str]:
 def admin_function(address_file: str) -> str:
     """bash `router_ctl add|remove URL`: the router's admin routes (src/server.rs build_app
     `admin_routes`: POST /add_worker?url=, POST /remove_worker?url=, on the API listener), at the
-    `host:port` written in `address_file` (a shell word, e.g. "$router_file"; nginx.install_script
+    `host:port` written first in `address_file` (a shell word, e.g. "$router_file"; nginx.install_script
     writes it with cache-aware routing and removes it without). Exit 4: no router configured (no
     file); 3: nothing listens (the router is not running: nginx sends to the replicas directly,
     and a router that starts takes its workers from its command line). /remove_worker answers
@@ -151,14 +158,23 @@ router_ctl() {{
     *) echo "router_ctl: add or remove, not $1" >&2; return 2 ;;
   esac
   [ -s {address_file} ] || return 4
-  IFS=: read -r host port <{address_file}
+  read -r api _ <{address_file}
+  host=${{api%:*}}
+  port=${{api##*:}}
+  local status=0
   # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
-  reply=$(timeout 10 bash -c '
+  reply=$(timeout {ADMIN_TIMEOUT_SECONDS} bash -c '
     exec 3<>"/dev/tcp/$0/$1" || exit 3
     printf "POST %s?url=%s HTTP/1.0\\r\\nHost: %s\\r\\nContent-Length: 0\\r\\n\\r\\n" \\
       "$2" "$3" "$0" >&3
     cat <&3
-  ' "$host" "$port" "$path" "$2" 2>/dev/null </dev/null) || return 3
+  ' "$host" "$port" "$path" "$2" 2>/dev/null </dev/null) || status=$?
+  if [ "$status" = 3 ]; then
+    return 3
+  elif [ "$status" != 0 ]; then
+    echo "router: $1 $2: no answer from $host:$port within {ADMIN_TIMEOUT_SECONDS} s" >&2
+    return 1
+  fi
   code=$(printf '%s\\n' "$reply" | head -n 1 | cut -d ' ' -f 2)
   if [ "$code" = 200 ] || {{ [ "$1" = add ] && printf '%s' "$reply" | grep -q 'already exists'; }}; then
     echo "router: $1 $2: ok"
@@ -168,6 +184,38 @@ router_ctl() {{
   return 1
 }}
 """
+
+
+def running_function(address_file: str) -> str:
+    """bash `router_running URL`: how many requests the router has in flight to the worker URL,
+    from its own gauge (src/metrics.rs `vllm_router_running_requests{worker}`; measured with the
+    0.1.17 wheel: 1 during a stream, also after /remove_worker took the worker out, 0 once it
+    ended), read from its metrics listener named second in `address_file`. 0 without a router
+    or an answer: a router that does not answer holds no stream. The drain counts this instead
+    of the router's connections, which its client keeps open idle for a while after the last
+    request (measured: the last one closed 90 s after /remove_worker)."""
+    return f"""
+router_running() {{
+  local metrics
+  [ -s {address_file} ] || {{ echo 0; return 0; }}
+  read -r _ metrics <{address_file}
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  timeout 5 bash -c '
+    exec 3<>"/dev/tcp/$0/$1" || exit 0
+    printf "GET /metrics HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n" "$0" >&3
+    cat <&3
+  ' "${{metrics%:*}}" "${{metrics##*:}}" 2>/dev/null </dev/null |
+    awk -v series="vllm_router_running_requests{{worker=\\"$1\\"}}" '
+      $1 == series {{ found = $2 + 0 }}
+      END {{ printf "%d\\n", found + 0 }}
+    '
+}}
+"""
+
+
+def address_line(api: tuple[str, int]) -> str:
+    """What nginx's install script writes in its ROUTER_FILE: the API and the metrics listener."""
+    return f"{api[0]}:{int(api[1])} {LOOPBACK}:{port_table.ROUTER_METRICS_PORT}"
 
 
 def needs_router(cluster) -> bool:
