@@ -93,3 +93,11 @@ def test_cache_aware_routing_is_refused_on_aws_until_it_is_built(aws_raw):
         "loadBalancer.routing cache-aware is built for target bare-metal only so far; on aws keep "
         "least-conn (docs/routing.md says what the aws side needs)"
     ]
+
+
+def test_the_scale_out_flag_is_the_programs_refused_in_vllm_flags(bare_metal_raw):
+    bare_metal_raw["model"] = {"vllmFlags": {"--enable-scale-out": True}}
+    assert errors_of(bare_metal_raw) == [
+        "model.vllmFlags --enable-scale-out True is set by the program from loadBalancer.routing "
+        "(cache-aware: vLLM's router tokenizes through it); remove it"
+    ]

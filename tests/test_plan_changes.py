@@ -133,7 +133,9 @@ def test_the_printed_plan_shows_the_lanes_and_the_estimate(capsys):
     assert "at most 3 h 20 min after staging" in out
 
 
-def test_switching_to_cache_aware_routing_creates_the_router_and_drains_no_replica(capsys):
+def test_switching_to_cache_aware_routing_restarts_each_replica_in_turn_and_adds_the_router(capsys):
+    """The heads need `--enable-scale-out` (render/vllm.py scale_out_flags): a routine rolling
+    restart, one lane at a time; the router and nginx's files come with it."""
     code, out = run(capsys, "onprem", "--change", "loadBalancer.routing=cache-aware", "--json")
     report = json.loads(out)
     assert code == 0 and report["exit"] == 0
@@ -144,7 +146,9 @@ def test_switching_to_cache_aware_routing_creates_the_router_and_drains_no_repli
         ("load-balancer-config", "update"),
     } <= changed
     rollout = report["rollout"]
-    assert rollout["replicasDrained"] == [] and rollout["serversRestarted"] == []
+    heads = ["master", "worker-1", "worker-2", "worker-3"]
+    assert rollout["replicasDrained"] == heads and rollout["serversRestarted"] == heads
+    assert rollout["maxReplicasOutOfService"] == 1 and rollout["nodesReplaced"] == []
     assert rollout["endpointStaysUp"]
 
 

@@ -257,7 +257,10 @@ def test_through_a_real_nginx_requests_reach_the_router_and_its_admin_routes_do_
             return probes.request("127.0.0.1", port, method, path, access=access).status
 
         assert status("GET", "/v1/models") == 200
-        for path in ("/add_worker?url=http://x:1", "/remove_worker?url=http://x:1", "/list_workers"):
+        admin = ("/add_worker?url=http://x:1", "/remove_worker?url=http://x:1", "/list_workers")
+        # vLLM's scale-out routes (`--enable-scale-out`, which cache-aware routing turns on).
+        scale_out = ("/v1/chat/completions/render", "/v1/completions/render", "/inference/v1/generate")
+        for path in (*admin, *scale_out):
             assert status("POST", path) == 404, path
         assert status("GET", "/workers") == 404
         reached = {path for (path, _), count in router_server.stats.requests.items() if count}

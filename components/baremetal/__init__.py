@@ -104,12 +104,6 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        # vLLM's router behind nginx (loadBalancer.routing cache-aware), on the same host.
-        self.router: Router | None = None
-        if router.needs_router(cluster):
-            self.router = Router(
-                "router", RouterArgs(cluster, self.servers[lb_node.name].provider, setup_done), opts=child
-            )
         # The model containers start through the rollout lanes: in each lane one replica after
         # another, drained before its containers are replaced and healthy before the next starts.
         try:
@@ -122,7 +116,6 @@ class Cluster(pulumi.ComponentResource):
                     connections[lb_node.name],
                     setup_done,
                     staged=[self.staged],
-                    router=self.router.container if self.router else None,
                 ),
                 opts=child,
             )
@@ -133,6 +126,18 @@ class Cluster(pulumi.ComponentResource):
             raise
         for head, (_, resolve) in drained.items():
             resolve(pulumi.Output.from_input(self.rollout.drains[head]))
+        # vLLM's router behind nginx (loadBalancer.routing cache-aware), on the same host, after
+        # every replica's gate: it listens only once every worker of its command line answers
+        # /health (measured, docs/routing.md), so it starts (or, replaced, restarts) last. The
+        # rollout's scripts find it at run time and pass over a router that is not running.
+        self.router: Router | None = None
+        if router.needs_router(cluster):
+            args = RouterArgs(
+                cluster,
+                self.servers[lb_node.name].provider,
+                [*setup_done, self.load_balancer.config, *self.rollout.gates.values()],
+            )
+            self.router = Router("router", args, opts=child)
         # Every check runs once everything is started: one barrier again, not N x N edges.
         self.started = connection.barrier(
             "cluster-started",

@@ -66,9 +66,6 @@ class RolloutArgs:
     # What must be on every node before any replica drains (images and weights staged while
     # the old servers still serve): each lane's first drain depends on all of it.
     staged: Sequence[pulumi.Resource] = ()
-    # vLLM's router's container (loadBalancer.routing cache-aware): the drains and gates call its
-    # admin routes, so they come after it.
-    router: pulumi.Resource | None = None
 
 
 def _with(fingerprint: str | pulumi.Output[str], render) -> str | pulumi.Output[str]:
@@ -104,8 +101,6 @@ class Rollout(pulumi.ComponentResource):
                 else rollout.fingerprint(specs)
             )
             after = [args.load_balancer.config, args.load_balancer.container]
-            if args.router is not None:
-                after.append(args.router)
             drain = connection.command(
                 f"{head.name}{rollout.DRAIN_SUFFIX}",
                 connection=args.connection,

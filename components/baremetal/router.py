@@ -33,6 +33,7 @@ def container_spec(cluster: ClusterConfig) -> dict[str, Any]:
 class RouterArgs:
     cluster: ClusterConfig
     provider: docker.Provider  # the load-balancer node's
+    # The hosts' setup, nginx's files (which name the router) and every replica's health gate.
     depends_on: list[pulumi.Resource] = field(default_factory=list)
 
 

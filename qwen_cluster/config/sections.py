@@ -96,6 +96,7 @@ OWNED_VLLM_FLAGS: dict[str, str] = {
     "--master-port": "ports (the cluster entry, pinned by qwen_cluster/topology.py)",
     "--headless": "the topology (every member of a replica but its head)",
     "--api-server-count": "the topology (one API server on a replica head, none elsewhere)",
+    "--enable-scale-out": "loadBalancer.routing (cache-aware: vLLM's router tokenizes through it)",
 }
 # Other spellings of the owned flags that vLLM 0.33.0's parser takes (config.DEFAULT_IMAGE's
 # release, read in its wheel): the second name of an `add_argument` in vllm/engine/arg_utils.py

@@ -36,10 +36,11 @@ VERSION = "0.1.17"
 IMAGE = f"vllm/vllm-router:v{VERSION}"
 CONTAINER_NAME = "qwen-router"
 LOOPBACK = "127.0.0.1"
-# The policy: an approximate radix tree of the prompts each worker was sent; a prompt goes to the
-# worker with the longest match when the match ratio exceeds --cache-threshold, else to the
-# worker with the smallest tree, unless the load is imbalanced (below): then to the least loaded
-# (src/policies/cache_aware.rs, "Cache-Aware Load Balancing Router").
+# The policy: a prefix tree per worker of what it was sent (src/policies/cache_aware.rs); a prompt
+# goes to the worker with the longest match when the match ratio exceeds --cache-threshold, unless
+# the load is imbalanced (below): then to the least loaded. The source's header says a miss goes to
+# the worker with the smallest tree; 0.1.17 measured in the lab keys the tree by token ids (from
+# the replicas' render routes: vllm.scale_out_flags) and sent misses by load (ties: the first).
 POLICY = "cache_aware"
 # The router's own default (router_args.py RouterArgs.cache_threshold, main.rs default 0.3).
 CACHE_THRESHOLD = 0.3
