@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from qwen_cluster import ports
+from qwen_cluster.render import nodecheck
 from qwen_cluster.render.monitoring import alerts, endpoint, prometheus
 from tests.helpers import tools
 from tests.helpers.baremetal import ONPREM, ONPREM_CACHE_AWARE
@@ -136,3 +137,37 @@ def test_doctor_names_the_router_that_is_down():
     found = doctor.findings(fetch, CLUSTER)
     assert [(f.what, f.where) for f in found] == [(summary, [LB])]
     assert "qwen-router" in found[0].fix
+
+
+def run_router_check(tmp_path, docker_body: str) -> list[str]:
+    """The load-balancer node's router check with a `docker` that runs `docker_body`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(f"#!/bin/bash\n{docker_body}\n")
+    (bin_dir / "docker").chmod(0o755)
+    text = f'warn() {{ echo "qwen|finding|$1|$2|$3|${{*:4}}"; }}\nnode={LB}\n' + nodecheck.router_section(
+        CLUSTER, LB
+    )
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if line.startswith("qwen|finding|")]
+
+
+def test_the_host_check_names_a_router_that_is_not_running(tmp_path):
+    assert run_router_check(tmp_path, "echo running") == []
+    assert run_router_check(tmp_path, "echo exited") == [
+        f"qwen|finding|router|{LB}|-|vLLM's router (qwen-router) is exited: "
+        "nginx sends to the replicas directly"
+    ]
+    [absent] = run_router_check(tmp_path, 'echo "Error: No such container: qwen-router" >&2; exit 1')
+    assert absent.startswith(
+        f"qwen|finding|router|{LB}|-|vLLM's router (qwen-router) is absent (Error: No such"
+    )
+    assert doctor.CHECKS["router"].severity == "warning"
+
+
+def test_only_the_routers_node_checks_it():
+    others = [n.name for n in CLUSTER.nodes if n.name != LB]
+    assert all(nodecheck.router_section(CLUSTER, name) == "" for name in others)
+    assert nodecheck.router_section(ONPREM, LB) == ""
