@@ -14,10 +14,10 @@ Signatures:
     keys_conf(api_keys) -> str         the map entries of KEYS_FILE (a secret)
     secrets_bundle(api_keys, tls_certificate, tls_private_key) -> str   install_script's stdin
     for_cluster(cluster: ClusterConfig, **paths) -> str
-    upstream_conf(servers, down=frozenset(), router=None) -> str   the `server` lines of UPSTREAM_FILE
+    upstream_conf(servers, down=frozenset(), router_at=None) -> str   the `server` lines of UPSTREAM_FILE
     router_server(cluster: ClusterConfig) -> tuple[str, int] | None  vLLM's router, with cache-aware
     control_function() -> str          bash `nginx_ctl test|reload` (exit 3: nginx is not running)
-    install_script(conf: str, servers, *, conf_dir: str = CONF_DIR, router=None) -> str
+    install_script(conf: str, servers, *, conf_dir: str = CONF_DIR, router_at=None) -> str
         writes nginx.conf and the upstream file on the host, tests, reloads; a server that is
         marked down stays down, and a new one enters down when there was a file before
 

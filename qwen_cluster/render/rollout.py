@@ -16,9 +16,9 @@ vLLM's router (loadBalancer.routing cache-aware) follows the rollout: the drain 
 replica out of the router's worker set (POST /remove_worker) and the ready step puts it back
 (POST /add_worker) after its health gate, through router.admin_function, at the address nginx's
 install script leaves in nginx.ROUTER_FILE. The scripts read that file when they run, so their
-text is the same with or without a router: switching loadBalancer.routing rewrites nginx's files
-and starts or removes the router, and drains no replica (a drain runs when its text changes).
-Without the file the calls do nothing; a router that is not running is passed over: nginx sends
+text is the same with or without a router (a drain runs when its text changes: switching the
+routing drains a replica only because its heads restart, with vllm.scale_out_flags). Without
+the file the calls do nothing; a router that is not running is passed over: nginx sends
 to the replicas directly meanwhile, and a router that starts takes its workers from its command
 line. The wait for streams in flight counts, with a router, its own count for the replica
 (router.running_function) instead of its connections, which its client keeps open idle long

@@ -152,7 +152,7 @@ def admin_function(address_file: str) -> str:
     cannot add it ("already exists" counts as done here). bash's /dev/tcp, no curl on the host."""
     return f"""
 router_ctl() {{
-  local path reply code host port
+  local path reply code api host port
   case "$1" in
     add) path=/add_worker ;;
     remove) path=/remove_worker ;;
