@@ -538,7 +538,8 @@ def test_with_a_router_the_drain_leaves_it_first_and_waits_for_its_count(routed)
     threading.Timer(4.0, router.running.update, [{url(b): 0}]).start()
     started = time.monotonic()
     drain = rollout.drain_script(
-        b.address, replica="b", drain_timeout_seconds=20, fingerprint="f", conf_dir=str(lb.conf_dir)
+        b.address, replica="b", drain_timeout_seconds=20, fingerprint="f", conf_dir=str(lb.conf_dir),
+        routed=True,
     )
     result = lb.run(drain)
     assert result.returncode == 0, result.stderr
@@ -554,12 +555,12 @@ def test_with_a_router_the_gate_rejoins_it_after_nginx(routed):
     lb, a, b, router = routed
     conf_dir = str(lb.conf_dir)
     drain = rollout.drain_script(
-        b.address, replica="b", drain_timeout_seconds=5, fingerprint="f", conf_dir=conf_dir
+        b.address, replica="b", drain_timeout_seconds=5, fingerprint="f", conf_dir=conf_dir, routed=True
     )
     assert lb.run(drain).returncode == 0
     ready = rollout.ready_script(
         b.address, replica="b", health_timeout_seconds=5, fingerprint="f", only_if_down=False,
-        conf_dir=conf_dir,
+        conf_dir=conf_dir, routed=True,
     )
     result = lb.run(ready)
     assert result.returncode == 0, result.stderr
@@ -574,7 +575,8 @@ def test_a_router_that_is_not_running_is_passed_over(routed):
         held.bind(("127.0.0.1", 0))
         (lb.conf_dir / nginx.ROUTER_FILE).write_text(f"127.0.0.1:{held.getsockname()[1]} 127.0.0.1:1\n")
         drain = rollout.drain_script(
-            b.address, replica="b", drain_timeout_seconds=5, fingerprint="f", conf_dir=str(lb.conf_dir)
+            b.address, replica="b", drain_timeout_seconds=5, fingerprint="f", conf_dir=str(lb.conf_dir),
+        routed=True,
         )
         result = lb.run(drain)
     assert result.returncode == 0, result.stderr

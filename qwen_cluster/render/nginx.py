@@ -470,13 +470,24 @@ def install_script(
     With `router_at` (router_server) its line comes first, always in rotation, and the replicas'
     lines carry `backup`; the rollout's `down` marks work on them alike."""
     wanted = "\n".join(f"{ip}:{port}" for ip, port in servers)
-    router_line = f"echo {quote(_server_line(*router_at))}" if router_at else ":"
-    router_file = (
-        f"printf '%s\\n' {quote(router.address_line(router_at))} >\"$conf_dir/{ROUTER_FILE}.new\""
-        if router_at
-        else f'rm -f "$conf_dir/{ROUTER_FILE}.new"'
-    )
+    # Without a router the script is the one of least_conn alone, to the byte: a program that
+    # learned routing changes nothing on a host that does not use it.
+    kept = " ".join((CONF_FILE, UPSTREAM_FILE, *((ROUTER_FILE,) if router_at else ()), *SECRET_FILES))
+    router_line = f"\n  echo {quote(_server_line(*router_at))}" if router_at else ""
     backup = " backup" if router_at else ""
+    mark_down = 'flag="$flag down"' if router_at else 'flag=" down"'
+    router_file = (
+        f"printf '%s\\n' {quote(router.address_line(router_at))} >\"$conf_dir/{ROUTER_FILE}.new\"\n"
+        if router_at
+        else ""
+    )
+    router_rename = (
+        f"""# The router's addresses, for the rollout's scripts.
+mv -f "$conf_dir/{ROUTER_FILE}.new" "$conf_dir/{ROUTER_FILE}"
+"""
+        if router_at
+        else ""
+    )
     body = f"""
 conf_dir={quote(conf_dir)}
 upstream="$conf_dir/{UPSTREAM_FILE}"
@@ -488,7 +499,7 @@ had_upstream=no
 [ -e "$upstream" ] && had_upstream=yes
 backup=$(mktemp -d)
 trap 'rm -rf "$backup"' EXIT
-for file in {CONF_FILE} {UPSTREAM_FILE} {ROUTER_FILE} {" ".join(SECRET_FILES)}; do
+for file in {kept}; do
   [ -e "$conf_dir/$file" ] && cp -p "$conf_dir/$file" "$backup/$file"
 done
 
@@ -511,13 +522,12 @@ umask 022
 is_down() {{ server_flag "$1" "$backup/{UPSTREAM_FILE}" down; }}
 is_known() {{ server_flag "$1" "$backup/{UPSTREAM_FILE}" any; }}
 {{
-  echo "# Managed by qwen-cluster: the replica heads (a drained one is marked down)."
-  {router_line}
+  echo "# Managed by qwen-cluster: the replica heads (a drained one is marked down)."{router_line}
   while IFS= read -r server; do
     [ -n "$server" ] || continue
     flag="{backup}"
     if is_down "$server" || {{ [ "$had_upstream" = yes ] && ! is_known "$server"; }}; then
-      flag="$flag down"
+      {mark_down}
     fi
     echo "server $server max_fails={MAX_FAILS} fail_timeout={FAIL_TIMEOUT_SECONDS}s$flag;"
   done <<'QWEN_SERVERS_EOF'
@@ -527,8 +537,7 @@ QWEN_SERVERS_EOF
 cat >"$conf_dir/{CONF_FILE}.new" <<'QWEN_NGINX_CONF_EOF'
 {conf.rstrip(chr(10))}
 QWEN_NGINX_CONF_EOF
-{router_file}
-# Renames, so nginx never reads a half-written file.
+{router_file}# Renames, so nginx never reads a half-written file.
 mv -f "$upstream.new" "$upstream"
 for file in {" ".join(SECRET_FILES)}; do
   case "$given" in
@@ -537,13 +546,7 @@ for file in {" ".join(SECRET_FILES)}; do
   esac
 done
 mv -f "$conf_dir/{CONF_FILE}.new" "$conf_dir/{CONF_FILE}"
-# The router's address for the rollout's scripts, or none.
-if [ -e "$conf_dir/{ROUTER_FILE}.new" ]; then
-  mv -f "$conf_dir/{ROUTER_FILE}.new" "$conf_dir/{ROUTER_FILE}"
-else
-  rm -f "$conf_dir/{ROUTER_FILE}"
-fi
-cat "$upstream"
+{router_rename}cat "$upstream"
 echo "nginx: secret files: ${{given# }}"
 
 status=0
@@ -554,7 +557,7 @@ if [ "$status" = 3 ]; then
 elif [ "$status" != 0 ]; then
   echo "nginx: the new configuration was not taken (its test failed, or docker did not" \\
     "answer: see above); the previous files are back" >&2
-  for file in {CONF_FILE} {UPSTREAM_FILE} {ROUTER_FILE} {" ".join(SECRET_FILES)}; do
+  for file in {kept}; do
     if [ -e "$backup/$file" ]; then cp -p "$backup/$file" "$conf_dir/$file"; else rm -f "$conf_dir/$file"; fi
   done
   exit 1

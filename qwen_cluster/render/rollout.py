@@ -12,13 +12,12 @@ Signatures:
     retire_script(server, *, replica: str, drain_timeout_seconds: int, conf_dir=...,
                   poll_seconds: int = 1) -> str
 
-vLLM's router (loadBalancer.routing cache-aware) follows the rollout: the drain first takes the
-replica out of the router's worker set (POST /remove_worker) and the ready step puts it back
-(POST /add_worker) after its health gate, through router.admin_function, at the address nginx's
-install script leaves in nginx.ROUTER_FILE. The scripts read that file when they run, so their
-text is the same with or without a router (a drain runs when its text changes: switching the
-routing drains a replica only because its heads restart, with vllm.scale_out_flags). Without
-the file the calls do nothing; a router that is not running is passed over: nginx sends
+vLLM's router (loadBalancer.routing cache-aware, `routed`) follows the rollout: the drain first
+takes the replica out of the router's worker set (POST /remove_worker) and the ready step puts it
+back (POST /add_worker) after its health gate, through router.admin_function, at the address
+nginx's install script leaves in nginx.ROUTER_FILE, read when the step runs. Without `routed`
+the scripts are those of least_conn alone, to the byte (a drain runs when its text changes).
+Without the file the calls do nothing; a router that is not running is passed over: nginx sends
 to the replicas directly meanwhile, and a router that starts takes its workers from its command
 line. The wait for streams in flight counts, with a router, its own count for the replica
 (router.running_function) instead of its connections, which its client keeps open idle long
@@ -82,13 +81,18 @@ router_join() {{ router_call add; }}
 """
 
 
-def _helpers(server: tuple[str, int], conf_dir: str) -> str:
+def _helpers(server: tuple[str, int], conf_dir: str, routed: bool) -> str:
     ip, port = server
-    return f"""router_file={quote(conf_dir)}/{nginx.ROUTER_FILE}
+    routing = (
+        f"""router_file={quote(conf_dir)}/{nginx.ROUTER_FILE}
 worker_url={quote(router.worker_url(ip, port))}
 {_router_calls().rstrip()}
 
-server_ip={quote(ip)}
+"""
+        if routed
+        else ""
+    )
+    return f"""{routing}server_ip={quote(ip)}
 server_port={int(port)}
 address="$server_ip:$server_port"
 upstream={quote(conf_dir)}/{nginx.UPSTREAM_FILE}
@@ -138,13 +142,22 @@ mark_locked() {{
   return 1
 }}
 
-# Requests in flight to the server: nginx's established connections from this host. With a
-# router, the router's own count for the worker instead of its connections (router_running: its
-# client keeps idle ones open well after the last request), and the connections of every other
-# process (ss -p names the owner: `vllm-router`, the image's binary, or `vllm::router`, the
-# wheel's process title). Without -p's names (not root) every connection counts: longer, never
-# shorter.
-in_flight() {{
+{_ROUTED_IN_FLIGHT if routed else _IN_FLIGHT}"""
+
+
+_JOIN = "router_join\n"
+_IN_FLIGHT = """# Requests nginx has in flight to the server: its established connections from this host.
+in_flight() {
+  ss -Htn state established dst "$server_ip" dport = ":$server_port" | wc -l
+}
+"""
+_ROUTED_IN_FLIGHT = """# Requests in flight to the server: nginx's established connections from this host, and
+# the router's own count for the worker instead of its connections (router_running: its client keeps
+# idle ones open well after the last request); the connections of every process but the router
+# count (ss -p names the owner: `vllm-router`, the image's binary, or `vllm::router`, the wheel's
+# process title). Without -p's names (not root) every connection counts: longer, never shorter.
+# Without the router's file (nginx's install script has not named it yet): connections alone.
+in_flight() {
   local others
   if [ ! -s "$router_file" ]; then
     ss -Htn state established dst "$server_ip" dport = ":$server_port" | wc -l
@@ -153,7 +166,7 @@ in_flight() {{
   others=$(ss -Htnp state established dst "$server_ip" dport = ":$server_port" |
     grep -Evc 'users:\\(\\("vllm(::|-)router"' || true)
   echo $((others + $(router_running "$worker_url")))
-}}
+}
 """
 
 
@@ -190,14 +203,14 @@ def drain_script(
     fingerprint: str,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 1,
+    routed: bool = False,
 ) -> str:
-    """Out of the router's workers (with one) and out of rotation, then wait (at most the drain
-    timeout) for its requests in flight."""
+    """Out of the router's workers (`routed`: loadBalancer.routing cache-aware) and out of
+    rotation, then wait (at most the drain timeout) for its requests in flight."""
     body = f"""
 # {replica}: the containers it will run next: {fingerprint}
-{_helpers(server, conf_dir).strip()}
-
-router_leave
+{_helpers(server, conf_dir, routed).strip()}
+{"router_leave" if routed else ""}
 if server_flag "$address" "$upstream" any; then
   mark down
 else
@@ -217,6 +230,7 @@ def ready_script(
     only_if_down: bool,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 2,
+    routed: bool = False,
 ) -> str:
     """Wait until the server's /health answers 200 (at most the health timeout), then put it
     back in rotation. Fails, leaving it out, when it does not: the rollout stops there.
@@ -233,7 +247,7 @@ fi
     )
     body = f"""
 # {replica}: the containers it runs: {fingerprint}
-{_helpers(server, conf_dir).strip()}
+{_helpers(server, conf_dir, routed).strip()}
 
 # The status code of GET path, or nothing (bash's /dev/tcp: no curl needed on the host).
 http_status() {{
@@ -261,8 +275,7 @@ if server_flag "$address" "$upstream" down; then
   mark up
   echo "ready: {replica} ($address) is back in rotation"
 fi
-router_join
-"""
+{_JOIN if routed else ""}"""
     return script(f"wait for {replica}'s {HEALTH_PATH}, then put it back in rotation", body)
 
 
@@ -273,15 +286,15 @@ def retire_script(
     drain_timeout_seconds: int,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 1,
+    routed: bool = False,
 ) -> str:
     """A replica that leaves the cluster: out of rotation if it still is in (the load
     balancer's new upstream normally dropped it already), then its streams finish before its
     container goes (the engine deletes dependents first: this runs before the container's
     delete)."""
     body = f"""
-{_helpers(server, conf_dir).strip()}
-
-router_leave
+{_helpers(server, conf_dir, routed).strip()}
+{"router_leave" if routed else ""}
 if server_flag "$address" "$upstream" any && ! server_flag "$address" "$upstream" down; then
   mark down
 fi

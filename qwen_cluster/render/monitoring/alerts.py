@@ -175,7 +175,9 @@ def alerts(cluster) -> list[Alert]:
             "QwenMonitoringSourceDown",
             "warning",
             # The router has its own alerts (_router_alerts), with their own cause and fix.
-            f'qwen_source_up{{qwen_source!="{ROUTER_SOURCE}"}} == 0',
+            f'qwen_source_up{{qwen_source!="{ROUTER_SOURCE}"}} == 0'
+            if router_node(cluster)
+            else "qwen_source_up == 0",
             60,
             "{{ $labels.qwen_source }} metrics on {{ $labels.node }} are missing",
             "that exporter is stopped or not answering on loopback",
