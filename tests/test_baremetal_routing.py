@@ -108,3 +108,15 @@ def test_only_members_may_reach_the_routers_port():
     )
     opened = {e.vantage for e in expectations if e.name == ports.ROUTER and e.open}
     assert opened == {ports.Vantage.NODE}
+
+
+def test_the_summary_says_how_requests_are_routed(render):
+    endpoint = render.outputs["summary"]["endpoint"]
+    assert endpoint["routing"] == "cache-aware"
+    assert endpoint["router"] == {
+        "image": router.IMAGE,
+        "node": "master",
+        "listen": "127.0.0.1:30000",
+        "balanceThresholds": {"absolute": 4, "relative": 1.25},
+    }
+    assert offline.render_stack("onprem").outputs["summary"]["endpoint"]["router"] is None
