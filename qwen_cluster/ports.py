@@ -107,6 +107,21 @@ MONITORING_LOOPBACK_PORTS = {
     "dcgm exporter": 9400,
 }
 
+# vLLM's router (loadBalancer.routing cache-aware; qwen_cluster/render/router.py). Its one HTTP
+# listener serves the OpenAI routes and the admin routes that add and remove workers alike
+# (vllm-project/router src/server.rs build_app merges `admin_routes` into the same Router), so it is
+# a member-only row: scope cluster, which no client reaches, and nginx's allowlist never forwards
+# an admin route to it. 30000 is the router's own default (`--port`, vllm_router/router_args.py
+# RouterArgs.port in the 0.1.17 wheel). The row is added to the table only with cache-aware
+# routing (config/rules.py complete_ports); on bare metal the router binds loopback on the
+# load-balancer host, on AWS the router node's address (members only, the cluster-all rule).
+ROUTER = "router"
+ROUTER_ROW = PortEntry(name=ROUTER, port=30000, scope=Scope.CLUSTER, required=False)
+# Its Prometheus listener: loopback only (`--prometheus-host 127.0.0.1`, the router's default, and
+# `--prometheus-port`, default 29000: router_args.py), read by the node's monitoring endpoint like
+# the exporters above, so not in the table; the table must stay clear of it.
+ROUTER_METRICS_PORT = 29000
+
 # What a replica that spans nodes opens at ports nothing pins (vLLM 0.33.0, config.DEFAULT_IMAGE;
 # the pinned ones, `--master-port` and Ray's, are laid into the cluster row by
 # qwen_cluster/topology.py). Each binds port 0, so the kernel picks it from the node's ephemeral

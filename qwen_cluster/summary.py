@@ -6,7 +6,7 @@ from typing import Any
 
 from qwen_cluster import ports as port_table
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import nginx
+from qwen_cluster.render import nginx, router
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 
@@ -65,5 +65,21 @@ def summary(cluster: ClusterConfig) -> dict[str, Any]:
             "open": cluster.access.open_endpoint,
             "tls": cluster.load_balancer.tls is not None,
             "routes": [f"{route.method} {route.path}" for route in nginx.API_ROUTES] + [f"GET {HEALTH_PATH}"],
+            # loadBalancer.routing; with cache-aware, where vLLM's router listens (docs/routing.md).
+            "routing": cluster.load_balancer.routing,
+            "router": _router(cluster),
         },
+    }
+
+
+def _router(cluster) -> dict | None:
+    server = nginx.router_server(cluster)
+    if server is None:
+        return None
+    absolute, relative = router.balance_thresholds(len(cluster.topology.heads))
+    return {
+        "image": router.IMAGE,
+        "node": cluster.load_balancer_node.name,
+        "listen": f"{server[0]}:{server[1]}",
+        "balanceThresholds": {"absolute": absolute, "relative": relative},
     }

@@ -18,6 +18,7 @@ HEAD_CONTAINER = "head"  # a replica head's model server (vLLM)
 PIPELINE_WORKER_CONTAINER = "pipeline-worker"  # a pipeline-parallel member after the head (headless)
 LOAD_BALANCER_CONTAINER = "load-balancer"  # nginx on bareMetal.loadBalancerNode
 MONITORING_CONTAINER = "monitoring"  # the exporters, the endpoint, Prometheus and Alertmanager
+ROUTER_CONTAINER = "router"  # vLLM's router behind nginx (loadBalancer.routing cache-aware)
 
 # The model server's container name on every node of both targets (one per node, head or
 # pipeline worker alike: the role is in CONTAINER_ROLE_LABEL). A fixed identity: a new container

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tooling import preview, stackfile
+from tests.helpers.baremetal import cache_aware_stack
+from tooling import changes, offline, preview, stackfile
 
 IMAGE_BUMP = "model.image=vllm/vllm-openai:v0.33.1"
 
@@ -130,3 +131,37 @@ def test_the_printed_plan_shows_the_lanes_and_the_estimate(capsys):
     code, out = run(capsys, "prod", "--change", IMAGE_BUMP)
     assert "lanes (1, at most 1 replica(s) out at once): master -> worker-1 -> worker-2 -> worker-3" in out
     assert "at most 3 h 20 min after staging" in out
+
+
+def test_switching_to_cache_aware_routing_restarts_each_replica_in_turn_and_adds_the_router(capsys):
+    """The heads need `--enable-scale-out` (render/vllm.py scale_out_flags): a routine rolling
+    restart, one lane at a time; the router and nginx's files come with it."""
+    code, out = run(capsys, "onprem", "--change", "loadBalancer.routing=cache-aware", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["exit"] == 0
+    changed = {(c["name"], c["action"]) for c in report["changes"] if c["action"] != "same"}
+    assert {
+        ("router-image", "create"),
+        ("router-router", "create"),
+        ("load-balancer-config", "update"),
+    } <= changed
+    rollout = report["rollout"]
+    heads = ["master", "worker-1", "worker-2", "worker-3"]
+    assert rollout["replicasDrained"] == heads and rollout["serversRestarted"] == heads
+    assert rollout["maxReplicasOutOfService"] == 1 and rollout["nodesReplaced"] == []
+    assert rollout["endpointStaysUp"]
+
+
+def test_a_router_replaced_is_no_outage():
+    """The router's command follows rollout.healthTimeoutSeconds (its worker start wait): a new
+    value replaces its container (command is ForceNew), delete-before-replace; nginx sends to
+    the replicas directly meanwhile, so the endpoint stays up."""
+    before = offline.render(cache_aware_stack(), "onprem")
+    after = offline.render(
+        {**cache_aware_stack(), "qwen-cluster:rollout": {"healthTimeoutSeconds": 2400}}, "onprem"
+    )
+    found = changes.diff(before, after)
+    router_change = next(c for c in found if c.name == "router-router")
+    assert (router_change.action, router_change.strategy) == ("replace", "delete-before-replace")
+    assert "command" in router_change.keys
+    assert changes.rollout(before, after, found).as_dict()["endpointStaysUp"]

@@ -1,18 +1,21 @@
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from labkit import probes
+from labkit import modelserver, probes
 from qwen_cluster.render import nginx
 from tests.helpers import tools
-from tests.helpers.baremetal import ONPREM
+from tests.helpers.baremetal import ONPREM, ONPREM_CACHE_AWARE
 from tests.helpers.configs import TEST_API_KEY
 from tests.helpers.nginx_loopback import locked_nginx
+from tests.helpers.standin_server import serving
+from tests.helpers.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +218,101 @@ def test_through_a_real_nginx_only_keyed_openai_routes_reach_the_model_server(tm
         assert status("GET", "/v1/chat/completions") == 403
         reached = {path for (path, _), count in server.stats.requests.items() if count}
         assert reached == {"/v1/models"} and server.stats.with_authorization == 0
+
+
+# --- cache-aware routing: vLLM's router first, the replicas its backups -----------------------
+
+
+def cache_aware_conf() -> str:
+    return nginx.for_cluster(ONPREM_CACHE_AWARE)
+
+
+def test_cache_aware_upstream_is_the_router_with_every_head_as_backup():
+    conf = cache_aware_conf()
+    upstream = conf[conf.index("upstream qwen_model") : conf.index("server {")]
+    lines = re.findall(r"server (\S+) max_fails=3 fail_timeout=30s( backup)?;", upstream)
+    assert lines == [("127.0.0.1:30000", "")] + [(f"192.168.1.10{i}:5000", " backup") for i in range(4)]
+    # The router, then up to three replicas directly.
+    assert "proxy_next_upstream_tries 4;" in conf
+
+
+def test_least_conn_has_no_router_and_no_backup(conf):
+    assert "backup" not in conf and ":30000" not in conf
+
+
+def test_the_install_script_keeps_the_router_first_and_the_heads_backup():
+    script = nginx.install_script("conf", [("10.0.0.4", 5000)], router_at=("127.0.0.1", 30000))
+    assert "echo 'server 127.0.0.1:30000 max_fails=3 fail_timeout=30s;'" in script
+    assert 'flag=" backup"' in script
+
+
+@tools.needs("nginx")
+def test_through_a_real_nginx_requests_reach_the_router_and_its_admin_routes_do_not(tmp_path):
+    with (
+        serving(modelserver.Settings(node="router")) as (router_port, router_server),
+        locked_nginx(tmp_path, router_at=("127.0.0.1", router_port)) as (port, access, replica),
+    ):
+
+        def status(method: str, path: str) -> int:
+            return probes.request("127.0.0.1", port, method, path, access=access).status
+
+        # All to the router while it serves: the replica is its backup (least_conn would spread
+        # these over both).
+        assert [status("GET", "/v1/models") for _ in range(8)] == [200] * 8
+        admin = ("/add_worker?url=http://x:1", "/remove_worker?url=http://x:1", "/list_workers")
+        # vLLM's scale-out routes (`--enable-scale-out`, which cache-aware routing turns on).
+        scale_out = ("/v1/chat/completions/render", "/v1/completions/render", "/inference/v1/generate")
+        for path in (*admin, *scale_out):
+            assert status("POST", path) == 404, path
+        assert status("GET", "/workers") == 404
+        reached = {path for (path, _), count in router_server.stats.requests.items() if count}
+        assert reached == {"/v1/models"}
+        assert not any(replica.stats.requests.values())
+
+
+def _held(sock: socket.socket) -> tuple[str, int]:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()
+
+
+@tools.needs("nginx")
+def test_through_a_real_nginx_a_dead_router_degrades_to_the_replicas(tmp_path):
+    # A port held (bound, never listening) so that nothing else takes it: connecting is refused.
+    with socket.socket() as dead, locked_nginx(tmp_path, router_at=_held(dead)) as (port, access, replica):
+        statuses = [
+            probes.request("127.0.0.1", port, "GET", "/v1/models", access=access).status for _ in range(5)
+        ]
+        assert statuses == [200] * 5
+        # The stand-in counts a request once it has answered it.
+        wait_until(
+            lambda: sum(n for (path, _), n in replica.stats.requests.items() if path == "/v1/models") == 5,
+            what="the replica counting the 5 requests",
+            timeout=5,
+        )
+
+
+@tools.needs("nginx")
+def test_nginx_takes_a_drained_backup_beside_the_router(tmp_path):
+    for directory in ("logs", "state"):
+        (tmp_path / directory).mkdir()
+    servers = nginx.upstream_servers(ONPREM_CACHE_AWARE)
+    router_at = nginx.router_server(ONPREM_CACHE_AWARE)
+    conf = nginx.for_cluster(
+        ONPREM_CACHE_AWARE,
+        runtime_dir="state",
+        log_dir="logs",
+        pid_file="nginx.pid",
+        user=None,
+        upstream_file=nginx.UPSTREAM_FILE,
+    )
+    upstream = nginx.upstream_conf(servers, down=frozenset({"192.168.1.101:5000"}), router_at=router_at)
+    assert "server 192.168.1.101:5000 max_fails=3 fail_timeout=30s backup down;" in upstream
+    (tmp_path / nginx.UPSTREAM_FILE).write_text(upstream)
+    (tmp_path / "nginx.conf").write_text(conf)
+    (tmp_path / nginx.KEYS_FILE).write_text(nginx.keys_conf([TEST_API_KEY]))
+    result = subprocess.run(
+        ["nginx", "-t", "-e", "stderr", "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr

@@ -148,8 +148,11 @@ class LoadBalancer:
             ["bash", str(path), *args], env=self.env, capture_output=True, text=True, timeout=60
         )
 
-    def install(self, servers: list[tuple[str, int]]) -> subprocess.CompletedProcess[str]:
-        return self.run(nginx.install_script(self.conf, servers, conf_dir=str(self.conf_dir)))
+    def install(
+        self, servers: list[tuple[str, int]], router_at: tuple[str, int] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        script = nginx.install_script(self.conf, servers, conf_dir=str(self.conf_dir), router_at=router_at)
+        return self.run(script)
 
     def start(self) -> None:
         self.process = subprocess.Popen([*self.base, "-g", "daemon off;"])
@@ -474,3 +477,108 @@ def test_scripts_are_shellcheck_clean(tmp_path):
         nginx.remove_script(),
     ):
         shellcheck(text, tmp_path)
+
+
+# --- with vLLM's router (loadBalancer.routing cache-aware) -----------------------------------
+
+
+class Router:
+    """A stand-in of vllm-router's admin routes and its `vllm_router_running_requests` gauge,
+    on one loopback port: it records each admin call with the upstream file as it was then."""
+
+    def __init__(self, lb: LoadBalancer):
+        self.calls: list[tuple[str, str]] = []  # (path with query, the upstream file then)
+        self.running: dict[str, int] = {}
+        self.port = free_port()
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                stand_in.calls.append((self.path, lb.upstream()))
+                self._answer(200, b"Successfully done")
+
+            def do_GET(self):
+                series = 'vllm_router_running_requests{{worker="{}"}} {}'
+                lines = [series.format(w, n) for w, n in stand_in.running.items()]
+                self._answer(200, ("\n".join(lines) + "\n").encode())
+
+            def _answer(self, status: int, body: bytes):
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def routed(cluster):
+    """The cluster behind a router: nginx's files name it (the router's metrics on its one port)."""
+    lb, a, b = cluster
+    router = Router(lb)
+    assert lb.install([a.address, b.address], router_at=("127.0.0.1", router.port)).returncode == 0
+    (lb.conf_dir / nginx.ROUTER_FILE).write_text(f"127.0.0.1:{router.port} 127.0.0.1:{router.port}\n")
+    lb.start()
+    yield lb, a, b, router
+    router.server.shutdown()
+
+
+def url(replica: Replica) -> str:
+    return f"http://127.0.0.1:{replica.port}"
+
+
+def test_with_a_router_the_drain_leaves_it_first_and_waits_for_its_count(routed):
+    lb, a, b, router = routed
+    router.running[url(b)] = 1  # a stream the router sends to b, on a connection it owns
+    threading.Timer(4.0, router.running.update, [{url(b): 0}]).start()
+    started = time.monotonic()
+    drain = rollout.drain_script(
+        b.address, replica="b", drain_timeout_seconds=20, fingerprint="f", conf_dir=str(lb.conf_dir),
+        routed=True,
+    )
+    result = lb.run(drain)
+    assert result.returncode == 0, result.stderr
+    # No connection of its own (a drain of an idle replica takes 2 polls): the router.s count held it.
+    assert time.monotonic() - started >= 4.0
+    assert [path for path, _ in router.calls] == [f"/remove_worker?url={url(b)}"]
+    assert down_line(b).replace(" down;", " backup;") in router.calls[0][1]  # still in nginx then
+    assert f"server 127.0.0.1:{b.port} max_fails=3 fail_timeout=30s backup down;" in lb.upstream()
+    assert "with 0 requests in flight" in result.stdout
+
+
+def test_with_a_router_the_gate_rejoins_it_after_nginx(routed):
+    lb, a, b, router = routed
+    conf_dir = str(lb.conf_dir)
+    drain = rollout.drain_script(
+        b.address, replica="b", drain_timeout_seconds=5, fingerprint="f", conf_dir=conf_dir, routed=True
+    )
+    assert lb.run(drain).returncode == 0
+    ready = rollout.ready_script(
+        b.address, replica="b", health_timeout_seconds=5, fingerprint="f", only_if_down=False,
+        conf_dir=conf_dir, routed=True,
+    )
+    result = lb.run(ready)
+    assert result.returncode == 0, result.stderr
+    path, upstream_then = router.calls[-1]
+    assert path == f"/add_worker?url={url(b)}"
+    assert " backup down;" not in upstream_then  # back in nginx before the router
+
+
+def test_a_router_that_is_not_running_is_passed_over(routed):
+    lb, a, b, router = routed
+    with socket.socket() as held:  # bound, never listening: refused
+        held.bind(("127.0.0.1", 0))
+        (lb.conf_dir / nginx.ROUTER_FILE).write_text(f"127.0.0.1:{held.getsockname()[1]} 127.0.0.1:1\n")
+        drain = rollout.drain_script(
+            b.address, replica="b", drain_timeout_seconds=5, fingerprint="f", conf_dir=str(lb.conf_dir),
+        routed=True,
+        )
+        result = lb.run(drain)
+    assert result.returncode == 0, result.stderr
+    assert "router: not running; nothing to remove" in result.stdout
+    assert " backup down;" in lb.upstream()

@@ -243,6 +243,14 @@ CHECKS: dict[str, Check] = {
         "slower NIC or port, a shaped path)",
         "ethtool on both NICs; iperf3 -P 4 again off-peak; on AWS look at the ENA allowance counters",
     ),
+    "router": Check(
+        "connectivity",
+        "warning",
+        "vLLM's router (loadBalancer.routing cache-aware) is not running on the load-balancer node: "
+        "nginx sends to the replicas directly, without cache-aware routing (no request fails)",
+        "docker logs qwen-router on {node}; it listens only once every replica answers /health "
+        "(docs/routing.md); docker start qwen-router, or pulumi up",
+    ),
 }
 UNKNOWN_CHECK = Check("connectivity", "warning", "", "")
 

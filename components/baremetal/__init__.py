@@ -22,10 +22,11 @@ from components.baremetal import connection
 from components.baremetal import monitoring as node_monitoring
 from components.baremetal.host import HostSetup, HostSetupArgs
 from components.baremetal.rollout import Rollout, RolloutArgs
+from components.baremetal.router import Router, RouterArgs
 from components.baremetal.serving import LoadBalancer, LoadBalancerArgs, ModelServer, ModelServerArgs
 from qwen_cluster import sshhosts
 from qwen_cluster.config import ClusterConfig, EndpointSecrets
-from qwen_cluster.render import verify
+from qwen_cluster.render import router, verify
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 
 
@@ -126,6 +127,18 @@ class Cluster(pulumi.ComponentResource):
             raise
         for head, (_, resolve) in drained.items():
             resolve(pulumi.Output.from_input(self.rollout.drains[head]))
+        # vLLM's router behind nginx (loadBalancer.routing cache-aware), on the same host, after
+        # every replica's gate: it listens only once every worker of its command line answers
+        # /health (measured, docs/routing.md), so it starts (or, replaced, restarts) last. The
+        # rollout's scripts find it at run time and pass over a router that is not running.
+        self.router: Router | None = None
+        if router.needs_router(cluster):
+            args = RouterArgs(
+                cluster,
+                self.servers[lb_node.name].provider,
+                [*setup_done, self.load_balancer.config, *self.rollout.gates.values()],
+            )
+            self.router = Router("router", args, opts=child)
         # Every check runs once everything is started: one barrier again, not N x N edges.
         self.started = connection.barrier(
             "cluster-started",
@@ -134,6 +147,7 @@ class Cluster(pulumi.ComponentResource):
                 *setup_done,
                 *(s.container for s in self.servers.values()),
                 self.load_balancer.container,
+                *([self.router.container] if self.router else []),
                 *self.rollout.gates.values(),
             ],
             opts=child,

@@ -27,7 +27,7 @@ from pulumi_command import remote
 from components.baremetal import connection
 from components.baremetal.serving import LoadBalancer, ModelServer, replacing_fields
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import rollout
+from qwen_cluster.render import nginx, rollout
 from qwen_cluster.topology import previous_in_lane
 
 
@@ -58,6 +58,8 @@ class Rollout(pulumi.ComponentResource):
         self.drains: dict[str, remote.Command] = {}
         self.gates: dict[str, remote.Command] = {}
         width = cluster.max_unavailable
+        # With vLLM's router the steps also take each replica out of its worker set and back.
+        routed = nginx.router_server(cluster) is not None
         ready_of: list[remote.Command] = []  # by replica index
         for replica in cluster.topology.replicas:
             before = previous_in_lane(replica, width)
@@ -88,13 +90,14 @@ class Rollout(pulumi.ComponentResource):
                         replica=label,
                         drain_timeout_seconds=settings.drain_timeout_seconds,
                         fingerprint=fp,
+                        routed=routed,
                     ),
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, *waits_for]),
             )
             containers = [args.servers[member.name].container for member in replica.members]
-            gate = dict(replica=label, health_timeout_seconds=settings.health_timeout_seconds)
+            gate = dict(replica=label, health_timeout_seconds=settings.health_timeout_seconds, routed=routed)
             ready = connection.command(
                 f"{head.name}{rollout.READY_SUFFIX}",
                 connection=args.connection,
@@ -111,7 +114,7 @@ class Rollout(pulumi.ComponentResource):
                     ),
                 ),
                 delete=rollout.retire_script(
-                    server, replica=label, drain_timeout_seconds=settings.drain_timeout_seconds
+                    server, replica=label, drain_timeout_seconds=settings.drain_timeout_seconds, routed=routed
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=containers),

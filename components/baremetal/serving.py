@@ -265,7 +265,11 @@ class LoadBalancer(pulumi.ComponentResource):
         self.config = connection.command(
             f"{name}-config",
             connection=args.connection,
-            create=nginx.install_script(self.config_text, nginx.upstream_servers(args.cluster)),
+            create=nginx.install_script(
+                self.config_text,
+                nginx.upstream_servers(args.cluster),
+                router_at=nginx.router_server(args.cluster),
+            ),
             delete=nginx.remove_script(),
             # The keys and TLS files travel on stdin, a secret input (pulumi-command marks the
             # state secret and the plan shows [secret]); the script stays plain text. A changed

@@ -123,6 +123,13 @@ class ClusterConfig(Section):
         return port_table.model_port(self.ports)
 
     @property
+    def router_port(self) -> int | None:
+        """vLLM's router's port (the `router` row) with loadBalancer.routing cache-aware, else None."""
+        if self.load_balancer.routing != "cache-aware":
+            return None
+        return port_table.port_of(self.ports, port_table.ROUTER)
+
+    @property
     def load_balancer_node(self) -> Node | None:
         """The node nginx runs on (bare metal); None on AWS, where the NLB is managed."""
         if self.bare_metal is None:

@@ -45,8 +45,12 @@ def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> Cluste
         except ValidationError as exc:
             sections[attr] = None
             errors += [format_error(key, error) for error in exc.errors()]
-    if "ports" in given and sections.get("ports") is not None and sections.get("monitoring") is not None:
-        sections["ports"] = complete_ports(sections["ports"], sections["monitoring"])
+    completed = False
+    if sections.get("ports") is not None and sections.get("monitoring") is not None:
+        # The default table already holds every monitoring row; the router's comes with routing.
+        before = sections["ports"]
+        sections["ports"] = complete_ports(before, sections["monitoring"], sections.get("load_balancer"))
+        completed = sections["ports"] != list(before)
     errors += cross_errors(sections, given)
     chosen = sections.get("aws") if sections.get("target") is Target.AWS else None
     if aws_region and chosen is not None and chosen.region != aws_region:
@@ -55,7 +59,7 @@ def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> Cluste
     if errors:
         raise ConfigError(errors)
     chosen_raw = {key: raw[key] for key in SECTIONS if raw.get(key) is not None}
-    if "ports" in chosen_raw:
+    if "ports" in chosen_raw or completed:
         chosen_raw["ports"] = [entry.model_dump(by_alias=True) for entry in sections["ports"]]
     return ClusterConfig.model_validate(chosen_raw)
 

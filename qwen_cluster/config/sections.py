@@ -97,6 +97,7 @@ OWNED_VLLM_FLAGS: dict[str, str] = {
     "--master-port": "ports (the cluster entry, pinned by qwen_cluster/topology.py)",
     "--headless": "the topology (every member of a replica but its head)",
     "--api-server-count": "the topology (one API server on a replica head, none elsewhere)",
+    "--enable-scale-out": "loadBalancer.routing (cache-aware: vLLM's router tokenizes through it)",
 }
 # Other spellings of the owned flags that vLLM 0.33.0's parser takes (config.DEFAULT_IMAGE's
 # release, read in its wheel): the second name of an `add_argument` in vllm/engine/arg_utils.py
@@ -264,6 +265,16 @@ class LoadBalancer(Section):
         default=None,
         description="Serve HTTPS on `port` (TLS 1.2 and 1.3 only, Mozilla's intermediate ciphers); "
         "without it the listener speaks plain HTTP.",
+    )
+    routing: Literal["least-conn", "cache-aware"] = Field(
+        default="least-conn",
+        description="How requests are spread over the replicas. `least-conn`: the balancer sends each "
+        "request to the replica with the fewest open requests. `cache-aware`: through vLLM's router "
+        f"(`vllm-router`, `--policy cache_aware`; port row `{port_table.ROUTER}`), which sends a prompt "
+        "to the replica that already holds its prefix in its KV cache, with a load bound; the balancer "
+        "keeps TLS, the keys and the route allowlist, and falls back to the replicas themselves when the "
+        "router is down. Bare metal only so far (refused on aws). The default stays `least-conn` "
+        "until the routing benchmark shows `cache-aware` better on every workload (docs/routing.md).",
     )
 
 

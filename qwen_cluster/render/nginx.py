@@ -14,9 +14,10 @@ Signatures:
     keys_conf(api_keys) -> str         the map entries of KEYS_FILE (a secret)
     secrets_bundle(api_keys, tls_certificate, tls_private_key) -> str   install_script's stdin
     for_cluster(cluster: ClusterConfig, **paths) -> str
-    upstream_conf(servers, down=frozenset()) -> str       the `server` lines of UPSTREAM_FILE
+    upstream_conf(servers, down=frozenset(), router_at=None) -> str   the `server` lines of UPSTREAM_FILE
+    router_server(cluster: ClusterConfig) -> tuple[str, int] | None  vLLM's router, with cache-aware
     control_function() -> str          bash `nginx_ctl test|reload` (exit 3: nginx is not running)
-    install_script(conf: str, servers, *, conf_dir: str = CONF_DIR) -> str
+    install_script(conf: str, servers, *, conf_dir: str = CONF_DIR, router_at=None) -> str
         writes nginx.conf and the upstream file on the host, tests, reloads; a server that is
         marked down stays down, and a new one enters down when there was a file before
 
@@ -41,6 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from qwen_cluster import hostpaths
+from qwen_cluster.render import router
 from qwen_cluster.render.shell import container_state_function, quote, script
 from qwen_cluster.render.vllm import HEALTH_PATH
 
@@ -59,6 +61,11 @@ CONF_FILE = "nginx.conf"
 # Relative: nginx resolves an include against the directory of the -c file, so the same
 # nginx.conf finds it in the container and wherever a lab keeps the files.
 UPSTREAM_FILE = "upstream.conf"
+# `host:port host:port`: vLLM's router on this host, its API and its metrics listener
+# (loadBalancer.routing cache-aware; router.address_line), absent without one: the rollout's
+# scripts read it when they run (render/rollout.py), so that their text, and whether a replica
+# drains, does not depend on the routing.
+ROUTER_FILE = "router.addr"
 CONTAINER_NAME = "qwen-nginx"
 WORKER_CONNECTIONS = 4096
 # A proxied request holds two descriptors (client and upstream connection), and worker_connections
@@ -70,6 +77,19 @@ WORKER_RLIMIT_NOFILE = 2 * WORKER_CONNECTIONS
 
 def upstream_servers(cluster) -> list[tuple[str, int]]:
     return [(head.ip, cluster.model_port) for head in cluster.topology.heads]
+
+
+def router_server(cluster) -> tuple[str, int] | None:
+    """vLLM's router on this host (loadBalancer.routing cache-aware), else None. With it the
+    upstream's one primary server is the router and the replica heads are `backup` servers:
+    nginx upstream module, `backup` ("marks the server as a backup server. It will be passed
+    requests when the primary servers are unavailable"), which least_conn allows (only hash,
+    ip_hash and random refuse it). A router that refuses, fails or answers 502/503 sends the
+    request on to a replica (proxy_next_upstream), and after MAX_FAILS it is left alone for
+    FAIL_TIMEOUT_SECONDS: a dead router degrades to least_conn over the replicas."""
+    if cluster.router_port is None:
+        return None
+    return (router.listen_address(cluster), cluster.router_port)
 
 
 @dataclass(frozen=True)
@@ -300,14 +320,17 @@ def render(
     tls: bool = False,
     secrets_dir: str = CONTAINER_CONF_DIR,
     listen_address: str | None = None,
+    router_at: tuple[str, int] | None = None,
 ) -> str:
     """`api_keys`: check the client keys of KEYS_FILE (beside nginx.conf); `tls`: serve HTTPS with
     the certificate and key in `secrets_dir` (where the container sees CONF_DIR);
-    `listen_address`: one address instead of every one (an AWS node's proxy)."""
+    `listen_address`: one address instead of every one (an AWS node's proxy); `router_at`:
+    vLLM's router as the primary server, the replicas its backups (router_server)."""
     if not servers:
         raise ValueError("nginx needs at least one upstream server")
     if upstream_file is None:
-        upstream = "\n".join(f"        {line}" for line in upstream_conf(servers).splitlines()[1:])
+        lines = upstream_conf(servers, router_at=router_at).splitlines()[1:]
+        upstream = "\n".join(f"        {line}" for line in lines)
     else:
         # The servers live in their own file, rewritten on a membership change and by the
         # rollout's drain (rollout.py): this file changes only with the listener or timeouts.
@@ -317,7 +340,8 @@ def render(
         listen=f"{listen_address}:{listen_port}" if listen_address else str(listen_port),
         upstream="qwen_model",
         idle_timeout_seconds=idle_timeout_seconds,
-        tries=min(len(servers), 3),
+        # With the router: it, then up to three replicas directly.
+        tries=min(len(servers), 3) + (1 if router_at else 0),
         api_keys=api_keys,
         tls=tls,
         secrets_dir=secrets_dir,
@@ -357,14 +381,20 @@ http {{
 """
 
 
-def _server_line(ip: str, port: int, down: bool = False) -> str:
-    flag = " down" if down else ""
+def _server_line(ip: str, port: int, down: bool = False, backup: bool = False) -> str:
+    flag = (" backup" if backup else "") + (" down" if down else "")
     return f"server {ip}:{port} max_fails={MAX_FAILS} fail_timeout={FAIL_TIMEOUT_SECONDS}s{flag};"
 
 
-def upstream_conf(servers: Iterable[tuple[str, int]], down: frozenset[str] = frozenset()) -> str:
-    """The upstream's `server` lines; `down` holds "ip:port" of servers out of rotation."""
-    lines = [_server_line(ip, port, f"{ip}:{port}" in down) for ip, port in servers]
+def upstream_conf(
+    servers: Iterable[tuple[str, int]],
+    down: frozenset[str] = frozenset(),
+    router_at: tuple[str, int] | None = None,
+) -> str:
+    """The upstream's `server` lines; `down` holds "ip:port" of servers out of rotation. With
+    `router_at` the router's line comes first and the replicas are its backups."""
+    lines = [_server_line(*router_at)] if router_at else []
+    lines += [_server_line(ip, port, f"{ip}:{port}" in down, backup=bool(router_at)) for ip, port in servers]
     return (
         "# Managed by qwen-cluster: the replica heads (a drained one is marked down).\n"
         + "\n".join(lines)
@@ -422,15 +452,42 @@ def secrets_bundle(
     return "".join(f"{name} {base64.b64encode(text.encode()).decode()}\n" for name, text in files)
 
 
-def install_script(conf: str, servers: list[tuple[str, int]], *, conf_dir: str = CONF_DIR) -> str:
+def install_script(
+    conf: str,
+    servers: list[tuple[str, int]],
+    *,
+    conf_dir: str = CONF_DIR,
+    router_at: tuple[str, int] | None = None,
+) -> str:
     """Write the load balancer's files on its host, test them with the running nginx and reload
     it (a config nginx refuses is rolled back and fails the step). Before nginx runs (day 0)
     the files are written only; the container reads them when it starts.
 
     The secret files (keys, TLS) come on standard input (secrets_bundle), mode 0600: a key added
     or removed re-runs this script alone, and nginx reloads; no model server restarts. A secret
-    file the bundle does not name is removed."""
+    file the bundle does not name is removed.
+
+    With `router_at` (router_server) its line comes first, always in rotation, and the replicas'
+    lines carry `backup`; the rollout's `down` marks work on them alike."""
     wanted = "\n".join(f"{ip}:{port}" for ip, port in servers)
+    # Without a router the script is the one of least_conn alone, to the byte: a program that
+    # learned routing changes nothing on a host that does not use it.
+    kept = " ".join((CONF_FILE, UPSTREAM_FILE, *((ROUTER_FILE,) if router_at else ()), *SECRET_FILES))
+    router_line = f"\n  echo {quote(_server_line(*router_at))}" if router_at else ""
+    backup = " backup" if router_at else ""
+    mark_down = 'flag="$flag down"' if router_at else 'flag=" down"'
+    router_file = (
+        f"printf '%s\\n' {quote(router.address_line(router_at))} >\"$conf_dir/{ROUTER_FILE}.new\"\n"
+        if router_at
+        else ""
+    )
+    router_rename = (
+        f"""# The router's addresses, for the rollout's scripts.
+mv -f "$conf_dir/{ROUTER_FILE}.new" "$conf_dir/{ROUTER_FILE}"
+"""
+        if router_at
+        else ""
+    )
     body = f"""
 conf_dir={quote(conf_dir)}
 upstream="$conf_dir/{UPSTREAM_FILE}"
@@ -442,7 +499,7 @@ had_upstream=no
 [ -e "$upstream" ] && had_upstream=yes
 backup=$(mktemp -d)
 trap 'rm -rf "$backup"' EXIT
-for file in {CONF_FILE} {UPSTREAM_FILE} {" ".join(SECRET_FILES)}; do
+for file in {kept}; do
   [ -e "$conf_dir/$file" ] && cp -p "$conf_dir/$file" "$backup/$file"
 done
 
@@ -465,12 +522,12 @@ umask 022
 is_down() {{ server_flag "$1" "$backup/{UPSTREAM_FILE}" down; }}
 is_known() {{ server_flag "$1" "$backup/{UPSTREAM_FILE}" any; }}
 {{
-  echo "# Managed by qwen-cluster: the replica heads (a drained one is marked down)."
+  echo "# Managed by qwen-cluster: the replica heads (a drained one is marked down)."{router_line}
   while IFS= read -r server; do
     [ -n "$server" ] || continue
-    flag=""
+    flag="{backup}"
     if is_down "$server" || {{ [ "$had_upstream" = yes ] && ! is_known "$server"; }}; then
-      flag=" down"
+      {mark_down}
     fi
     echo "server $server max_fails={MAX_FAILS} fail_timeout={FAIL_TIMEOUT_SECONDS}s$flag;"
   done <<'QWEN_SERVERS_EOF'
@@ -480,7 +537,7 @@ QWEN_SERVERS_EOF
 cat >"$conf_dir/{CONF_FILE}.new" <<'QWEN_NGINX_CONF_EOF'
 {conf.rstrip(chr(10))}
 QWEN_NGINX_CONF_EOF
-# Renames, so nginx never reads a half-written file.
+{router_file}# Renames, so nginx never reads a half-written file.
 mv -f "$upstream.new" "$upstream"
 for file in {" ".join(SECRET_FILES)}; do
   case "$given" in
@@ -489,7 +546,7 @@ for file in {" ".join(SECRET_FILES)}; do
   esac
 done
 mv -f "$conf_dir/{CONF_FILE}.new" "$conf_dir/{CONF_FILE}"
-cat "$upstream"
+{router_rename}cat "$upstream"
 echo "nginx: secret files: ${{given# }}"
 
 status=0
@@ -500,7 +557,7 @@ if [ "$status" = 3 ]; then
 elif [ "$status" != 0 ]; then
   echo "nginx: the new configuration was not taken (its test failed, or docker did not" \\
     "answer: see above); the previous files are back" >&2
-  for file in {CONF_FILE} {UPSTREAM_FILE} {" ".join(SECRET_FILES)}; do
+  for file in {kept}; do
     if [ -e "$backup/$file" ]; then cp -p "$backup/$file" "$conf_dir/$file"; else rm -f "$conf_dir/$file"; fi
   done
   exit 1
@@ -522,5 +579,6 @@ def for_cluster(cluster, **paths) -> str:
         idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
         api_keys=bool(cluster.access.api_keys),
         tls=cluster.load_balancer.tls is not None,
+        router_at=router_server(cluster),
         **paths,
     )

@@ -5,6 +5,7 @@ script (qwen_cluster/render/verify.py): `verify` runs it at deploy time, `doctor
 Signatures:
     container_name(cluster, node_name) -> str   the model server's container on that node
     section(cluster, node_name) -> str          bash, run after verify's helpers are defined
+    router_section(cluster, node_name) -> str   its part on the router's node (cache-aware)
 
 It asks what the program's own scripts ask: `getent` for the node's name, the one NIC finder
 and /sys for the interface and its MTU, `docker inspect` / `docker exec` / `docker logs` for
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from qwen_cluster import tags
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import collective, weights
+from qwen_cluster.render import collective, router, weights
 from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function, quote
 
 # What NCCL's and its transports' logs say when a cause of the table happened (the lines are
@@ -44,6 +45,25 @@ def container_name(cluster: ClusterConfig, node_name: str) -> str:
     targets (components/baremetal/serving.py and qwen_cluster/render/ssm.py name it so; the
     role is its label, tags.CONTAINER_ROLE_LABEL)."""
     return tags.MODEL_SERVER_CONTAINER
+
+
+def router_section(cluster: ClusterConfig, node_name: str) -> str:
+    """vLLM's router's container on the load-balancer node (loadBalancer.routing cache-aware): a
+    warning when it is not running, since nginx then sends to the replicas directly (a
+    degradation, not an outage: the deploy goes on, doctor names it). Empty elsewhere."""
+    lb = cluster.load_balancer_node
+    if cluster.router_port is None or lb is None or lb.name != node_name:
+        return ""
+    name = router.CONTAINER_NAME
+    return f"""
+# 5. vLLM's router, which nginx on this node sends to (docs/routing.md).
+if ! router_state=$(docker inspect --type container -f '{{{{.State.Status}}}}' {name} 2>&1); then
+  router_state="absent (${{router_state:0:120}})"
+fi
+if [ "$router_state" != running ]; then
+  warn router "$node" - "vLLM's router ({name}) is $router_state: nginx sends to the replicas directly"
+fi
+"""
 
 
 def section(cluster: ClusterConfig, node_name: str) -> str:
@@ -199,4 +219,4 @@ QWEN_PATTERNS_EOF
     unchecked "docker logs $container: ${{log:0:200}}"
   fi
 fi
-"""
+{router_section(cluster, node_name)}"""

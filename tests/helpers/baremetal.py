@@ -18,6 +18,16 @@ from tooling import stackfile
 ONPREM = stackfile.load("onprem")
 
 
+def cache_aware_stack(stack: str = "onprem") -> dict:
+    """A stack file's `config:` map with loadBalancer.routing cache-aware."""
+    stack_config = stackfile.read(stack)
+    key = "qwen-cluster:loadBalancer"
+    return {**stack_config, key: {**(stack_config.get(key) or {}), "routing": "cache-aware"}}
+
+
+ONPREM_CACHE_AWARE = stackfile.validate(cache_aware_stack())
+
+
 def shellcheck(text: str, tmp_path: Path) -> None:
     """shellcheck the script; the test skips, naming shellcheck, where it is not installed."""
     tools.require("shellcheck")

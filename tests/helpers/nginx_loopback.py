@@ -16,8 +16,11 @@ from tests.helpers.wait import wait_until
 
 
 @contextlib.contextmanager
-def locked_nginx(directory: Path) -> Iterator[tuple[int, probes.ClientAccess, modelserver.ModelServer]]:
-    """Yields (nginx's port, a client holding the key and the CA, the stand-in)."""
+def locked_nginx(
+    directory: Path, router_at: tuple[str, int] | None = None
+) -> Iterator[tuple[int, probes.ClientAccess, modelserver.ModelServer]]:
+    """Yields (nginx's port, a client holding the key and the CA, the stand-in). `router_at`: a
+    router in front (nginx.router_server), the stand-in its backup."""
     with serving(modelserver.Settings(node="loopback")) as (backend, server):
         port = free_port()
         for sub in ("logs", "state"):
@@ -37,6 +40,7 @@ def locked_nginx(directory: Path) -> Iterator[tuple[int, probes.ClientAccess, mo
             api_keys=True,
             tls=True,
             secrets_dir=str(directory),
+            router_at=router_at,
         ).replace(f"listen {port} ssl;", f"listen 127.0.0.1:{port} ssl;")
         (directory / "nginx.conf").write_text(conf)
         process = subprocess.Popen(

@@ -50,6 +50,10 @@ _ENDPOINT_TYPES = (
 # Values of tags.CONTAINER_ROLE_LABEL on bare metal (components/baremetal/serving.py).
 _SERVER_LABELS = (tags.HEAD_CONTAINER, tags.PIPELINE_WORKER_CONTAINER)
 _LOAD_BALANCER_LABEL = tags.LOAD_BALANCER_CONTAINER
+# On the load balancer's host but no replica's: nginx, and vLLM's router behind it. A router
+# replaced costs no request (nginx sends to the replicas meanwhile: render/nginx.py
+# router_server), so its change is no serving impact.
+_BALANCER_LABELS = (tags.LOAD_BALANCER_CONTAINER, tags.ROUTER_CONTAINER)
 # The model-server document's parameters (qwen_cluster/render/ssm.py): a run restarts the
 # container only when the hash of what it runs changed, or on a new instance (targets).
 _SERVER_CONFIG_PARAMETER = ssm.CONFIG_HASH_PARAMETER
@@ -149,7 +153,7 @@ def owners(render: Render) -> dict[str, str]:
             owner[resource.name] = str(resource_tags[tags.NODE_TAG])
             continue
         host = _host_of(resource, providers)
-        if host in by_ip and _labels(resource).get(tags.CONTAINER_ROLE_LABEL) != _LOAD_BALANCER_LABEL:
+        if host in by_ip and _labels(resource).get(tags.CONTAINER_ROLE_LABEL) not in _BALANCER_LABELS:
             owner[resource.name] = by_ip[host]
     # The rest by reference: a resource whose references reach nodes of one replica only
     # (a target-group attachment, a node's association) belongs to the first node referenced.

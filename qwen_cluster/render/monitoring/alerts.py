@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import yaml
 
 from qwen_cluster import tags
+from qwen_cluster.render import router
 from qwen_cluster.render.monitoring.clock import clock, duration
-from qwen_cluster.render.monitoring.endpoint import XID_WINDOW_SECONDS
+from qwen_cluster.render.monitoring.endpoint import ROUTER_SOURCE, XID_WINDOW_SECONDS, router_node
 from qwen_cluster.render.monitoring.prometheus import JOB
 
 KV_CACHE_FULL = 0.95
@@ -173,13 +174,52 @@ def alerts(cluster) -> list[Alert]:
         Alert(
             "QwenMonitoringSourceDown",
             "warning",
-            "qwen_source_up == 0",
+            # The router has its own alerts (_router_alerts), with their own cause and fix.
+            f'qwen_source_up{{qwen_source!="{ROUTER_SOURCE}"}} == 0'
+            if router_node(cluster)
+            else "qwen_source_up == 0",
             60,
             "{{ $labels.qwen_source }} metrics on {{ $labels.node }} are missing",
             "that exporter is stopped or not answering on loopback",
             "docker ps on {{ $labels.node }}; restart the {{ $labels.qwen_source }} exporter container",
         ),
-    ] + _aws_alerts(cluster, rate_window)
+    ] + _router_alerts(cluster) + _aws_alerts(cluster, rate_window)
+
+
+def _router_alerts(cluster) -> list[Alert]:
+    """vLLM's router (loadBalancer.routing cache-aware), read through its node's endpoint. Either
+    way nginx keeps serving from the replicas directly (render/nginx.py router_server): routing
+    falls back to least_conn, and prefix-cache hits drop. Metric names: vllm-project/router
+    src/metrics.rs (vllm_router_worker_health{worker} 1/0, vllm_router_active_workers)."""
+    if router_node(cluster) is None:
+        return []
+    logs = f"docker logs {router.CONTAINER_NAME} on {{{{ $labels.node }}}}"
+    source = f'qwen_source="{ROUTER_SOURCE}"'
+    return [
+        Alert(
+            "QwenRouterDown",
+            "warning",
+            f"qwen_source_up{{{source}}} == 0",
+            60,
+            "vLLM's router on {{ $labels.node }} is down: nginx sends to the replicas directly, "
+            "without cache-aware routing",
+            f"the {router.CONTAINER_NAME} container is stopped or crashed, or does not answer its "
+            "metrics port on loopback",
+            f"{logs}; docker start {router.CONTAINER_NAME}",
+        ),
+        Alert(
+            "QwenRouterLostWorkers",
+            "warning",
+            f"(max by (node) (vllm_router_worker_health{{{source}}}) == 0) or "
+            f"(max by (node) (vllm_router_active_workers{{{source}}}) == 0)",
+            120,
+            "vLLM's router on {{ $labels.node }} has no healthy worker: nginx sends to the replicas "
+            "directly, without cache-aware routing",
+            "every replica failed the router's health checks, or the rollout's drains removed the "
+            "workers and their gates did not add them back (a failed ready step)",
+            f"{logs}; GET /list_workers on its loopback port; re-run the rollout (pulumi up)",
+        ),
+    ]
 
 
 def _aws_alerts(cluster, window: str) -> list[Alert]:

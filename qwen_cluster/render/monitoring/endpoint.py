@@ -29,6 +29,18 @@ DCGM_PORT = port_table.MONITORING_LOOPBACK_PORTS["dcgm exporter"]
 XID_WINDOW_SECONDS = 600
 
 
+# The endpoint's source name for vLLM's router (every sample labelled qwen_source="router").
+ROUTER_SOURCE = "router"
+
+
+def router_node(cluster) -> str | None:
+    """Where vLLM's router runs and is scraped: the load-balancer node on bare metal with
+    loadBalancer.routing cache-aware; None otherwise (AWS: not deployed yet, docs/routing.md)."""
+    if cluster.router_port is None or cluster.load_balancer_node is None:
+        return None
+    return cluster.load_balancer_node.name
+
+
 def endpoint_port(cluster) -> int:
     return port_table.port_of(cluster.ports, port_table.MONITORING_ENDPOINT)
 
@@ -109,6 +121,11 @@ def _aggregator_base(cluster, node_name: str, gpu: bool | None) -> dict:
         # Where vLLM listens (render/vllm.py): the node address on bare metal, loopback on AWS.
         address = vllm.listen_address(cluster, node_name)
         sources.append({"name": "vllm", "url": f"http://{address}:{cluster.model_port}/metrics"})
+    if router_node(cluster) == node_name:
+        # vLLM's router's own metrics listener, loopback only (render/router.py).
+        sources.append(
+            {"name": ROUTER_SOURCE, "url": f"http://{LOOPBACK}:{port_table.ROUTER_METRICS_PORT}/metrics"}
+        )
     base = {
         "node": node_name,
         "node_ip": str(node.ip),

@@ -1,0 +1,223 @@
+"""vLLM's router (`vllm-router`, vllm-project/router) for loadBalancer.routing cache-aware: its
+pinned image, its command line, the balance thresholds it gets for the replica count, and the
+admin calls the rollout makes to it. Pure: text and data.
+
+Signatures:
+    balance_thresholds(replicas: int) -> tuple[int, float]   (--balance-abs, --balance-rel)
+    worker_url(ip: str, port: int) -> str
+    worker_urls(cluster: ClusterConfig) -> list[str]           the replica heads, as the router names them
+    listen_address(cluster: ClusterConfig) -> str              where the router binds
+    command(cluster: ClusterConfig) -> list[str]               the container's command, argv[0] first
+    admin_function(address_file: str) -> str                   bash `router_ctl add|remove URL`
+    running_function(address_file: str) -> str                 bash `router_running URL`
+    address_line(api: tuple[str, int]) -> str                  nginx.ROUTER_FILE's line
+
+Every flag rendered here exists in both of the release's command lines, checked in its own source
+(0.1.17, PyPI of Nov 2026): the wheel's console script `vllm-router` is the Python launcher
+(vllm_router/launch_router.py, flags in vllm_router/router_args.py RouterArgs.add_cli_args), and the
+published image's `vllm-router` is the Rust binary (Dockerfile.router copies
+target/release/vllm-router; flags in src/main.rs CliArgs, clap). The two sets differ elsewhere (the
+Rust `--eviction-interval` is the wheel's `--eviction-interval-secs`), so nothing outside the
+common set is rendered.
+"""
+
+from __future__ import annotations
+
+from qwen_cluster import ports as port_table
+from qwen_cluster.render.vllm import HEALTH_PATH
+
+VERSION = "0.1.17"
+# What a real deploy pulls: the project's published image. Its release pipeline pushes
+# `vllm/vllm-router:v${VERSION}` (multi-arch) and `latest` to Docker Hub
+# (vllm-project/router .buildkite/scripts/publish-release-images.sh), built from Dockerfile.router
+# (python:3.12-slim plus the Rust binary at /usr/local/bin/vllm-router; no ENTRYPOINT, so the
+# container's command is the whole argv). Pinned: `latest` would move the router on the next
+# `pulumi up`. The lab builds the same tag from the PyPI wheel vllm-router==VERSION.
+IMAGE = f"vllm/vllm-router:v{VERSION}"
+CONTAINER_NAME = "qwen-router"
+LOOPBACK = "127.0.0.1"
+# The policy: a prefix tree per worker of what it was sent (src/policies/cache_aware.rs); a prompt
+# goes to the worker with the longest match when the match ratio exceeds --cache-threshold, unless
+# the load is imbalanced (below): then to the least loaded. The source's header says a miss goes to
+# the worker with the smallest tree; 0.1.17 measured in the lab keys the tree by token ids (from
+# the replicas' render routes: vllm.scale_out_flags) and sent misses by load (ties: the first).
+POLICY = "cache_aware"
+# The router's own default (router_args.py RouterArgs.cache_threshold, main.rs default 0.3).
+CACHE_THRESHOLD = 0.3
+# How often the router checks each worker's /health (both CLIs: --health-check-interval-secs,
+# default 60 s). A replica that dies between the rollout's calls is found within this much;
+# 60 s of requests to a dead worker is too long, nginx's own fail window is 30 s.
+HEALTH_CHECK_INTERVAL_SECONDS = 5
+# How long an admin call may take. /add_worker waits for the worker's health up to
+# --worker-startup-timeout-secs before it answers (measured with the 0.1.17 wheel: a dead worker
+# answered 400 "Timeout 20s waiting for worker ... to become healthy" after 30 s; a healthy one in
+# 0.01 s), and the ready step calls it only after the replica answered /health.
+ADMIN_TIMEOUT_SECONDS = 60
+# The router's relative threshold for the load guard: the issue's bound on the busiest replica
+# (at most 1.25x the mean) taken as the ratio of the busiest to the least busy worker's
+# in-flight requests. The defaults (64, 1.5: router_args.py) are sized for dozens of busy
+# workers.
+BALANCE_REL_THRESHOLD = 1.25
+
+
+def balance_thresholds(replicas: int) -> tuple[int, float]:
+    """(--balance-abs-threshold, --balance-rel-threshold) for `replicas` workers.
+
+    The router counts each worker's load as its own requests in flight (Worker::load, raised
+    when it routes a request and lowered when the response ends) and calls the load
+    imbalanced when max - min > abs AND max > min x rel (cache_aware.rs
+    select_worker_cache_aware_with_decision); only then does it give up the prefix match and
+    pick the least loaded worker. With 2-4 replicas the in-flight counts stay in the tens, so
+    the default abs of 64 never fires and affinity alone decides: HAProxy hashing measured that
+    on this very model (up to 83 % of the requests on one replica).
+
+    abs = the replica count, at least 2: one request over is the normal state just after any
+    decision; with R replicas, a burst of R requests that share one prefix (one per replica's
+    worth of work) may all land on the replica that holds it before the router spreads the
+    next ones. rel = BALANCE_REL_THRESHOLD. Both are measured by the routing benchmark
+    (docs/routing.md) and move only with its figures."""
+    if replicas < 1:
+        raise ValueError(f"replicas {replicas} must be at least 1")
+    return max(2, replicas), BALANCE_REL_THRESHOLD
+
+
+def worker_url(ip: str, port: int) -> str:
+    """How the router names a worker: the URL it was given (the admin routes take it as `url`)."""
+    return f"http://{ip}:{int(port)}"
+
+
+def worker_urls(cluster) -> list[str]:
+    return [worker_url(str(head.ip), cluster.model_port) for head in cluster.topology.heads]
+
+
+def listen_address(cluster) -> str:
+    """Loopback on the load-balancer host (bare metal), where nginx and the rollout's scripts run:
+    nothing else needs the router. (AWS, not built yet, would bind the router node's address for
+    every node's proxy: docs/routing.md.)"""
+    return LOOPBACK
+
+
+def command(cluster) -> list[str]:
+    """The router's argv (pure). Workers are the replica heads' vLLM; no key is sent to them
+    (`--api-key` is the key the router sends workers, and vLLM has none here: nginx keeps the
+    client keys), and the router checks none (`--api-key-validation-urls` unset)."""
+    absolute, relative = balance_thresholds(len(cluster.topology.heads))
+    return [
+        "vllm-router",
+        "--host",
+        listen_address(cluster),
+        "--port",
+        str(cluster.router_port),
+        "--worker-urls",
+        *worker_urls(cluster),
+        "--policy",
+        POLICY,
+        "--cache-threshold",
+        str(CACHE_THRESHOLD),
+        "--balance-abs-threshold",
+        str(absolute),
+        "--balance-rel-threshold",
+        str(relative),
+        # Loopback only, read by the node's monitoring endpoint (source `router`).
+        "--prometheus-host",
+        LOOPBACK,
+        "--prometheus-port",
+        str(port_table.ROUTER_METRICS_PORT),
+        "--health-check-endpoint",
+        HEALTH_PATH,
+        "--health-check-interval-secs",
+        str(HEALTH_CHECK_INTERVAL_SECONDS),
+        # The router waits this long for its workers at start (both CLIs,
+        # --worker-startup-timeout-secs, default 600 s): as long as the rollout waits for a
+        # replica's health, since Qwen3-32B's weights can take longer than 10 minutes to load.
+        "--worker-startup-timeout-secs",
+        str(cluster.rollout.health_timeout_seconds),
+        # Generations can run as long as a client connection may stay silent, and longer: the
+        # router's default request timeout (1800 s) must not end what nginx lets run.
+        "--request-timeout-secs",
+        str(max(1800, cluster.load_balancer.idle_timeout_seconds)),
+        "--log-level",
+        "info",
+    ]
+
+
+def admin_function(address_file: str) -> str:
+    """bash `router_ctl add|remove URL`: the router's admin routes (src/server.rs build_app
+    `admin_routes`: POST /add_worker?url=, POST /remove_worker?url=, on the API listener), at the
+    `host:port` written first in `address_file` (a shell word, e.g. "$router_file"; nginx.install_script
+    writes it with cache-aware routing and removes it without). Exit 4: no router configured (no
+    file); 3: nothing listens (the router is not running: nginx sends to the replicas directly,
+    and a router that starts takes its workers from its command line). /remove_worker answers
+    200 whether or not it knew the worker; /add_worker answers 400 with the reason when it
+    cannot add it ("already exists" counts as done here). bash's /dev/tcp, no curl on the host."""
+    return f"""
+router_ctl() {{
+  local path reply code api host port
+  case "$1" in
+    add) path=/add_worker ;;
+    remove) path=/remove_worker ;;
+    *) echo "router_ctl: add or remove, not $1" >&2; return 2 ;;
+  esac
+  [ -s {address_file} ] || return 4
+  read -r api _ <{address_file}
+  host=${{api%:*}}
+  port=${{api##*:}}
+  local status=0
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  reply=$(timeout {ADMIN_TIMEOUT_SECONDS} bash -c '
+    exec 3<>"/dev/tcp/$0/$1" || exit 3
+    printf "POST %s?url=%s HTTP/1.0\\r\\nHost: %s\\r\\nContent-Length: 0\\r\\n\\r\\n" \\
+      "$2" "$3" "$0" >&3
+    cat <&3
+  ' "$host" "$port" "$path" "$2" 2>/dev/null </dev/null) || status=$?
+  if [ "$status" = 3 ]; then
+    return 3
+  elif [ "$status" != 0 ]; then
+    echo "router: $1 $2: no answer from $host:$port within {ADMIN_TIMEOUT_SECONDS} s" >&2
+    return 1
+  fi
+  code=$(printf '%s\\n' "$reply" | head -n 1 | cut -d ' ' -f 2)
+  if [ "$code" = 200 ] || {{ [ "$1" = add ] && printf '%s' "$reply" | grep -q 'already exists'; }}; then
+    echo "router: $1 $2: ok"
+    return 0
+  fi
+  echo "router: $1 $2 answered ${{code:-nothing}}: $(printf '%s' "$reply" | tail -n 1)" >&2
+  return 1
+}}
+"""
+
+
+def running_function(address_file: str) -> str:
+    """bash `router_running URL`: how many requests the router has in flight to the worker URL,
+    from its own gauge (src/metrics.rs `vllm_router_running_requests{worker}`; measured with the
+    0.1.17 wheel: 1 during a stream, also after /remove_worker took the worker out, 0 once it
+    ended), read from its metrics listener named second in `address_file`. 0 without a router
+    or an answer: a router that does not answer holds no stream. The drain counts this instead
+    of the router's connections, which its client keeps open idle for a while after the last
+    request (measured: the last one closed 90 s after /remove_worker)."""
+    return f"""
+router_running() {{
+  local metrics
+  [ -s {address_file} ] || {{ echo 0; return 0; }}
+  read -r _ metrics <{address_file}
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  timeout 5 bash -c '
+    exec 3<>"/dev/tcp/$0/$1" || exit 0
+    printf "GET /metrics HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n" "$0" >&3
+    cat <&3
+  ' "${{metrics%:*}}" "${{metrics##*:}}" 2>/dev/null </dev/null |
+    awk -v series="vllm_router_running_requests{{worker=\\"$1\\"}}" '
+      $1 == series {{ found = $2 + 0 }}
+      END {{ printf "%d\\n", found + 0 }}
+    '
+}}
+"""
+
+
+def address_line(api: tuple[str, int]) -> str:
+    """What nginx's install script writes in its ROUTER_FILE: the API and the metrics listener."""
+    return f"{api[0]}:{int(api[1])} {LOOPBACK}:{port_table.ROUTER_METRICS_PORT}"
+
+
+def needs_router(cluster) -> bool:
+    return cluster.router_port is not None
