@@ -30,6 +30,9 @@ Day 2 (issue 10), what decides the design, from the providers' sources:
   neither holds: each run starts its server and returns, and the NLB's health check admits
   every replica when it has loaded. A lane on day 0 is ceil(replicas / k) turns of launch,
   boot and server start (4 at the default 25 %, whatever the node count), not of model loads.
+  So `pulumi up` can end with targets still `initial`: a run drains its replica only once no
+  other registered target is out of service (ssm.py), or a change made at once would take
+  more than k out.
 - A pipeline-parallel replica drains as a whole: its workers' runs take the replica's head out
   of the target group before they restart their headless vLLM (ssm.py), and the head's run after
   them.
