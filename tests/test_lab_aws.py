@@ -190,6 +190,10 @@ def test_an_image_bump_begun_while_a_replica_loads_drains_none_before_it_serves_
     assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
     assert result["requests"] > 100
     assert result["maxReplicasDown"] == aws_plan.plan.cluster.max_unavailable == 1
+    stack, _ = lab._context(aws_plan, rendered)
+    runs = sorted((aws_plan.root / "nodes" / "master" / "runs").glob("*-modelServer"))
+    waited = f"waiting for {stack.instances['worker-1'].instance_id} to be in service"
+    assert waited in (runs[-1] / "stdout").read_text()  # the master's run of this change
     assert result["ssm"]["everyDocumentOnEveryNode"], result["ssm"]
     assert result["ssm"]["notSucceeded"] == [], result["ssm"]["notSucceeded"]
     servers = [s for s in result["steps"] if s["resource"].endswith("-server")]
