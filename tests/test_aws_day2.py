@@ -214,7 +214,8 @@ def test_associations_replace_on_any_change_and_wait_for_the_run():
     association = render_stack("dev").named("gpu-nodes-master-server").inputs
     options = render_stack("dev").named("gpu-nodes-master-server")
     assert options.replace_on_changes == ["parameters", "targets"]
-    assert association["waitForSuccessTimeoutSeconds"] == 300 + 1800 + ssm.PULL_MARGIN_SECONDS
+    # The other targets back in service, the drain, the health gate, the pull.
+    assert association["waitForSuccessTimeoutSeconds"] == 1800 + 300 + 1800 + ssm.PULL_MARGIN_SECONDS
     assert association["targets"] == [{"key": "InstanceIds", "values": ["gpu-nodes-master-id"]}]
     assert (association["maxConcurrency"], association["maxErrors"]) == ("1", "0")
     assert association["name"] == render_stack("dev").named("model-server-document").outputs["name"]

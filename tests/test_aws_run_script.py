@@ -1,7 +1,8 @@
 """The model-server run (qwen_cluster/render/ssm.py) on a node, against stand-in docker and aws
 commands (tests/helpers/ssm_run.py): a new stack's replicas start without waiting for a model
-load; a replica that served is drained first and gates its lane on /health; a pipeline worker
-drains its replica's head before it restarts."""
+load; a replica that served is drained first, only once every other registered target is in
+service, and gates its lane on /health; a pipeline worker drains its replica's head before it
+restarts."""
 
 from __future__ import annotations
 
@@ -49,6 +50,29 @@ def test_a_head_that_served_is_drained_before_its_container_goes_and_waits_for_h
     assert run.index("docker run") < run.index("curl") < run.index("elbv2 register-targets") < run.index(
         "target-in-service"
     )
+
+
+def test_a_head_that_served_drains_only_once_every_other_target_is_in_service(node):
+    # The other replica still loads (its target `initial`, as after a day 0 that did not wait),
+    # then it is in service: only then may this one leave (rollout.maxUnavailable 1).
+    node.runs("an-older-configuration")
+    node.serving()
+    node.out_of_service("i-0other", "i-0other", "")
+    run = node.run(parameters(), health_seconds=60)
+    assert run.returncode == 0, run.output
+    asked = [n for n, call in enumerate(run.calls) if "describe-target-health" in call and "initial" in call]
+    assert len(asked) == 3 and all("i-0head" in run.calls[n] for n in asked)
+    assert asked[-1] < run.index("deregister-targets") < run.index("docker stop")
+
+
+def test_a_head_whose_other_targets_stay_out_of_service_fails_and_keeps_serving(node):
+    node.runs("an-older-configuration")
+    node.serving()
+    node.out_of_service("i-0other")
+    run = node.run(parameters(), health_seconds=0)
+    assert run.returncode == 1
+    assert "i-0other" in run.output and "rollout.maxUnavailable" in run.output, run.output
+    assert not (run.called("deregister-targets") or run.called("docker stop") or run.called("docker run"))
 
 
 def test_a_new_head_joining_a_serving_cluster_waits_for_health(node):

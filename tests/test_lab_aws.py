@@ -1,8 +1,8 @@
 """The AWS target rehearsed on the node side (root): `dev` (two GPU nodes) with its weights in
 the lab's S3 bucket. Day 0: first boot and every SSM association in the engine's order, every
 replica serving through the load balancer (HAProxy) with the lab's key over TLS; the node role's
-policy holds on the nodes' own AWS CLI; then an image bump rolled under client load; `down`
-leaves nothing.
+policy holds on the nodes' own AWS CLI; then an image bump rolled under client load, begun while
+a replica still loads; `down` leaves nothing.
 """
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
-from labkit import lifecycle, netns, probes
+from labkit import dockerd, lifecycle, netns, probes
 from labkit.aws import lab, ssmrun
 from qwen_cluster.ports import Vantage
+from qwen_cluster.render import ssm
 from tests.helpers.wait import wait_until
 from tooling import stackfile
 
@@ -153,13 +155,45 @@ def test_check_on_the_running_lab_passes(day0):
     assert {"containment", "latency", "ssm", "containers", "load balancer"} <= groups
 
 
-def test_an_image_bump_rolls_in_lanes_under_load_with_no_failed_request(day0):
-    aws_plan, _, _ = day0
+def _still_loading(aws_plan, rendered, node: str) -> threading.Thread:
+    """`node`'s replica as one still loading after a day 0 that did not wait for it: registered
+    anew (`initial`, the NLB sends it nothing until its checks pass), its server stopped until
+    the master's model-server run of the next change begins, then started: it loads and rises."""
+    stack, _ = lab._context(aws_plan, rendered)
+    group, instance = stack.target_group, stack.instances[node]
+    for action in ("deregister_targets", "register_targets"):
+        lab._deployer_call(aws_plan, action, group.arn, instance.instance_id, group.port)
+    member = next(m for m in aws_plan.plan.nodes if m.node == node)
+    daemon = lab.node_daemon(aws_plan, member)
+    dockerd.docker(daemon, "stop", "--time", "1", ssm.CONTAINER_NAME)
+    runs = aws_plan.root / "nodes" / "master" / "runs"
+    before = set(runs.glob("*-modelServer"))
+
+    def start_once_the_master_runs() -> None:
+        wait_until(lambda: set(runs.glob("*-modelServer")) - before, what="the master's model-server run",
+                   timeout=120)  # fmt: skip
+        dockerd.docker(daemon, "start", ssm.CONTAINER_NAME)
+
+    thread = threading.Thread(target=start_once_the_master_runs, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_image_bump_begun_while_a_replica_loads_drains_none_before_it_serves_and_fails_nothing(day0):
+    # Begun as `up` then `upgrade` at once can begin: worker-1 still loading. The master may
+    # leave only once worker-1 is in service (rollout.maxUnavailable 1 at two replicas).
+    aws_plan, _, rendered = day0
+    loading = _still_loading(aws_plan, rendered, "worker-1")
     result = lab.upgrade(LABEL, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=2000)
+    loading.join(timeout=10)
     assert result["ok"], [s for s in result["steps"] if not s["ok"]]
     assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
     assert result["requests"] > 100
-    assert 1 <= result["maxReplicasDown"] <= aws_plan.plan.cluster.max_unavailable
+    assert result["maxReplicasDown"] == aws_plan.plan.cluster.max_unavailable == 1
+    stack, _ = lab._context(aws_plan, rendered)
+    runs = sorted((aws_plan.root / "nodes" / "master" / "runs").glob("*-modelServer"))
+    waited = f"waiting for {stack.instances['worker-1'].instance_id} to be in service"
+    assert waited in (runs[-1] / "stdout").read_text()  # the master's run of this change
     assert result["ssm"]["everyDocumentOnEveryNode"], result["ssm"]
     assert result["ssm"]["notSucceeded"] == [], result["ssm"]["notSucceeded"]
     servers = [s for s in result["steps"] if s["resource"].endswith("-server")]

@@ -130,7 +130,7 @@ def test_the_json_plan_lists_the_lanes_the_most_out_at_once_and_a_bound_on_the_d
 def test_the_printed_plan_shows_the_lanes_and_the_estimate(capsys):
     code, out = run(capsys, "prod", "--change", IMAGE_BUMP)
     assert "lanes (1, at most 1 replica(s) out at once): master -> worker-1 -> worker-2 -> worker-3" in out
-    assert "at most 3 h 20 min after staging" in out
+    assert "at most 5 h 20 min after staging" in out  # 4 x (1800 + 300 + 1800 + 900) s
 
 
 def test_switching_to_cache_aware_routing_restarts_each_replica_in_turn_and_adds_the_router(capsys):

@@ -306,8 +306,8 @@ def print_change_plan(console, report: dict[str, Any]) -> None:
             "staged first: "
             + (", ".join(lanes["stagedFirst"]) or "nothing")
             + f"; at most {_duration(lanes['atMostSeconds'])} after staging (the longest lane x "
-            f"{lanes['replicaBoundSeconds']} s per replica: its drain and health timeouts; docs/ci.md "
-            "says how to size the `up` workflow from it)"
+            f"{lanes['replicaBoundSeconds']} s per replica: its drain and health timeouts, on AWS more; "
+            "docs/ci.md says how to size the `up` workflow from it)"
         )
     if rollout["endpointChanges"]:
         console.print(f"[red]endpoint replaced or deleted: {', '.join(rollout['endpointChanges'])}[/]")

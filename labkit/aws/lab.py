@@ -800,7 +800,8 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
     before = {m.node for m in build(stackfile.validate(state.config), label, state.config).plan.nodes}
     added = [m for m in aws_plan.plan.nodes if m.node not in before]
     prepared = _prepare(aws_plan, rendered, stack, machines, identity, added)
-    # The replicas that served before the change: a node being added is not "out".
+    # The replicas of the stack before the change: a node being added is not "out"; one still
+    # loading after `up` is (clients have it no more than a drained one).
     heads = {stack.instances[m.node].instance_id: m.node for m in aws_plan.plan.heads if m.node in before}
     key = _client_key(identity, state.config, new_config)
     load = bare_upgrade.LoadSettings(

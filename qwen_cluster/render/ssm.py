@@ -10,7 +10,10 @@ What one run does on a node (idempotent, so re-running it on an unchanged node i
 2. if the running container already carries this configuration's hash, keeps it;
    otherwise pulls the image first (while the old server still serves; a no-op after the
    node's staging association, below), drains the replica from the NLB target group if a
-   server ran on the node before (deregister its head, wait at most drainTimeoutSeconds), stops
+   server ran on the node before (once no other registered target is out of service, `initial`
+   or `unhealthy`, waiting at most healthTimeoutSeconds for them: a replica still loading after
+   day 0 counts against rollout.maxUnavailable too; then deregister its head, wait at most
+   drainTimeoutSeconds), stops
    the container within vLLM's own graceful shutdown and its margin (`docker stop --time`,
    vllm.stop_grace_seconds), replaces it and
 3. on a replica head, waits for vLLM's /health (at most healthTimeoutSeconds) and for the NLB
@@ -56,8 +59,8 @@ EFA_LIBRARY_PATH = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 # Pulling a ~10 GB vLLM image and starting the container, on top of drain and health.
 PULL_MARGIN_SECONDS = 900
 # The run's own limit (aws:runShellScript timeoutSeconds; default 3600): above the largest
-# drain (3600) + health (7200) + pull margin the config allows.
-RUN_TIMEOUT_SECONDS = 4 * 3600
+# wait for the other targets (7200) + drain (3600) + health (7200) + pull margin the config allows.
+RUN_TIMEOUT_SECONDS = 6 * 3600
 
 _B64 = "^[A-Za-z0-9+/=]*$"
 # The parameter whose value changes exactly when what the container runs does (the change plan
@@ -137,6 +140,25 @@ else
   # The replica leaves the load balancer before any of its members restarts (a pipeline
   # worker's run drains its head too; a second drain finds the target gone and returns).
   if [ -n "$TG" ] && [ -n "$SERVED" ]; then
+    # But not while another registered target is out of service: one still `initial` (a
+    # replica loading after a day 0 that did not wait for it) or `unhealthy` is out already, and
+    # this drain would take one more out than the lanes allow. Another lane's replica in its
+    # turn is `draining` or not registered, not waited for here.
+    deadline=$((SECONDS + {{ HealthSeconds }}))
+    while :; do
+      OUT=$(aws elbv2 describe-target-health --target-group-arn "$TG" --output text --query \
+        "join(' ', TargetHealthDescriptions[?Target.Id!='$TARGET' && (TargetHealth.State=='initial' \
+        || TargetHealth.State=='unhealthy' || TargetHealth.State=='unhealthy.draining')].Target.Id)")
+      if [ -z "$OUT" ]; then break; fi
+      if [ "$SECONDS" -ge "$deadline" ]; then
+        echo "targets $OUT still out of service after {{ HealthSeconds }} s (rollout.healthTimeoutSeconds):" \
+          "draining this replica too would take more than rollout.maxUnavailable out; it keeps" \
+          "serving and its lane stops here" >&2
+        exit 1
+      fi
+      echo "waiting for $OUT to be in service before this replica drains"
+      sleep 10
+    done
     aws elbv2 deregister-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
     timeout '{{ DrainSeconds }}' aws elbv2 wait target-deregistered \
       --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT" || echo "drain timed out; replacing"
@@ -363,9 +385,11 @@ def stage_parameters(cluster: ClusterConfig) -> dict[str, str]:
 
 
 def wait_seconds(cluster: ClusterConfig) -> int:
-    """How long `pulumi up` waits for one association's run (wait_for_success_timeout_seconds)."""
+    """How long `pulumi up` waits for one association's run (wait_for_success_timeout_seconds):
+    the other targets back in service (at most the health timeout), its drain, its health, the
+    pull."""
     rollout = cluster.rollout
-    return rollout.drain_timeout_seconds + rollout.health_timeout_seconds + PULL_MARGIN_SECONDS
+    return rollout.drain_timeout_seconds + 2 * rollout.health_timeout_seconds + PULL_MARGIN_SECONDS
 
 
 def decoded(value: str) -> str:

@@ -33,12 +33,21 @@ case "$1" in
 esac
 exit 0
 """,
-    # aws: describe-target-health answers the count of healthy targets in `healthy_targets`.
+    # aws: describe-target-health answers the count of healthy targets in `healthy_targets`;
+    # asked for the other targets out of service, one line of `out_of_service` a call (its
+    # last line once the others are used up: the targets stay as they are).
     "aws": r"""
 echo "aws $*" >>"$RUN_DIR/calls"
-case "$*" in *describe-target-health*) cat "$RUN_DIR/healthy_targets" ;; esac
+case "$*" in
+  *describe-target-health*initial*)
+    head -n 1 "$RUN_DIR/out_of_service"
+    if [ "$(wc -l <"$RUN_DIR/out_of_service")" -gt 1 ]; then sed -i 1d "$RUN_DIR/out_of_service"; fi ;;
+  *describe-target-health*) cat "$RUN_DIR/healthy_targets" ;;
+esac
 exit 0
 """,
+    # sleep: the run's polls return at once (what they wait for is in the files above).
+    "sleep": 'echo "sleep $*" >>"$RUN_DIR/calls"\n',
     # curl: /health answers 200 when `serving` exists.
     "curl": r"""
 echo "curl $*" >>"$RUN_DIR/calls"
@@ -66,7 +75,7 @@ class Run:
 
 class Node:
     """One node's state between runs: its container (by config label), the target group's
-    healthy targets, whether its server answers /health."""
+    healthy targets and the others out of service, whether its server answers /health."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -77,12 +86,18 @@ class Node:
             path.write_text("#!/bin/bash\n" + body)
             path.chmod(0o755)
         self.healthy_targets(0)
+        self.out_of_service()
 
     def runs(self, config_hash: str) -> None:
         (self.root / "label").write_text(config_hash + "\n")
 
     def healthy_targets(self, count: int) -> None:
         (self.root / "healthy_targets").write_text(f"{count}\n")
+
+    def out_of_service(self, *answers: str) -> None:
+        """What the target group answers, call after call, for the targets other than this
+        replica's that are registered and not in service (ids, space-separated; "" none)."""
+        (self.root / "out_of_service").write_text("".join(f"{a}\n" for a in (answers or ("",))))
 
     def serving(self) -> None:
         (self.root / "serving").touch()
