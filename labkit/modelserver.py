@@ -573,7 +573,6 @@ class ModelServer:
             self._count(("POST", "/v1/chat/completions"), 200)
 
     async def _stream_events(self, reader, writer, request, think, delay, chunked: bool) -> None:
-
         async def event(data: str) -> None:
             payload = f"data: {data}\n\n".encode()
             writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n" if chunked else payload)
