@@ -301,8 +301,10 @@ def streaming(plan: LabPlan, options: lifecycle.Options, pause: float | None = N
     )
     first_ok = seen.first_event is not None and seen.end is not None and seen.first_event < seen.end
     paused = seen.think is not None  # the server says it held the pause (the stand-in only)
+    # A stand-in must have held it: its answer without the header is a finding, not vLLM.
+    real = not paused and not any(entry.stand_in for entry in served.read(plan).values())
     what = f"stream, silent {pause:.2f} s (= {pause / scale:.0f} s x{clock(scale)})"
-    if not paused:
+    if real:
         what = "stream through nginx (the server cannot be told to pause: silence proven on the stand-in)"
     observed = (
         f"first event {seen.first_event:.3f} s, [DONE] at {seen.end:.2f} s, {seen.tokens} tokens, "
@@ -310,7 +312,7 @@ def streaming(plan: LabPlan, options: lifecycle.Options, pause: float | None = N
         if seen.ok and first_ok
         else (seen.error or f"HTTP {seen.status}")
     )
-    silent_enough = not paused or seen.longest_silence >= pause * 0.9
+    silent_enough = real or (paused and seen.longest_silence >= pause * 0.9)
     results.append(
         Result(
             "load balancer",

@@ -25,6 +25,11 @@ class Served:
     def requests(self) -> float | None:
         return None if self.handlers is None else sum(self.handlers.values())
 
+    @property
+    def stand_in(self) -> bool:
+        """The lab's stand-in (labkit/modelserver.py): the one server that counts these."""
+        return self.with_authorization is not None
+
 
 def read(plan: LabPlan) -> dict[str, Served]:
     """Each replica head's counters, asked from the load-balancer node, as nginx reaches them."""
