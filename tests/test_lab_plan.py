@@ -118,3 +118,29 @@ def test_ss_listeners_are_parsed_with_their_address_and_owner():
         ("*", 80, "?", None, False),
         ("127.0.0.53", 53, "resolved", 9, True),
     ]
+
+
+def test_an_unpinned_listener_is_the_model_servers_on_the_node_address_in_the_ephemeral_range(onprem):
+    """ports.UNPINNED_CLUSTER_LISTENERS exactly: a port-0 bind of the model server's on the node's
+    own address. Another process there, another address or a port outside the range is not one."""
+    master = onprem.node("master")
+    gloo = check.Listener("master", master.ip, 40897, "VLLM::Worker", 4242)
+    assert check.unpinned(master, gloo, {4242})
+    assert not check.unpinned(master, gloo, {1})  # not the model server's process
+    everywhere = check.Listener("master", "0.0.0.0", 40897, "VLLM::Worker", 4242)
+    pinnable = check.Listener("master", master.ip, 7000, "VLLM::Worker", 4242)
+    assert not check.unpinned(master, everywhere, {4242})
+    assert not check.unpinned(master, pinnable, {4242})
+    assert 40897 not in check.allowed_ports(onprem, master)  # judged apart, never the whole range
+
+
+def test_only_a_proxying_location_proves_a_model_server_answered():
+    from qwen_cluster.render import nginx
+
+    site = nginx.server_block(
+        listen="80", upstream="replicas", idle_timeout_seconds=3600, tries=2, api_keys=True, tls=False
+    )
+    assert check.proxied_only(site, "= /health")
+    answered_itself = site.replace("proxy_pass http://replicas/health;", "return 200;")
+    assert not check.proxied_only(answered_itself, "= /health")
+    assert not check.proxied_only(site, "= /no-such-location")

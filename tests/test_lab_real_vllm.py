@@ -1,8 +1,9 @@
 """The lab with the real vLLM (labkit/realvllm.py: its CPU build serving the tiny Qwen3 model) as
 every replica's model server, inside the vLLM image the lab builds for the tag, on each node's
 own Docker engine: two nodes up, the `openai` client streaming a chat completion through the
-locked endpoint (nginx, the lab's key over TLS), then an image bump under client load with no
-failed request and no cut stream.
+locked endpoint (nginx, the lab's key over TLS), `check` green on the real server (and red once
+a non-member reaches one of its member-only listeners), then an image bump under client load
+with no failed request and no cut stream.
 
 Needs root, the lab's binaries and Docker (CI runs as root with them; `make system`), and the
 cached real-vLLM environment (built through the project's own step when missing).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, lifecycle, netns, realvllm, standins, upgrade
+from labkit import blueprint, check, lifecycle, netns, realvllm, renderers, standins, upgrade
+from labkit import cli as lab_cli
 from qwen_cluster.ports import Vantage
+from qwen_cluster.render.firewall import Rule
 
 LABEL = f"r{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "nft", "ufw", "sysctl", "dockerd", "docker-registry")
@@ -74,6 +78,56 @@ def test_openai_streams_from_the_real_server_through_the_locked_endpoint(lab):
     assert finishes[-1] in ("length", "stop")
     assert [card["id"] for card in report["models"]] == ["Qwen/Qwen3-32B"]
     assert report["models"][0]["owned_by"] == "vllm"
+
+
+def test_check_is_green_on_the_real_server_and_says_what_it_cannot_prove(lab, capsys):
+    """The same check as on the stand-in: who served a request is what each replica's vLLM
+    counts (http_requests_total, vllm:request_success_total), the real server's member-only
+    listeners are the port table's unpinned ones, and the silent pause it cannot hold is named."""
+    lab_plan, _options = lab
+    status = lab_cli.main(["check", "onprem", "--label", LABEL, "--nodes", "2", "--real-model", "--json"])
+    document = json.loads(capsys.readouterr().out)
+    failures = [(r["group"], r["what"], r["observed"]) for r in document["results"] if r["status"] == "fail"]
+    assert status == 0 and document["ok"] and not failures, failures
+    rows = {(r["group"], r["source"], r["what"]): r for r in document["results"]}
+    spread = rows[("load balancer", "client", f"{check.SPREAD_PER_HEAD * 2} requests")]
+    assert re.fullmatch(r"master [1-9]\d*, worker-1 [1-9]\d*", spread["observed"]), spread
+    stream = [r for r in document["results"] if r["what"].startswith("stream")]
+    assert len(stream) == 1 and "cannot be told to pause" in stream[0]["what"], stream
+    assert "[DONE]" in stream[0]["observed"]
+    allowed = [r for r in document["results"] if r["expected"] == "reaches a model server"]
+    reached = {r["what"]: r["observed"] for r in allowed}
+    assert len(reached) == 7, reached
+    assert "vLLM counts no /health" in reached.pop("GET /health with the key")
+    assert all(observed.endswith("reached 1") for observed in reached.values()), reached
+    carried = rows[("endpoint", "model servers", "Authorization headers received")]
+    assert carried["observed"].startswith("not counted by vLLM"), carried
+    for node in ("master", "worker-1"):
+        scanned = rows[("listeners", node, "TCP listeners on non-loopback addresses (ss)")]
+        assert "unpinned of the model server (VLLM::" in scanned["observed"], scanned
+
+
+def test_a_member_only_listener_reached_from_a_non_member_turns_check_red(lab):
+    """The fault the listeners check exists for: master's firewall also admits the intruder (an
+    unused address on the node segment) to one of the model server's unpinned listeners."""
+    lab_plan, _options = lab
+    master = lab_plan.node("master")
+    server = check.model_server_pids(lab_plan, master)
+    leaking = next(lst for lst in check.listening(lab_plan, master) if check.unpinned(master, lst, server))
+    intruder = lab_plan.vantage(Vantage.INTRUDER)
+    rules = [*renderers.firewall_rules(lab_plan.cluster, "master"),
+             Rule("leak", f"{intruder.ip}/32", str(leaking.port), "tcp")]  # fmt: skip
+    try:
+        opened = lifecycle.firewall(lab_plan, master, rules=rules)
+        assert opened.ok, opened.detail
+        results = check.listeners(lab_plan)
+    finally:
+        restored = lifecycle.firewall(lab_plan, master)
+    assert restored.ok, restored.detail
+    failed = {r.source: r.observed for r in results if not r.ok}
+    assert set(failed) == {"intruder"}, failed
+    assert f"not promised: master:{leaking.port}" in failed["intruder"]
+    assert all(r.ok for r in check.listeners(lab_plan))
 
 
 def test_an_image_bump_under_load_fails_no_request(lab):

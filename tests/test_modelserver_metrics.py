@@ -6,7 +6,7 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from labkit import modelserver, probes
+from labkit import modelserver, probes, servermetrics
 from qwen_cluster.render.monitoring import alerts
 from tests.helpers.standin_server import serving
 from tooling import stackfile
@@ -39,7 +39,7 @@ def test_the_stand_in_exposes_the_releases_core_families_and_the_alerts_read_onl
         text = probes.get("127.0.0.1", port, "/metrics").body.decode()
     families = {f.name: f.type for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")}
     # prometheus_client's parser names a counter family without its _total suffix.
-    assert families == modelserver.VLLM_FAMILIES
+    assert families == servermetrics.VLLM_FAMILIES
     rules = " ".join(alert.expr for alert in alerts.alerts(stackfile.load("onprem")))
     read = {re.sub(r"_(bucket|sum|count|total)$", "", name) for name in re.findall(r"vllm:[a-z_]+", rules)}
-    assert read <= set(modelserver.VLLM_FAMILIES)
+    assert read <= set(servermetrics.VLLM_FAMILIES)

@@ -305,6 +305,13 @@ def test_standin_exposes_the_metrics_the_program_reads_with_vllms_types(real, st
     assert not wrong, f"metric types (the stand-in, vLLM): {wrong}"
 
 
+def test_standin_counts_requests_as_vllm_does(real, standin):
+    """http_requests_total, which the lab's check reads to see what reached a model server: the
+    same handlers (route templates, `none`, /health and /metrics never) on both servers."""
+    assert real.serving.http_requests, "vLLM counted nothing in http_requests_total"
+    assert standin.serving.http_requests == real.serving.http_requests
+
+
 def test_standin_drains_as_vllm_does(real, standin):
     fields = [
         "stream_status",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from labkit import servermetrics
 from tests.helpers.wait import wait_until
 
 REFUSED = "refused"  # nothing accepts the connection
@@ -119,10 +120,27 @@ class Serving:
     metrics_status: int = 0
     metric_samples: set[str] = field(default_factory=set)  # every sample name in /metrics
     metric_types: dict[str, str] = field(default_factory=dict)  # family -> type
+    # http_requests_total's growth over these requests (and COUNTED_PROBES), by "METHOD handler"
+    http_requests: dict[str, float] = field(default_factory=dict)
+
+
+# Besides the requests above: a path parameter (templated) and a path no route has (`none`).
+COUNTED_PROBES = (("GET", "/v1/responses/resp_lab"), ("GET", "/no-such-route"))
+
+
+def _metrics_text(host: str, port: int) -> tuple[int, str]:
+    conn = http.client.HTTPConnection(host, port, timeout=20)
+    try:
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
 
 
 def observe_serving(host: str, port: int) -> Serving:
     record = Serving()
+    counted_before = servermetrics.by_handler(_metrics_text(host, port)[1]) or {}
     record.health = probe(host, port, "GET", "/health")
     client = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="unused", max_retries=0, timeout=60)
 
@@ -169,14 +187,13 @@ def observe_serving(host: str, port: int) -> Serving:
         record.unknown_status = error.status_code
         record.unknown_error = error.body if isinstance(error.body, dict) else {"body": error.body}
 
-    conn = http.client.HTTPConnection(host, port, timeout=20)
-    try:
-        conn.request("GET", "/metrics")
-        response = conn.getresponse()
-        record.metrics_status = response.status
-        text = response.read().decode()
-    finally:
-        conn.close()
+    for method, path in COUNTED_PROBES:
+        probe(host, port, method, path)
+    record.metrics_status, text = _metrics_text(host, port)
+    counted = servermetrics.by_handler(text) or {}
+    for key, value in counted.items():
+        if value - counted_before.get(key, 0.0):
+            record.http_requests[" ".join(key)] = value - counted_before.get(key, 0.0)
     for family in text_string_to_metric_families(text):
         record.metric_types[family.name] = family.type
         record.metric_samples |= {sample.name for sample in family.samples}
