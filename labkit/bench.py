@@ -17,7 +17,8 @@ import tempfile
 import time
 from typing import Any
 
-from labkit import blueprint, lifecycle, netns, probes, upgrade
+from labkit.cluster import blueprint, lifecycle, probes, upgrade
+from labkit.hosts import netns
 from tooling import bench as render_bench
 
 
@@ -42,7 +43,7 @@ def lab_up_times(stack: str, counts: list[int]) -> dict[str, Any]:
 
 
 # The lane rehearsal: an image bump, a release that never becomes healthy (the stand-in for an
-# image tagged -unhealthy, labkit/modelserver.py), then a good release, in that order.
+# image tagged -unhealthy, labkit/models/modelserver.py), then a good release, in that order.
 LANE_CHANGES = (
     ("image bump", ["model.image=vllm/vllm-openai:v0.33.1"]),
     ("never healthy", ["model.image=vllm/vllm-openai:v0.33.2-unhealthy", "rollout.healthTimeoutSeconds=60"]),
@@ -119,7 +120,7 @@ def _throughput(
     namespace: str, ip: str, port: int, *, clients: int, seconds: float, access=None
 ) -> dict[str, Any]:
     """wrk (C, so the load generator is not what is measured) from inside `namespace`; through
-    the load balancer with the lab's key over TLS (`access`: labkit.probes.ClientAccess). wrk
+    the load balancer with the lab's key over TLS (`access`: labkit.cluster.probes.ClientAccess). wrk
     does not check the certificate; the key goes in its script file, never on its command line."""
     scheme = "https" if access is not None and access.ca_file else "http"
     key_line = ""
@@ -260,7 +261,7 @@ def lab_real_model(stack: str, count: int = 4, max_requests: int = 120) -> dict[
     load), requests, failed, streams cut, the most replicas down at once."""
     import threading
 
-    from labkit import realvllm
+    from labkit.models import realvllm
     from qwen_cluster.render.vllm import HEALTH_PATH
 
     label = f"real{count}"

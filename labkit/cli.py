@@ -2,7 +2,7 @@
 
 scripts/lab.py up STACK [--nodes N] [--real-model]
                                           apply the program to the lab (day 0, or what changed);
-                                          --real-model: the real vLLM serves (labkit/realvllm.py)
+                                          --real-model: the real vLLM serves (labkit/models/realvllm.py)
 scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure
 scripts/lab.py upgrade STACK --change KEY=VALUE [...] [--json] [--probe-matrix] [--nodes N]
                                           apply a change under client load; exit 1 on a
@@ -21,7 +21,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from labkit import blueprint, check, executor, lifecycle, netns, realvllm, report, upgrade
+from labkit.cluster import blueprint, check, lifecycle, report, upgrade
+from labkit.engine import executor
+from labkit.hosts import netns
+from labkit.models import realvllm
 from qwen_cluster.config import ConfigError
 
 

@@ -9,7 +9,7 @@ import sys
 from rich.console import Console
 
 from labkit import cli as lab_cli
-from labkit import netns
+from labkit.hosts import netns
 from tooling import demo as offline_demo
 
 LAB_STACK = "onprem"

@@ -1,6 +1,6 @@
 """Where the program keeps its files on a node, on both targets: one definition for every
 renderer and the config's defaults (the lab gives each node its own copy of these directories:
-labkit/substitutions.py)."""
+labkit/engine/substitutions.py)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ declare -A needed=(
   [prometheus-alertmanager]=prometheus-alertmanager
   [prometheus-node-exporter]=prometheus-node-exporter
   [prometheus-blackbox-exporter]=prometheus-blackbox-exporter
-  # A real Docker engine in every lab node's namespace (labkit/dockerd.py), Debian's registry as
+  # A real Docker engine in every lab node's namespace (labkit/hosts/dockerd.py), Debian's registry as
   # the lab's Docker Hub mirror, and a static busybox for the small images the lab builds.
   # The package scripts do not start a daemon here (no init; policy-rc.d): the lab starts its own.
   [dockerd]=docker.io

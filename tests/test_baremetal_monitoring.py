@@ -92,7 +92,7 @@ def test_monitoring_off_leaves_the_model_servers_alone(onprem):
 
 
 def test_the_lab_has_a_stand_in_for_every_monitoring_container_serving_its_ports(onprem):
-    from labkit import standins
+    from labkit.images import standins
 
     served = {}
     for resource in onprem.of_type(CONTAINER):

@@ -223,7 +223,7 @@ def script_options(script: str) -> frozenset[str] | None:
         if isinstance(node, ast.ImportFrom) and any(alias.name == "main" for alias in node.names)
     )
     main_module = ast.parse(_module_file(runs).read_text())
-    # A `main` that builds no parser hands the arguments to the one it wraps (labkit/doctor.py).
+    # A `main` that builds no parser hands the arguments to the one it wraps (labkit/cluster/doctor.py).
     wraps = not any(getattr(node, "attr", "") == "add_argument" for node in ast.walk(main_module))
     sources: list[ast.AST] = [main_module]
     for node in ast.walk(main_module):

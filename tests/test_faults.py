@@ -1,4 +1,4 @@
-"""The container faults of labkit/faults.py on the program's own model-server spec (no lab):
+"""The container faults of labkit/cluster/faults.py on the program's own model-server spec (no lab):
 each change touches what its check reads and nothing another fault's check reads, so that all of
 them in one container are still each named by their own check (tests/test_lab_doctor.py)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 
 from components.baremetal import serving
-from labkit import blueprint, faults
-from labkit.blueprint import Member
+from labkit.cluster import blueprint, faults
+from labkit.cluster.blueprint import Member
 from qwen_cluster.render import collective
 from tooling import stackfile
 

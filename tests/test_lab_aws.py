@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import dockerd, lifecycle, netns, probes
 from labkit.aws import lab, ssmrun
+from labkit.cluster import lifecycle, probes
+from labkit.hosts import dockerd, netns
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render import ssm
 from tests.helpers.wait import wait_until

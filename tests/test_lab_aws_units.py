@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from labkit import endpoint, executor, substitutions
 from labkit.aws import elb, iam, machine, model, ssmrun
 from labkit.aws.lab import lab_config, pace_documents
+from labkit.cluster import endpoint
+from labkit.engine import executor, substitutions
 from qwen_cluster.render import ssm
 from tests.helpers.wait import wait_until
 from tooling import iampolicy, stackfile

@@ -1,4 +1,4 @@
-"""labkit/dockerd.py for real: a registry and a dockerd in a namespace, an image built once and
+"""labkit/hosts/dockerd.py for real: a registry and a dockerd in a namespace, an image built once and
 pulled through the registry as a Docker Hub mirror, a container on host networking, and every
 process of it found again by its mark after the namespace is gone.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import dockerd, netns
+from labkit.hosts import dockerd, netns
 from tests.helpers.wait import wait_until
 
 LABEL = f"d{os.getpid() % 100000}"
@@ -36,7 +36,7 @@ BUSYBOX = dockerd.ImageSpec(
 )
 # A layer on top: the base's files stay, the config is the base's unless set.
 CHILD = dockerd.ImageSpec(files=(("/etc/lab-child", "child\n", 0o644),), base=BUSYBOX)
-# An uncompressed layer on gzip ones (the real vLLM's environment, labkit/standins.py): dockerd
+# An uncompressed layer on gzip ones (the real vLLM's environment, labkit/images/standins.py): dockerd
 # finds out the compression of each layer it pulls.
 PLAIN = dockerd.ImageSpec(files=(("/etc/lab-plain", "plain\n", 0o644),), compressed=False, base=CHILD)
 

@@ -1,5 +1,5 @@
 """`doctor` rehearsed against the failures of docs/monitoring.md's table ("The ten failures")
-the lab can produce: each injected on one node (labkit/faults.py), named with that node and its
+the lab can produce: each injected on one node (labkit/cluster/faults.py), named with that node and its
 cause within a minute, and gone again once the fault is removed. One lab for the module (label
 d<pid>, three of onprem's hosts), every fault undone.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, faults, lifecycle
-from labkit import doctor as labdoctor
+from labkit.cluster import blueprint, faults, lifecycle
+from labkit.cluster import doctor as labdoctor
 from tests.test_lab_namespaces import MISSING
 from tooling import doctor
 
@@ -59,7 +59,7 @@ def _from_hosts(lab_plan) -> list[doctor.Finding]:
 
 def _doctor_json(lab_plan) -> tuple[int, dict]:
     """`scripts/doctor.py onprem --lab --json --from hosts`, as scripts/doctor.py runs it
-    (labkit/doctor.py main), in this process."""
+    (labkit/cluster/doctor.py main), in this process."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = labdoctor.main(["onprem", "--lab", "--label", lab_plan.label, "--json", "--from", "hosts"])
@@ -138,7 +138,7 @@ def test_the_cli_names_the_fault_and_its_node_in_json_in_the_guides_order(lab):
 
 
 def test_container_faults_on_the_real_engine_are_named_within_a_minute_and_clear(lab):
-    """Every container fault at once on worker-2's model server (labkit/faults.py
+    """Every container fault at once on worker-2's model server (labkit/cluster/faults.py
     CONTAINER_FAULTS): doctor --lab --json exits 1 naming worker-2 with each fault's check, and
     no other node; the program's container back, it exits 0."""
     member = lab.node(FAULTY)

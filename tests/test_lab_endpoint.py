@@ -12,7 +12,8 @@ import shutil
 
 import pytest
 
-from labkit import blueprint, check, lifecycle, netns, probes, upgrade
+from labkit.cluster import blueprint, check, lifecycle, probes, upgrade
+from labkit.hosts import netns
 from qwen_cluster.config import NAMESPACE
 from qwen_cluster.ports import Vantage
 from tests.helpers.wait import wait_until

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from labkit import dockerd, dockerprovider, executor, sshd, standins, substitutions
+from labkit.engine import dockerprovider, executor, substitutions
+from labkit.hosts import dockerd, sshd
+from labkit.images import standins
 from tooling import offline, stackfile
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, executor, lifecycle, netns, sshd
+from labkit.cluster import blueprint, lifecycle
+from labkit.engine import executor
+from labkit.hosts import netns, sshd
 from qwen_cluster.ports import Vantage
 
 LABEL = f"lo{os.getpid() % 100000}"

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from labkit import modelserver, probes
+from labkit.cluster import probes
+from labkit.models import modelserver
 from tests.helpers.standin_server import free_port, serving
 
 

@@ -1,5 +1,5 @@
 """Monitoring in the lab: the program's monitoring containers run as Debian's Prometheus,
-Alertmanager and exporters in the namespaces (labkit/standins.py), on the lab's clock
+Alertmanager and exporters in the namespaces (labkit/images/standins.py), on the lab's clock
 (a 1 s scrape). `check` has a monitoring group; a node's cut link fires node-unreachable and
 replica-down and `scripts/doctor.py onprem --lab` names the node, both resolve once the link is
 back; a netem delay above network.maxLatencyMs fires the latency alert.
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, check, lifecycle, netns, probes
+from labkit.cluster import blueprint, check, lifecycle, probes
+from labkit.hosts import netns
 from qwen_cluster import tags
 from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, port_of
 from tests.helpers.wait import wait_until

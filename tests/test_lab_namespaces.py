@@ -21,9 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import blueprint, check, dockerd, executor, lifecycle, netns, probes, renderers, substitutions
 from labkit import cli as lab_cli
-from labkit.imagesite import huggingface_hub as hub
+from labkit.cluster import blueprint, check, lifecycle, probes, renderers
+from labkit.engine import executor, substitutions
+from labkit.hosts import dockerd, netns
+from labkit.images.imagesite import huggingface_hub as hub
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.firewall import Rule
 from tests.helpers.wait import wait_until

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, check, lifecycle, modelserver, netns
+from labkit.cluster import blueprint, check, lifecycle
+from labkit.hosts import netns
+from labkit.models import modelserver
 from qwen_cluster.ports import Vantage
 
 LABEL = f"o{os.getpid() % 100000}"

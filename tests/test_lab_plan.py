@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from labkit import blueprint, check
+from labkit.cluster import blueprint, check
 from qwen_cluster.config import ConfigError
 from qwen_cluster.ports import Vantage
 from tooling import stackfile

@@ -1,4 +1,4 @@
-"""The lab with the real vLLM (labkit/realvllm.py: its CPU build serving the tiny Qwen3 model) as
+"""The lab with the real vLLM (labkit/models/realvllm.py: its CPU build serving the tiny Qwen3 model) as
 every replica's model server, inside the vLLM image the lab builds for the tag, on each node's
 own Docker engine: two nodes up, the `openai` client streaming a chat completion through the
 locked endpoint (nginx, the lab's key over TLS), `check` green on the real server (and red once
@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, check, lifecycle, netns, realvllm, renderers, standins, upgrade
 from labkit import cli as lab_cli
+from labkit.cluster import blueprint, check, lifecycle, renderers, upgrade
+from labkit.hosts import netns
+from labkit.images import standins
+from labkit.models import realvllm
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.firewall import Rule
 

@@ -1,9 +1,10 @@
 """What the lab's check counts as reaching a model server: vLLM's own /metrics counters
-(labkit/servermetrics.py), which the stand-in writes as vLLM does, read the same way on both."""
+(labkit/models/servermetrics.py), which the stand-in writes as vLLM does, read the same way on both."""
 
 from __future__ import annotations
 
-from labkit import modelserver, probes, served, servermetrics
+from labkit.cluster import probes, served
+from labkit.models import modelserver, servermetrics
 from tests.helpers.standin_server import serving
 
 # As vLLM 0.32's /metrics writes it (prometheus_client): label order method, status, handler.

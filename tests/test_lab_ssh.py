@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit import blueprint, executor, lifecycle, netns, sshd, upgrade
+from labkit.cluster import blueprint, lifecycle, upgrade
+from labkit.engine import executor
+from labkit.hosts import netns, sshd
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render import nginx
 from tooling import hostkeys, stackfile

@@ -14,8 +14,11 @@ import shutil
 
 import pytest
 
-from labkit import blueprint, executor, lifecycle, netns, standins, upgrade
 from labkit import cli as lab_cli
+from labkit.cluster import blueprint, lifecycle, upgrade
+from labkit.engine import executor
+from labkit.hosts import netns
+from labkit.images import standins
 
 LABEL = f"u{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "ufw")

@@ -125,3 +125,24 @@ def test_no_import_cycle_inside_a_package(package):
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# labkit's rooms, lowest first (labkit/__init__.py): each imports only the rooms before it.
+LAB_ROOMS = ["hosts", "models", "images", "engine", "cluster", "aws", "cli", "bench", "demo"]
+
+
+def lab_room(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_labkit_rooms_point_one_way():
+    known = modules("labkit")
+    assert {lab_room(name) for name in known} - {""} == set(LAB_ROOMS)
+    wrong = sorted(
+        f"{name} imports {other}"
+        for name, path in known.items()
+        for other in imported(path)
+        if other in known and lab_room(other) and lab_room(name)
+        and LAB_ROOMS.index(lab_room(other)) > LAB_ROOMS.index(lab_room(name))
+    )
+    assert wrong == []

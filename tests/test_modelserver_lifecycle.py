@@ -1,4 +1,4 @@
-"""The stand-in model server's life as vLLM 0.33 lives it (labkit/modelserver.py docstring):
+"""The stand-in model server's life as vLLM 0.33 lives it (labkit/models/modelserver.py docstring):
 refused while loading, /health and /v1/models 200 while draining, new requests that render a
 prompt 500 after SIGTERM, past --shutdown-timeout the API port closed and requests held
 unanswered until their clients leave, a multi-node head that waits for its headless members.
@@ -10,7 +10,8 @@ import json
 import socket
 import threading
 
-from labkit import modelserver, probes
+from labkit.cluster import probes
+from labkit.models import modelserver
 from tests.helpers.standin_server import free_port, serving
 from tests.helpers.wait import wait_until
 

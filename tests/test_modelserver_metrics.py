@@ -6,7 +6,8 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from labkit import modelserver, probes, servermetrics
+from labkit.cluster import probes
+from labkit.models import modelserver, servermetrics
 from qwen_cluster.render.monitoring import alerts
 from tests.helpers.standin_server import serving
 from tooling import stackfile

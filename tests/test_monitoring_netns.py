@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import netns
+from labkit.hosts import netns
 from qwen_cluster import config
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render.monitoring import alertmanager, containers, endpoint, prometheus
@@ -94,7 +94,7 @@ def start_node(procs: Processes, cluster: config.ClusterConfig, namespace: str, 
         [
             sys.executable,
             "-m",
-            "labkit.modelserver",
+            "labkit.models.modelserver",
             "--node",
             node,
             "--port",

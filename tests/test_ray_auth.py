@@ -110,7 +110,7 @@ def test_the_run_script_reads_the_token_with_decryption_into_a_root_only_env_fil
 
 
 def test_the_labs_ray_refuses_token_mode_without_a_token_as_ray_does(monkeypatch, capsys, tmp_path):
-    from labkit import imagebin
+    from labkit.images import imagebin
 
 
     monkeypatch.setenv(imagebin.RAY_DIR_ENV, str(tmp_path))  # where its raylet's pid goes

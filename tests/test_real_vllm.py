@@ -1,4 +1,4 @@
-"""The real vLLM (its CPU build, labkit/realvllm.py) serving the tiny Qwen3 model, started as the
+"""The real vLLM (its CPU build, labkit/models/realvllm.py) serving the tiny Qwen3 model, started as the
 program's own model container command, and the stand-in model server held to what it does.
 
 One real server per run (module fixture; ~40 s to healthy on a quiet machine, after the cached
@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from components.baremetal import serving
-from labkit import imagebin, realvllm, standins
+from labkit.images import imagebin, standins
+from labkit.models import realvllm
 from qwen_cluster.config import DEFAULT_IMAGE, ClusterConfig
 from qwen_cluster.render import vllm
 from qwen_cluster.render.monitoring import alerts, containers
@@ -39,7 +40,7 @@ SHUTDOWN_TIMEOUT = 6
 # Bounds for a busy machine (7 agents on 2 cores): a quiet start is ~31-45 s.
 REAL_HEALTHY_TIMEOUT = 600
 STANDIN_HEALTHY_TIMEOUT = 60
-# The stand-in's lab knobs (labkit/standins.py LabKnobs): a short load, and tokens slow enough
+# The stand-in's lab knobs (labkit/images/standins.py LabKnobs): a short load, and tokens slow enough
 # that the long stream outlasts the shutdown timeout.
 STANDIN_LOAD_DELAY = 1.0
 STANDIN_TOKEN_DELAY = 0.02
@@ -123,7 +124,7 @@ def cluster() -> ClusterConfig:
 
 @pytest.fixture(scope="module")
 def real(cluster, tmp_path_factory) -> Record:
-    """The master's container command, with the lab's real `vllm` (labkit/realvllm.py) on PATH."""
+    """The master's container command, with the lab's real `vllm` (labkit/models/realvllm.py) on PATH."""
     venv = realvllm.ensure_venv()
     model = realvllm.ensure_model()
     bin_dir = tmp_path_factory.mktemp("real-bin")
@@ -142,7 +143,7 @@ def real(cluster, tmp_path_factory) -> Record:
 @pytest.fixture(scope="module")
 def standin(cluster, tmp_path_factory) -> Record:
     """The worker's container command, with the `vllm` of the lab's vLLM image on PATH: the
-    image's launcher (labkit/standins.py) reading the lab layer the image would carry
+    image's launcher (labkit/images/standins.py) reading the lab layer the image would carry
     (standins.LabKnobs, written where the image has it: here a file of the test's)."""
     node = next(n for n in cluster.nodes if n.name == "worker-1")
     knobs = standins.LabKnobs(
@@ -154,7 +155,7 @@ def standin(cluster, tmp_path_factory) -> Record:
     bin_dir = tmp_path_factory.mktemp("standin-bin")
     launcher = bin_dir / "vllm"
     launcher.write_text(
-        f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from labkit import imagebin; "
+        f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from labkit.images import imagebin; "
         f"imagebin.LAB_FILE = sys.argv[1]; sys.exit(imagebin.main([\"vllm\", *sys.argv[2:]]))' "
         f'{lab_file} "$@"\n'
     )
@@ -260,7 +261,7 @@ def _differences(real_record, standin_record, fields: list[str]) -> list[str]:
 
 def test_standin_loads_as_vllm_does(real, standin):
     """vLLM accepts no connection until its weights are loaded; the stand-in must not answer
-    either (its API port opens once loaded, labkit/modelserver.py `_load`)."""
+    either (its API port opens once loaded, labkit/models/modelserver.py `_load`)."""
     assert standin.loading.seen == real.loading.seen, (
         f"while loading, the stand-in gave {standin.loading.seen}, vLLM {real.loading.seen}"
     )

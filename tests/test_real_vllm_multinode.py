@@ -1,5 +1,5 @@
 """vLLM's own multi-node launch, for real: a replica of two nodes (model.pipelineParallel 2) run
-by vLLM's CPU build (labkit/realvllm.py) as the program registers its two containers
+by vLLM's CPU build (labkit/models/realvllm.py) as the program registers its two containers
 (components/baremetal/serving.py: the head's `vllm serve --nnodes 2 --node-rank 0 ...`, the
 member's `vllm serve --headless ... --node-rank 1` under its head's watch), each on a loopback
 address of its own, with the lab's real `vllm` first on PATH (realvllm.CPU_CHANGES).
@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from components.baremetal import serving
-from labkit import realvllm
+from labkit.models import realvllm
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import vllm
 from tests.helpers import serving_scenario as scenario

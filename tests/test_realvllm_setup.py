@@ -1,4 +1,4 @@
-"""labkit/realvllm.py without a server: the pinned environment, its cache key, the CPU changes to
+"""labkit/models/realvllm.py without a server: the pinned environment, its cache key, the CPU changes to
 the rendered `vllm serve` line (and that docs/lab.md lists them)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import realvllm
+from labkit.models import realvllm
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import vllm
 from tests.helpers.configs import BASE_BARE_METAL

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import modelserver, probes
+from labkit.cluster import probes
+from labkit.models import modelserver
 from qwen_cluster.render import nginx
 from tests.helpers import tools
 from tests.helpers.baremetal import ONPREM, ONPREM_CACHE_AWARE

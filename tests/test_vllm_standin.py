@@ -1,4 +1,4 @@
-"""The lab vLLM image's `vllm` (labkit/imagebin.py) takes the launch the program renders for
+"""The lab vLLM image's `vllm` (labkit/images/imagebin.py) takes the launch the program renders for
 vLLM 0.33.0 and runs the stand-in model server as the release would run: a multi-node head that
 waits for its members, a `--headless` member that serves no HTTP, and vLLM's own launch errors.
 Nothing is served: the model server's command line is what is checked."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import imagebin, standins
+from labkit.images import imagebin, standins
 from qwen_cluster import config
 from qwen_cluster.render import vllm
 from tooling import stackfile

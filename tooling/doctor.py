@@ -539,7 +539,7 @@ def print_human(
 
 @dataclass(frozen=True)
 class Lab:
-    """The lab's Prometheus and nodes, reached inside the lab: labkit/doctor.py passes them (the
+    """The lab's Prometheus and nodes, reached inside the lab: labkit/cluster/doctor.py passes them (the
     tooling never imports the lab; scripts/doctor.py goes through labkit)."""
 
     fetch: Callable[[str, str | None], tuple[Fetch, str]]  # (stack, label) -> (fetch, its URL)

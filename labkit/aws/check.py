@@ -1,4 +1,4 @@
-"""`lab.py check` for an AWS stack: what the running AWS lab shows, as labkit/check.py Results.
+"""`lab.py check` for an AWS stack: what the running AWS lab shows, as labkit/cluster/check.py Results.
 
 What applies from the bare-metal check, run as it is: containment (no route off the lab) and
 the nodes' latency. The rest is the AWS side's own, read from what runs:
@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labkit import check, executor, lifecycle, netns, probes
 from labkit.aws import elb, lab, ssmrun
-from labkit.check import Result, _status
+from labkit.cluster import check, lifecycle, probes
+from labkit.cluster.check import Result, _status
+from labkit.engine import executor
+from labkit.hosts import netns
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render import proxy, ssm
 

@@ -7,8 +7,9 @@ import time
 
 from rich.console import Console
 
-from labkit import lifecycle, netns
 from labkit.aws import lab
+from labkit.cluster import lifecycle
+from labkit.hosts import netns
 
 
 def main(args, console: Console) -> int:
@@ -57,8 +58,8 @@ def main(args, console: Console) -> int:
 
 
 def _check(label: str, args, console: Console) -> int:
-    from labkit import report as lab_report
     from labkit.aws import check
+    from labkit.cluster import report as lab_report
 
     aws_plan, results = check.run(label)
     if args.json:

@@ -40,11 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import blueprint, endpoint, executor, lifecycle, netns, substitutions, tlsca
 from labkit.aws import elb, model, ssmrun
 from labkit.aws.machine import Machine
-from labkit.blueprint import BRIDGE, MEMBER_IF, STATE_ROOT, LabPlan, Member, namespace_prefix
-from labkit.executor import StepResult
+from labkit.cluster import blueprint, endpoint, lifecycle, tlsca
+from labkit.cluster.blueprint import BRIDGE, MEMBER_IF, STATE_ROOT, LabPlan, Member, namespace_prefix
+from labkit.engine import executor, substitutions
+from labkit.engine.executor import StepResult
+from labkit.hosts import netns
 from qwen_cluster.config import NAMESPACE, ClusterConfig
 from qwen_cluster.ports import Vantage
 from tooling import offline, stackfile
@@ -181,7 +183,7 @@ def api_names(region: str, bucket: str | None) -> list[str]:
 
 
 def api_certificate(directory: Path, ca: Path, ca_key: Path, names: list[str], ip: str) -> tuple[Path, Path]:
-    """A certificate for the AWS endpoint names, from the lab's CA (labkit/tlsca.py)."""
+    """A certificate for the AWS endpoint names, from the lab's CA (labkit/cluster/tlsca.py)."""
     key, request, cert, ext = (directory / n for n in ("api-key.pem", "api.csr", "api.pem", "api.ext"))
     run = lambda *args: subprocess.run(["openssl", *args], check=True, capture_output=True)  # noqa: E731
     run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
@@ -767,9 +769,9 @@ def _parameter_updates(aws_plan: AwsPlan, stack: model.AwsStack, names: set[str]
 
 
 def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[str, Any]:
-    """Apply `changes` to the running AWS lab under client load; the figures of labkit/upgrade.py
+    """Apply `changes` to the running AWS lab under client load; the figures of labkit/cluster/upgrade.py
     plus the SSM runs (every document on every node)."""
-    from labkit import upgrade as bare_upgrade
+    from labkit.cluster import upgrade as bare_upgrade
     from tooling import changes as change_syntax
 
     global _clock

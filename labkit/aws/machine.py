@@ -10,13 +10,13 @@ whose upper layer is the node's lab directory (the host's files stay untouched, 
 persist from run to run), /run/lock is the node's, and `ip netns exec`'s /etc/netns/<ns>/ files
 (the node's /etc/hosts) are bound again on top. So the scripts run unmodified.
 
-Containers: the node's dockerd (labkit/dockerd.py, started by labkit/aws/lab.py as the bare-metal
+Containers: the node's dockerd (labkit/hosts/dockerd.py, started by labkit/aws/lab.py as the bare-metal
 lab starts its own, `mount_pidfile` = this holder) runs in a copy of that disk, so `docker run
 --volume=/var/cache/qwen-cluster/...` mounts the node's files, as on the instance. The scripts'
 `docker` is the real CLI, reaching that daemon as DOCKER_HOST (on EC2: /var/run/docker.sock);
-images come from the lab's registry as Docker Hub mirror (labkit/standins.py). What stays a
+images come from the lab's registry as Docker Hub mirror (labkit/images/standins.py). What stays a
 departure on PATH (the run's `bin_dir`): `sysctl --system` applies the program's drop-in only (a
-namespace shares the machine's global keys), and systemctl/timedatectl (labkit/shims.py).
+namespace shares the machine's global keys), and systemctl/timedatectl (labkit/hosts/shims.py).
 
 Cloud-init (https://cloudinit.readthedocs.io/en/latest/explanation/format.html): user data that
 starts with `#!` is a script, run once per instance (its semaphore under
@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit import netns
 from labkit.aws import ssmrun
 from labkit.aws.model import Instance
+from labkit.hosts import netns
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 OVERLAID = ("/etc", "/opt", "/var/cache")  # qwen_cluster/hostpaths.py: config, state, weights

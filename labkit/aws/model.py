@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.executor import plain
+from labkit.engine.executor import plain
 from tooling.offline import RecordedResource, Render, references
 
 ACCOUNT = "123456789012"  # the lab's account (AWS's documentation account number)

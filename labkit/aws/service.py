@@ -385,7 +385,7 @@ class Imds:
 
 def _serve_in(namespace: str | None, address: str, port: int, handler, context: ssl.SSLContext | None = None):
     """A server whose listening socket lives in `namespace` (created by a thread that joined it)."""
-    from labkit import netns
+    from labkit.hosts import netns
 
     def make() -> ThreadingHTTPServer:
         server = ThreadingHTTPServer((address, port), handler)

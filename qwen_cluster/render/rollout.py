@@ -48,7 +48,7 @@ READY_SUFFIX = "-ready"
 # How long a lane waits for another lane's mark (a file rewrite, `nginx -t` and a reload).
 LOCK_WAIT_SECONDS = 120
 # The shell variable holding rollout.healthTimeoutSeconds in the gate (the lab puts it on its
-# clock: labkit/substitutions.py).
+# clock: labkit/engine/substitutions.py).
 HEALTH_TIMEOUT_VARIABLE = "health_timeout"
 
 

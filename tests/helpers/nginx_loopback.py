@@ -8,7 +8,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from labkit import modelserver, probes, tlsca
+from labkit.cluster import probes, tlsca
+from labkit.models import modelserver
 from qwen_cluster.render import nginx
 from tests.helpers.configs import TEST_API_KEY
 from tests.helpers.standin_server import free_port, serving

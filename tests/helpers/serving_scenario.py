@@ -2,7 +2,7 @@
 while it loads, while it serves (/health, /v1/models, a streamed chat through the `openai` client,
 an unknown model, /metrics) and after SIGTERM with `--shutdown-timeout` (new requests, /health,
 a long stream that outlasts the timeout). tests/test_real_vllm.py runs it against the real vLLM
-and the stand-in (labkit/modelserver.py) and compares the two records.
+and the stand-in (labkit/models/modelserver.py) and compares the two records.
 
 Every wait is bounded (tests/helpers/wait.py); nothing here sleeps to synchronise.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from labkit import servermetrics
+from labkit.models import servermetrics
 from tests.helpers.wait import wait_until
 
 REFUSED = "refused"  # nothing accepts the connection

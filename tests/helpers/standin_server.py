@@ -8,7 +8,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from labkit import modelserver
+from labkit.models import modelserver
 
 
 def free_port() -> int:

@@ -6,13 +6,13 @@ two renders, resource by resource:
 
 - a `command:remote:Command` runs its `create` (or `update`, else `create` again, on an
   in-place update; the old state's `delete` on a delete) over SSH on its `connection.host`, as
-  `connection.user`, with the host key `connection.hostKey` pins (labkit/sshd.py: the node's
+  `connection.user`, with the host key `connection.hostKey` pins (labkit/hosts/sshd.py: the node's
   own sshd, the OpenSSH client from the admin vantage; pulumi-command
   provider/pkg/provider/remote/commandController.go: Update runs `update` if set, else
   `create`; Delete runs the stored state's `delete`);
 - a `docker:index/container:Container` and a `docker:index/remoteImage:RemoteImage` are
   carried out on the real dockerd of the node their provider's `ssh://` host names, as the
-  provider would (labkit/dockerprovider.py, citing kreuzwerker/terraform-provider-docker):
+  provider would (labkit/engine/dockerprovider.py, citing kreuzwerker/terraform-provider-docker):
   over that provider's ssh, as its user and with its `sshOpts` (the program's pinned host key),
   first `docker version` (as pulumi-docker dials `docker system dial-stdio`), then one session
   per step; a container is deleted by the id the state holds, with its `destroyGraceSeconds`;
@@ -47,7 +47,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import dockerprovider, sshd, standins, substitutions
+from labkit.engine import dockerprovider, substitutions
+from labkit.hosts import sshd
+from labkit.images import standins
 from qwen_cluster.render.shell import MAX_ARG_STRLEN
 from tooling import offline
 from tooling.offline import RecordedResource, Render

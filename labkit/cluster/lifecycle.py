@@ -23,19 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import (
-    dockerd,
-    endpoint,
-    executor,
-    netns,
-    probes,
-    realvllm,
-    renderers,
-    sshd,
-    standins,
-    substitutions,
-)
-from labkit.blueprint import (
+from labkit.cluster import endpoint, probes, renderers
+from labkit.cluster.blueprint import (
     BRIDGE,
     MEMBER_IF,
     PREFIX,
@@ -46,13 +35,17 @@ from labkit.blueprint import (
     Member,
     namespace_prefix,
 )
-from labkit.executor import StepResult
+from labkit.engine import executor, substitutions
+from labkit.engine.executor import StepResult
+from labkit.hosts import dockerd, netns, sshd
+from labkit.images import standins
+from labkit.models import realvllm
 from qwen_cluster.config import NAMESPACE
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render.vllm import HEALTH_PATH
 from tooling.offline import Render
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Per-node copies of the host's files that the rendered scripts write to. `ip netns exec`
 # bind-mounts /etc/netns/<ns>/<entry> over /etc/<entry>, so ufw's rules, /etc/default/ufw,
 # the sysctl drop-in and nftables.conf land in the node's copy and the host's /etc stays as it was.
@@ -72,7 +65,7 @@ THINKING_PAUSE = NGINX_DEFAULT_READ_TIMEOUT + 1
 DEFAULT_CLOCK_SCALE = 1 / 30
 
 
-# Each node's Docker engine (labkit/dockerd.py): its images and containers on disk, its sockets
+# Each node's Docker engine (labkit/hosts/dockerd.py): its images and containers on disk, its sockets
 # under /run (short: a unix socket path ends at 108 bytes). Both per lab label; `down` removes them.
 DOCKER_DATA_ROOT = Path("/var/lib/qwen-cluster-lab")
 DOCKER_RUN_ROOT = Path("/run/qcl-docker")
@@ -94,12 +87,12 @@ class Options:
     token_delay: float = 0.005
     workers: int = 8
     model_load_seconds: float = MODEL_LOAD_SECONDS
-    # The user the stack's commands log in as (labkit/sshd.py): the sudo user, or one without
+    # The user the stack's commands log in as (labkit/hosts/sshd.py): the sudo user, or one without
     # sudo to see preflight refuse it.
     ssh_user: str = sshd.DEPLOY_USER
     # Host keys pinned in place of the ones the lab's sshd's hold (a wrong one must be refused).
     host_key_overrides: dict[str, str] = field(default_factory=dict)
-    # The real vLLM (its CPU build serving the tiny Qwen3 model, labkit/realvllm.py) in the
+    # The real vLLM (its CPU build serving the tiny Qwen3 model, labkit/models/realvllm.py) in the
     # lab's vLLM images instead of the stand-in (`lab.py up --real-model`).
     real_model: bool = False
 
@@ -333,7 +326,7 @@ def hosts(plan: LabPlan, options: Options) -> dict[str, standins.Host]:
 
 
 def plan_from_config(config: dict[str, Any], label: str) -> LabPlan:
-    from labkit import blueprint
+    from labkit.cluster import blueprint
 
     return blueprint.from_stack_config(config, label)
 
@@ -397,7 +390,7 @@ def holder(plan: LabPlan, member: Member, rendered: Render) -> StepResult:
     refused by the firewall, not by an empty port. SSH is the node's own sshd."""
     served = served_ports(rendered, member) | {sshd.SSH_PORT}
     hold = [port for port in plan.probe_ports(member.node) if port not in served]
-    argv = [sys.executable, "-m", "labkit.modelserver", "--node", member.node]
+    argv = [sys.executable, "-m", "labkit.models.modelserver", "--node", member.node]
     argv += ["--hold", ",".join(map(str, hold))]
     return _start(plan, member, "holder", argv)
 
@@ -449,7 +442,7 @@ def machines(plan: LabPlan, options: Options) -> list[StepResult]:
 
 def docker_engines(plan: LabPlan, options: Options, daemon_of=None) -> list[StepResult]:
     """The lab's registry on the switch's bridge, and a Docker engine in every node's namespace
-    pulling through it (labkit/dockerd.py). Idempotent. `daemon_of(member)`: the node's engine,
+    pulling through it (labkit/hosts/dockerd.py). Idempotent. `daemon_of(member)`: the node's engine,
     when it is not `daemon(plan, member)` (the AWS lab starts it in the node's own disk)."""
     daemon_of = daemon_of or (lambda member: daemon(plan, member))
     netns.run(["ip", "-n", plan.switch, "addr", "replace", f"{REGISTRY_IP}/32", "dev", BRIDGE])
@@ -567,7 +560,7 @@ def up(plan: LabPlan, options: Options | None = None, *, rerun: bool = False) ->
 def wait_until_serving(plan: LabPlan, options: Options) -> StepResult:
     """Every replica head answers /health (the stand-in loads for model_load_seconds on the
     lab clock), asked from the load-balancer node as nginx would."""
-    from labkit import probes
+    from labkit.cluster import probes
 
     started = time.monotonic()
     # Bounded by the stack's own health gate (what a rollout would wait for a replica): a real

@@ -1,6 +1,6 @@
 """The lab's own endpoint secrets, made once per lab: its API keys and its TLS certificate from
-a lab CA (labkit/tlsca.py). The lab hands them to the program as a stack's secrets would be
-(labkit/substitutions.py), and its clients use them (`client_access`); nothing here prints them.
+a lab CA (labkit/cluster/tlsca.py). The lab hands them to the program as a stack's secrets would be
+(labkit/engine/substitutions.py), and its clients use them (`client_access`); nothing here prints them.
 
     ensure(directory, load_balancer_ip) -> Identity
 """
@@ -11,8 +11,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit import tlsca
-from labkit.probes import ClientAccess
+from labkit.cluster import tlsca
+from labkit.cluster.probes import ClientAccess
 
 KEY_COUNT = 2  # the first is in use; the second lets a test rotate to a key the lab knows
 

@@ -1,4 +1,4 @@
-"""The lab's huggingface_hub, inside the vLLM stand-in image only (labkit/standins.py app_layer).
+"""The lab's huggingface_hub, inside the vLLM stand-in image only (labkit/images/standins.py app_layer).
 
 No Hub here: `snapshot_download`, what the staging's weights fetch calls
 (qwen_cluster/render/weights.py), writes what it would have fetched, and from where, into the
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 LAB_WEIGHTS_DIR = "lab-weights"
-LAB_FILE = "/etc/qcl-lab/image.json"  # labkit/imagebin.py LAB_FILE
+LAB_FILE = "/etc/qcl-lab/image.json"  # labkit/images/imagebin.py LAB_FILE
 
 
 def snapshot_download(repo_id: str, **_: object) -> str:

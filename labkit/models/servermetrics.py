@@ -1,5 +1,5 @@
 """What a model server exposes on /metrics, as vLLM's API server does, and the lab's reading of it:
-the stand-in (labkit/modelserver.py) writes it, `check` reads it, the same way on both engines.
+the stand-in (labkit/models/modelserver.py) writes it, `check` reads it, the same way on both engines.
 
 vLLM attaches prometheus-fastapi-instrumentator to its app (vllm/entrypoints/serve/instrumentator/
 metrics.py: `Instrumentator(excluded_handlers=[...]).add().instrument(app)`). Its default metric
@@ -148,7 +148,7 @@ def total(text: str, name: str) -> float | None:
 
 
 def vllm_families(stats, model: str) -> list[str]:
-    """VLLM_FAMILIES with the stand-in's own counts (labkit/modelserver.py Stats) where it has them
+    """VLLM_FAMILIES with the stand-in's own counts (labkit/models/modelserver.py Stats) where it has them
     (0 elsewhere)."""
     labels = f'model_name="{model}",engine="0"'
     values = {

@@ -36,7 +36,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from labkit import dockerd
+from labkit.hosts import dockerd
 
 
 def _gpus(value: str) -> list[dict[str, Any]]:

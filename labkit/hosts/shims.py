@@ -1,8 +1,8 @@
 """The programs the lab answers itself inside a node's namespace (why: substitutions.SHIMS).
 
-Run as `python -m labkit.shims NAME ARGS...` by the launchers `substitutions.install_shims`
+Run as `python -m labkit.hosts.shims NAME ARGS...` by the launchers `substitutions.install_shims`
 writes; the launchers come first on PATH in every SSH session of a node. Containers are not
-shimmed: each node runs a real Docker engine (labkit/dockerd.py).
+shimmed: each node runs a real Docker engine (labkit/hosts/dockerd.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The images the lab builds in place of the ones the program pulls, and where a container runs.
 
 The lab runs every container the program registers on the node's own Docker engine
-(labkit/dockerd.py), as registered (labkit/dockerprovider.py). What it cannot have is the real
+(labkit/hosts/dockerd.py), as registered (labkit/engine/dockerprovider.py). What it cannot have is the real
 images (no Docker Hub here), so it builds small ones from this machine's own programs and
 serves them from its registry under the names the program pulls: `STAND_INS`, one table from
 an image repository to how its image is made, the name reports give its step, and the ports a
@@ -9,7 +9,7 @@ container of it serves (known from its inputs alone, for the probes' port holder
 a new image; an image without an entry cannot be pulled in the lab, and its step fails saying so.
 
 - vllm/vllm-openai: host Python, bash, busybox; `vllm` and `ray` on PATH start the stand-ins
-  (labkit/imagebin.py; the model server is labkit/modelserver.py); a lab layer per tag;
+  (labkit/images/imagebin.py; the model server is labkit/models/modelserver.py); a lab layer per tag;
 - nginx: Debian's nginx, its /etc/nginx, the official image's user and paths, STOPSIGNAL SIGQUIT;
 - prom/*: Debian's prometheus, alertmanager, node and blackbox exporters at the official
   images' entrypoints, as `nobody` where those run so;
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import dockerd
+from labkit.hosts import dockerd
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -113,13 +113,13 @@ class Host:
 
 @dataclass(frozen=True)
 class LabKnobs:
-    """What the vLLM stand-in reads from its image's lab layer (labkit/imagebin.py LAB_FILE)."""
+    """What the vLLM stand-in reads from its image's lab layer (labkit/images/imagebin.py LAB_FILE)."""
 
     token_delay: float = 0.0
     load_delay: float = 0.0
     clock: float = 1.0  # the lab's clock scale: --shutdown-timeout is put on it, as stop graces are
     nodes: dict[str, str] = field(default_factory=dict)  # node IP -> node name
-    # The real vLLM (labkit/realvllm.py image_trees), as (host path, path in the vLLM image):
+    # The real vLLM (labkit/models/realvllm.py image_trees), as (host path, path in the vLLM image):
     # its environment, below the lab's code, and what must override that code (the launcher).
     environment_trees: tuple[tuple[str, str], ...] = ()
     top_trees: tuple[tuple[str, str], ...] = ()
@@ -200,13 +200,13 @@ PYTHON_EXCLUDE = (
 )
 APP_DIR = "/opt/qcl-lab/app"
 SITE_DIR = "/opt/qcl-lab/site"
-# The model server's third-party imports (labkit/modelserver.py -> qwen_cluster.render.vllm).
+# The model server's third-party imports (labkit/models/modelserver.py -> qwen_cluster.render.vllm).
 APP_PACKAGES = ("pydantic", "pydantic_core", "typing_extensions", "annotated_types", "typing_inspection")
 APP_ENV = (f"PATH={BASE_PATH}", f"PYTHONPATH={APP_DIR}:{SITE_DIR}", "PYTHONDONTWRITEBYTECODE=1")
 
 
 def _launcher(name: str) -> str:
-    return f'#!/bin/sh\nexec python3 -m labkit.imagebin {name} "$@"\n'
+    return f'#!/bin/sh\nexec python3 -m labkit.images.imagebin {name} "$@"\n'
 
 
 def busybox_layer() -> dockerd.ImageSpec:
@@ -256,7 +256,7 @@ def app_layer(base: dockerd.ImageSpec | None = None) -> dockerd.ImageSpec:
         for path in _package_paths(name):
             trees.append((path, f"{SITE_DIR}/{Path(path).name}"))
             libraries += sorted(str(so) for so in Path(path).glob("*.so")) if Path(path).is_dir() else []
-    # No Hub: the staging's weights fetch records what it would fetch (labkit/imagesite/).
+    # No Hub: the staging's weights fetch records what it would fetch (labkit/images/imagesite/).
     trees.append(
         (str(PROJECT_ROOT / "labkit" / "imagesite" / "huggingface_hub"), f"{SITE_DIR}/huggingface_hub")
     )
@@ -278,7 +278,7 @@ def app_layer(base: dockerd.ImageSpec | None = None) -> dockerd.ImageSpec:
 
 # A tag ending in this stands for a release whose container cannot start: its image lacks
 # /bin/bash (a whiteout over the base's), the entrypoint the program gives, so docker's start
-# fails after the create (the provider's partial create; labkit/dockerprovider.py). The image
+# fails after the create (the provider's partial create; labkit/engine/dockerprovider.py). The image
 # pulls, and the staging's Python runs in it, as in any other tag.
 NO_START_TAG_SUFFIX = "-nostart"
 
@@ -301,7 +301,7 @@ def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
     }
     base = app_layer()
     if knobs.environment_trees:
-        # The real vLLM (labkit/realvllm.py), shared by every tag (a bump adds the few bytes
+        # The real vLLM (labkit/models/realvllm.py), shared by every tag (a bump adds the few bytes
         # below), whole: compiled modules included, three processes import torch and vLLM at
         # every start. Its 2.5 GB sit right on the Python layer, under the lab's code: a layer's
         # cache key covers its base's, which covers the clone's files, so above the code every
@@ -475,7 +475,7 @@ def stand_in_for_image(image: str, resource: str = "") -> StandIn:
     known = ", ".join(entry.repository for entry in STAND_INS)
     raise StandInError(
         f"{resource or image}: image {image} has no stand-in in the lab "
-        f"(labkit/standins.py STAND_INS knows {known})"
+        f"(labkit/images/standins.py STAND_INS knows {known})"
     )
 
 

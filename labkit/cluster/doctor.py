@@ -3,13 +3,15 @@ the lab (its namespaces have no route to the host). scripts/doctor.py runs `main
 
 from __future__ import annotations
 
-from labkit import blueprint, executor, lifecycle, netns, substitutions
+from labkit.cluster import blueprint, lifecycle
+from labkit.engine import executor, substitutions
+from labkit.hosts import netns
 from qwen_cluster.config import ClusterConfig
 from tooling import doctor, stackfile
 
 
 def lab_plan_of(stack: str, label: str | None) -> blueprint.LabPlan:
-    """The lab as last applied, as `lab.py upgrade` reads it (labkit/upgrade.py changed_config):
+    """The lab as last applied, as `lab.py upgrade` reads it (labkit/cluster/upgrade.py changed_config):
     the config in its applied state, so a lab brought up with `--nodes N`, or changed since,
     is checked as it runs. The stack file's plan for a lab never applied."""
     lab_plan = blueprint.load(stack, label=label)

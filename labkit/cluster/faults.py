@@ -3,7 +3,7 @@ injected on one node and removed again (tests/test_lab_doctor.py rehearses `doct
 
 Host faults (FAULTS) are a pair of functions (inject, remove) on a lab node. Container faults
 (CONTAINER_FAULTS) change the node's model server as it runs on the node's real dockerd
-(labkit/dockerd.py): `break_model_server` stops the program's container, parks it under another
+(labkit/hosts/dockerd.py): `break_model_server` stops the program's container, parks it under another
 name and starts one made from its own `docker inspect` (Config and HostConfig, as the Engine API
 takes them back) with the faults' changes; `restore_model_server` removes that one and starts the
 program's container again, the same container (id, spec) as before. Each change touches what one
@@ -22,8 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from labkit import dockerd, lifecycle, netns, standins
-from labkit.blueprint import MEMBER_IF, LabPlan, Member
+from labkit.cluster import lifecycle
+from labkit.cluster.blueprint import MEMBER_IF, LabPlan, Member
+from labkit.hosts import dockerd, netns
+from labkit.images import standins
 from qwen_cluster import tags
 from qwen_cluster.render import collective
 

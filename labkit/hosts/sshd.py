@@ -10,8 +10,8 @@ login shell as `$SHELL -c '<command>'`. The host key is checked against `connect
 
 The lab's departures, each for a reason:
 - sshd's `SetEnv` gives a session the lab hooks (qwen_cluster/render/shell.py LAB_HOOKS), the
-  shims first on PATH (labkit/substitutions.py) and `DOCKER_HOST`, the node's own dockerd
-  socket (labkit/dockerd.py): a namespace shares this machine's disk, so the scripts need them;
+  shims first on PATH (labkit/engine/substitutions.py) and `DOCKER_HOST`, the node's own dockerd
+  socket (labkit/hosts/dockerd.py): a namespace shares this machine's disk, so the scripts need them;
   a real host has none of them (its docker is at /var/run/docker.sock). The deploy user's
   sudoers entry keeps them (`env_keep`, no `secure_path`), as the same scripts run under
   `sudo -n`.
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit import netns
+from labkit.hosts import netns
 from qwen_cluster import sshhosts
 
 SSHD = "/usr/sbin/sshd"

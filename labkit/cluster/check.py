@@ -13,9 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from labkit import doctor as labdoctor
-from labkit import lifecycle, modelserver, netns, probes, renderers, served, servermetrics
-from labkit.blueprint import LabPlan, Member
+from labkit.cluster import doctor as labdoctor
+from labkit.cluster import lifecycle, probes, renderers, served
+from labkit.cluster.blueprint import LabPlan, Member
+from labkit.hosts import netns
+from labkit.models import modelserver, servermetrics
 from qwen_cluster.ports import EPHEMERAL_PORTS, SSH_PORT, Vantage
 from qwen_cluster.render import nginx
 from qwen_cluster.render.vllm import HEALTH_PATH
@@ -132,7 +134,7 @@ def sysctl(plan: LabPlan) -> list[Result]:
 def verify(plan: LabPlan) -> list[Result]:
     """Each node's verify script, rendered from the config the lab deployed and run as the
     program's `<node>-verify` command runs it (the session's environment: the node's dockerd),
-    so that its model-server checks see the container the lab runs (labkit/doctor.py)."""
+    so that its model-server checks see the container the lab runs (labkit/cluster/doctor.py)."""
     results = []
     run, deployed = labdoctor.plan_runner(plan, purpose="verify")
     for member in plan.nodes:
@@ -390,7 +392,7 @@ def endpoint(plan: LabPlan) -> list[Result]:
     no key and a wrong key are 401 and reach none; TLS 1.0 and 1.1 are refused.
 
     What reached a model server is what the servers count in vLLM's `http_requests_total`
-    (labkit/servermetrics.py), the same on both engines. vLLM counts no request to /health or
+    (labkit/models/servermetrics.py), the same on both engines. vLLM counts no request to /health or
     /metrics (EXCLUDED_HANDLERS): /health is judged by nginx's location for it, which only
     proxies, and a refused /metrics by its answer (a model server's would be 200 or 405)."""
     lb, port = plan.load_balancer, plan.cluster.load_balancer.port

@@ -3,7 +3,7 @@
 Standalone: it needs root, `ip`, `unshare` and Debian's `docker.io` and `docker-registry`
 (scripts/setup-system.sh installs them); it imports nothing else of the lab but `netns`.
 
-    from labkit import dockerd
+    from labkit.hosts import dockerd
 
     # 1. images: a rootfs tarball built once, cached outside the clone, keyed by its inputs
     spec = dockerd.ImageSpec(
@@ -33,7 +33,7 @@ Standalone: it needs root, `ip`, `unshare` and Debian's `docker.io` and `docker-
 
     # a directory tree into an image (e.g. a venv), on a cached base:
     dockerd.ImageSpec(trees=(("/opt/vllm-venv", "/opt/venv"),), base=some_spec)
-    # labkit/standins.py builds the lab's images this way (LabKnobs.extra_trees for vLLM's).
+    # labkit/images/standins.py builds the lab's images this way (LabKnobs.extra_trees for vLLM's).
 
 What this machine needs (docs/lab.md, "Where the lab departs from a host"), all applied here:
 - `ip netns exec` mounts a fresh sysfs, so /sys/fs/cgroup is empty and dockerd dies with
@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from labkit import netns
+from labkit.hosts import netns
 
 # Built images live here, outside any clone (CI runs from a fresh one on the same machine).
 CACHE = Path(os.environ.get("QCL_LAB_CACHE", "/var/cache/qwen-cluster-lab"))
@@ -225,7 +225,8 @@ def _write_gpu_stub(daemon: Daemon) -> None:
     daemon.bin_dir.mkdir(parents=True, exist_ok=True)
     hook = daemon.bin_dir / GPU_HOOK
     hook.write_text(
-        "#!/bin/sh\n# labkit/dockerd.py: no NVIDIA toolkit here; `--gpus` is accepted, no GPU is given.\n"
+        "#!/bin/sh\n"
+        "# labkit/hosts/dockerd.py: no NVIDIA toolkit here; `--gpus` is accepted, no GPU is given.\n"
         "cat >/dev/null 2>&1 || true\nexit 0\n"
     )
     hook.chmod(0o755)
@@ -757,7 +758,7 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
     )
     if spec.entrypoint and not spec.cmd:
         image_config.pop("Cmd", None)  # as a Dockerfile's ENTRYPOINT resets the base's CMD
-    history = [{"created": "1970-01-01T00:00:00Z", "created_by": "labkit/dockerd.py build"}]
+    history = [{"created": "1970-01-01T00:00:00Z", "created_by": "labkit/hosts/dockerd.py build"}]
     config = {
         "architecture": "amd64",
         "os": "linux",

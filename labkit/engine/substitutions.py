@@ -4,17 +4,17 @@ The lab runs the program's own commands and containers. A namespace on this mach
 a host, though, so a few things are substituted, each for the reason given beside it:
 
 1. Stack config (before the render): the lab's clock, the hosts the lab has, and how it
-   reaches them (its SSH user, key and the host keys it generated, labkit/sshd.py); the
-   endpoint's secrets (API keys, the TLS certificate of the lab's CA: labkit/endpoint.py).
+   reaches them (its SSH user, key and the host keys it generated, labkit/hosts/sshd.py); the
+   endpoint's secrets (API keys, the TLS certificate of the lab's CA: labkit/cluster/endpoint.py).
 2. Script text (after the render): paths that would land on this machine's disk, or on lock
    files every namespace shares (/run/lock); the scripts' polls and measurement times on the
    lab's clock (`script_clock`).
-3. Commands on PATH (shims, `labkit/shims.py`): programs that would act on this
+3. Commands on PATH (shims, `labkit/hosts/shims.py`): programs that would act on this
    machine rather than on the namespace (`systemctl`, `timedatectl`).
 4. The Docker engine (`DOCKER`): each node runs its own dockerd, reached as the program
-   reaches a host's; the images are the lab's own (`labkit/standins.py`), served by the lab's
+   reaches a host's; the images are the lab's own (`labkit/images/standins.py`), served by the lab's
    registry; what this machine cannot give a container is adapted in one place
-   (`labkit/dockerd.py` clamp_ulimits, the stub GPU hook).
+   (`labkit/hosts/dockerd.py` clamp_ulimits, the stub GPU hook).
 
 After substitution a script must not name any of `FORBIDDEN`: if a program change brings a
 new host path, the lab refuses to run it (naming the resource) instead of touching the host.
@@ -132,7 +132,7 @@ def stack_config(
     raw: dict[str, Any], clock_scale: float, ssh: SshIdentity | None = None, endpoint: Any = None
 ) -> tuple[dict[str, Any], list[str]]:
     """The stack config the lab renders, and one line per substitution made. `endpoint`:
-    labkit.endpoint.Identity, the lab's keys and certificate."""
+    labkit.cluster.endpoint.Identity, the lab's keys and certificate."""
     config = copy.deepcopy(raw)
     made: list[str] = []
     if endpoint is not None:
@@ -215,7 +215,7 @@ def script(text: str, *, resource: str, etc_root: str, state_dir: str) -> str:
     if left:
         raise SubstitutionError(
             f"{resource}: the script still names {', '.join(left)} after the lab's substitutions; "
-            "add a substitution in labkit/substitutions.py rather than touch this machine"
+            "add a substitution in labkit/engine/substitutions.py rather than touch this machine"
         )
     return text
 
@@ -242,7 +242,7 @@ def environment(etc_root: str, state_dir: str, bin_dir: str) -> dict[str, str]:
 
 # -------------------------------------------------------------- 3. shims on PATH
 
-# name -> why the lab answers it itself (the handler is labkit/shims.py)
+# name -> why the lab answers it itself (the handler is labkit/hosts/shims.py)
 SHIMS = {
     "systemctl": "no persistence: nothing is enabled for a boot that never comes",
     "timedatectl": "every namespace shares this machine's clock: synchronised by construction",
@@ -252,7 +252,7 @@ SHIMS = {
 def install_shims(bin_dir: Path, project_root: Path) -> Path:
     """Write one small launcher per shim into `bin_dir` (prepended to PATH in namespaces)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    python = f"PYTHONPATH={project_root} exec {sys.executable} -m labkit.shims"
+    python = f"PYTHONPATH={project_root} exec {sys.executable} -m labkit.hosts.shims"
     for name in SHIMS:
         path = bin_dir / name
         path.write_text(f'#!/bin/sh\n{python} {name} "$@"\n')
@@ -266,14 +266,14 @@ def install_shims(bin_dir: Path, project_root: Path) -> Path:
 DOCKER = {
     "one dockerd per node namespace": "a namespace is not a host: its own data-root, exec-root and "
     "socket, started in a private mount namespace with the cgroup mounts re-created "
-    "(`ip netns exec` mounts a fresh sysfs) (labkit/dockerd.py)",
+    "(`ip netns exec` mounts a fresh sysfs) (labkit/hosts/dockerd.py)",
     "DOCKER_HOST=unix://<node socket>": "the program's `docker` and the provider's ssh reach the "
     "node's daemon as on a host they reach /var/run/docker.sock: sshd's SetEnv gives it, sudo keeps it",
     "--iptables=false --bridge=none --ip-forward=false": "host networking only (as the program runs every "
     "container), and no node turned into a router",
     "--registry-mirror / --insecure-registry, nvcr.io in the daemon's /etc/hosts": "no Docker Hub, no "
-    "NGC: the lab's registry serves the images it built (labkit/standins.py) under the names pulled",
+    "NGC: the lab's registry serves the images it built (labkit/images/standins.py) under the names pulled",
     "ulimits clamped (memlock, nofile)": "root here lacks CAP_SYS_RESOURCE: hard limits memlock 8 MiB, "
-    "nofile 20000 (labkit/dockerd.py clamp_ulimits, the only change to a container spec)",
+    "nofile 20000 (labkit/hosts/dockerd.py clamp_ulimits, the only change to a container spec)",
     "stub nvidia-container-runtime-hook": "no NVIDIA toolkit: `gpus: all` is accepted, no GPU is given",
 }

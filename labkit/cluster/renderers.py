@@ -1,6 +1,6 @@
 """What the lab still renders itself (qwen_cluster/render/*), apart from the program.
 
-`lab up` runs what the program registered (labkit/executor.py). Rendered here only:
+`lab up` runs what the program registered (labkit/engine/executor.py). Rendered here only:
 the verify script `check` runs with its own vantages, and the rule sets the fault tests
 choose (another flavour, the guide's strict rule), with the paths a namespace needs.
 """
@@ -11,7 +11,7 @@ from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import firewall, nginx, sysctl, verify
 
 SYSCTL_DROPIN = sysctl.DROPIN_PATH
-INTERFACE = "eth0"  # labkit.blueprint.MEMBER_IF; repeated to keep this module import-light
+INTERFACE = "eth0"  # labkit.cluster.blueprint.MEMBER_IF; repeated to keep this module import-light
 NFT_TABLE = firewall.NFT_TABLE
 
 

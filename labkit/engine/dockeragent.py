@@ -1,6 +1,6 @@
 """The lab's Docker provider on the node: Engine API calls for one resource step.
 
-Run as `python3 -c <this file>` over SSH by labkit/dockerprovider.py (which explains each step
+Run as `python3 -c <this file>` over SSH by labkit/engine/dockerprovider.py (which explains each step
 and cites the provider's source); reads one JSON request on stdin, prints one JSON answer.
 Stdlib only. Talks to `$DOCKER_HOST` (a unix socket), as the docker CLI would.
 """

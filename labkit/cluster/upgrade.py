@@ -19,8 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit import blueprint, executor, lifecycle, netns, probes
-from labkit.blueprint import LabPlan, ProbeExpectation
+from labkit.cluster import blueprint, lifecycle, probes
+from labkit.cluster.blueprint import LabPlan, ProbeExpectation
+from labkit.engine import executor
+from labkit.hosts import netns
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render import rollout
 from qwen_cluster.render.vllm import HEALTH_PATH

@@ -8,9 +8,9 @@ from itertools import groupby
 from rich.console import Console
 from rich.table import Table
 
-from labkit.blueprint import LabPlan
-from labkit.check import Result, as_json, summary
-from labkit.lifecycle import UpReport
+from labkit.cluster.blueprint import LabPlan
+from labkit.cluster.check import Result, as_json, summary
+from labkit.cluster.lifecycle import UpReport
 
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 

@@ -1,5 +1,5 @@
 """What the replica heads count of the requests they served, read from their /metrics as nginx
-reaches them (from the load-balancer node): vLLM's own counters (labkit/servermetrics.py), which
+reaches them (from the load-balancer node): vLLM's own counters (labkit/models/servermetrics.py), which
 the stand-in exposes too, so that `check` counts the same way on both engines.
 """
 
@@ -8,13 +8,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from labkit import netns, probes, servermetrics
-from labkit.blueprint import LabPlan
+from labkit.cluster import probes
+from labkit.cluster.blueprint import LabPlan
+from labkit.hosts import netns
+from labkit.models import servermetrics
 
 
 @dataclass(frozen=True)
 class Served:
-    """What one replica head's /metrics counts (labkit/servermetrics.py), as vLLM exposes it and
+    """What one replica head's /metrics counts (labkit/models/servermetrics.py), as vLLM exposes it and
     the stand-in likewise; None where the server has no such metric."""
 
     handlers: dict[tuple[str, str], float] | None  # http_requests_total by (method, handler)
@@ -27,7 +29,7 @@ class Served:
 
     @property
     def stand_in(self) -> bool:
-        """The lab's stand-in (labkit/modelserver.py): the one server that counts these."""
+        """The lab's stand-in (labkit/models/modelserver.py): the one server that counts these."""
         return self.with_authorization is not None
 
 

