@@ -258,7 +258,7 @@ def app_layer(base: dockerd.ImageSpec | None = None) -> dockerd.ImageSpec:
             libraries += sorted(str(so) for so in Path(path).glob("*.so")) if Path(path).is_dir() else []
     # No Hub: the staging's weights fetch records what it would fetch (labkit/images/imagesite/).
     trees.append(
-        (str(PROJECT_ROOT / "labkit" / "imagesite" / "huggingface_hub"), f"{SITE_DIR}/huggingface_hub")
+        (str(Path(__file__).with_name("imagesite") / "huggingface_hub"), f"{SITE_DIR}/huggingface_hub")
     )
     return dockerd.ImageSpec(
         programs=tuple(libraries),
