@@ -37,7 +37,7 @@ from pathlib import Path
 # Built images live here, outside any clone (CI runs from a fresh one on the same machine).
 CACHE = Path(os.environ.get("QCL_LAB_CACHE", "/var/cache/qwen-cluster-lab"))
 # Part of every image's cache key: bump it when build() changes what it writes.
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5
 DPKG_STATUS = "/var/lib/dpkg/status"
 
 
@@ -292,7 +292,7 @@ def build(spec: ImageSpec, *, cache: Path | None = None) -> Built:
     )
     if spec.entrypoint and not spec.cmd:
         image_config.pop("Cmd", None)  # as a Dockerfile's ENTRYPOINT resets the base's CMD
-    history = [{"created": "1970-01-01T00:00:00Z", "created_by": "labkit/hosts/dockerd.py build"}]
+    history = [{"created": "1970-01-01T00:00:00Z", "created_by": "labkit/images/build.py build"}]
     config = {
         "architecture": "amd64",
         "os": "linux",
