@@ -27,7 +27,8 @@ declare -A needed=(
   [prometheus-node-exporter]=prometheus-node-exporter
   [prometheus-blackbox-exporter]=prometheus-blackbox-exporter
   # A real Docker engine in every lab node's namespace (labkit/hosts/dockerd.py), Debian's registry as
-  # the lab's Docker Hub mirror, and a static busybox for the small images the lab builds.
+  # the lab's Docker Hub mirror (labkit/hosts/registry.py), and a static busybox for the small images
+  # the lab builds (labkit/images/build.py).
   # The package scripts do not start a daemon here (no init; policy-rc.d): the lab starts its own.
   [dockerd]=docker.io
   [docker-registry]=docker-registry

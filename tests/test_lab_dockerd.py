@@ -1,5 +1,6 @@
-"""labkit/hosts/dockerd.py for real: a registry and a dockerd in a namespace, an image built once and
-pulled through the registry as a Docker Hub mirror, a container on host networking, and every
+"""The lab's Docker hosts for real: a registry (labkit/hosts/registry.py) and a dockerd
+(labkit/hosts/dockerd.py) in a namespace, an image built once (labkit/images/build.py) and pulled
+through the registry as a Docker Hub mirror, a container on host networking, and every
 process of it found again by its mark after the namespace is gone.
 
 Needs root, iproute2, Debian's docker.io and docker-registry (scripts/setup-system.sh).
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.hosts import dockerd, netns
+from labkit.hosts import dockerd, netns, registry
+from labkit.images import build
 from tests.helpers.wait import wait_until
 
 LABEL = f"d{os.getpid() % 100000}"
@@ -27,7 +29,7 @@ MISSING = netns.missing_requirements() + [
 ]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING) or "ok")
 
-BUSYBOX = dockerd.ImageSpec(
+BUSYBOX = build.ImageSpec(
     programs=("busybox",),
     links=(("/bin/sh", "/bin/busybox"), ("/bin/sleep", "/bin/busybox"), ("/bin/cat", "/bin/busybox")),
     files=(("/etc/lab-release", "lab\n", 0o644),),
@@ -35,16 +37,20 @@ BUSYBOX = dockerd.ImageSpec(
     stop_signal="SIGTERM",
 )
 # A layer on top: the base's files stay, the config is the base's unless set.
-CHILD = dockerd.ImageSpec(files=(("/etc/lab-child", "child\n", 0o644),), base=BUSYBOX)
+CHILD = build.ImageSpec(files=(("/etc/lab-child", "child\n", 0o644),), base=BUSYBOX)
 # An uncompressed layer on gzip ones (the real vLLM's environment, labkit/images/standins.py): dockerd
 # finds out the compression of each layer it pulls.
-PLAIN = dockerd.ImageSpec(files=(("/etc/lab-plain", "plain\n", 0o644),), compressed=False, base=CHILD)
+PLAIN = build.ImageSpec(files=(("/etc/lab-plain", "plain\n", 0o644),), compressed=False, base=CHILD)
 
 
 def test_split_reference() -> None:
-    assert dockerd.split_reference("nginx:1.27.3") == ("docker.io", "library/nginx", "1.27.3")
-    assert dockerd.split_reference("vllm/vllm-openai:v0.33.0") == ("docker.io", "vllm/vllm-openai", "v0.33.0")
-    assert dockerd.split_reference("nvcr.io/nvidia/k8s/dcgm-exporter:4.4") == (
+    assert registry.split_reference("nginx:1.27.3") == ("docker.io", "library/nginx", "1.27.3")
+    assert registry.split_reference("vllm/vllm-openai:v0.33.0") == (
+        "docker.io",
+        "vllm/vllm-openai",
+        "v0.33.0",
+    )
+    assert registry.split_reference("nvcr.io/nvidia/k8s/dcgm-exporter:4.4") == (
         "nvcr.io",
         "nvidia/k8s/dcgm-exporter",
         "4.4",
@@ -65,11 +71,11 @@ def test_clamp_ulimits() -> None:
 
 
 def test_build_is_cached_by_inputs(tmp_path: Path) -> None:
-    first = dockerd.build(BUSYBOX, cache=tmp_path)
-    again = dockerd.build(BUSYBOX, cache=tmp_path)
+    first = build.build(BUSYBOX, cache=tmp_path)
+    again = build.build(BUSYBOX, cache=tmp_path)
     assert first == again and first.manifest.exists()
-    changed = dockerd.build(
-        dockerd.ImageSpec(**{**BUSYBOX.__dict__, "files": (("/etc/lab-release", "other\n", 0o644),)}),
+    changed = build.build(
+        build.ImageSpec(**{**BUSYBOX.__dict__, "files": (("/etc/lab-release", "other\n", 0o644),)}),
         cache=tmp_path,
     )
     assert changed.key != first.key
@@ -79,10 +85,10 @@ def test_a_large_blob_is_linked_into_the_registrys_storage(tmp_path: Path, monke
     blob = tmp_path / "layer.tar"
     blob.write_bytes(b"layer bytes")
     digest = "sha256:" + "ab" * 32
-    registry = dockerd.Registry("unused", "127.0.0.1", 5000, tmp_path / "registry", tmp_path / "run")
-    v2 = registry.root / "docker" / "registry" / "v2"
-    assert dockerd.registry_link(registry, "library/x", digest, blob)
-    assert dockerd.registry_link(registry, "other/y", digest, blob)  # a second repository
+    lab_registry = registry.Registry("unused", "127.0.0.1", 5000, tmp_path / "registry", tmp_path / "run")
+    v2 = lab_registry.root / "docker" / "registry" / "v2"
+    assert registry.registry_link(lab_registry, "library/x", digest, blob)
+    assert registry.registry_link(lab_registry, "other/y", digest, blob)  # a second repository
     data = v2 / "blobs" / "sha256" / "ab" / ("ab" * 32) / "data"
     assert data.samefile(blob)  # the cached file itself, not a copy
     for repository in ("library/x", "other/y"):
@@ -90,15 +96,15 @@ def test_a_large_blob_is_linked_into_the_registrys_storage(tmp_path: Path, monke
         assert link.read_text() == digest
     # Another filesystem: no hard link, the caller pushes the blob over HTTP instead.
     exdev = OSError(18, "Invalid cross-device link")
-    monkeypatch.setattr(dockerd.os, "link", lambda *_: (_ for _ in ()).throw(exdev))
-    assert not dockerd.registry_link(registry, "library/z", "sha256:" + "cd" * 32, blob)
+    monkeypatch.setattr(registry.os, "link", lambda *_: (_ for _ in ()).throw(exdev))
+    assert not registry.registry_link(lab_registry, "library/z", "sha256:" + "cd" * 32, blob)
     assert not (v2 / "repositories" / "library" / "z").exists()
 
 
 @pytest.fixture
 def lab(tmp_path: Path):
     netns.add(NAMESPACE)
-    registry = dockerd.Registry(
+    lab_registry = registry.Registry(
         NAMESPACE, "127.0.0.1", 5000, tmp_path / "registry", tmp_path / "registry-run", mark=LABEL
     )
     daemon = dockerd.Daemon(
@@ -106,11 +112,11 @@ def lab(tmp_path: Path):
         NAMESPACE,
         tmp_path / "n1",
         Path(f"/run/qcl-docker/{LABEL}-n1"),
-        mirror=registry.url,
+        mirror=lab_registry.url,
         mark=f"{LABEL}/n1",
     )
     try:
-        yield registry, daemon
+        yield lab_registry, daemon
     finally:
         dockerd.kill_marked(LABEL)
         netns.delete(NAMESPACE)
@@ -118,18 +124,18 @@ def lab(tmp_path: Path):
 
 
 def test_a_daemon_in_a_namespace_pulls_through_the_lab_registry(lab) -> None:
-    registry, daemon = lab
-    built = dockerd.build(PLAIN)
+    lab_registry, daemon = lab
+    built = build.build(PLAIN)
     assert len(built.layers) == 3 and not built.compressed and built.base.compressed
     media = [layer["mediaType"] for layer in json.loads(built.manifest.read_text())["layers"]]
-    assert media == [dockerd.LAYER_MEDIA_TYPES[True]] * 2 + [dockerd.LAYER_MEDIA_TYPES[False]]
+    assert media == [build.LAYER_MEDIA_TYPES[True]] * 2 + [build.LAYER_MEDIA_TYPES[False]]
     with tarfile.open(built.layer, "r:") as plain:  # a plain tar, as its media type says
         assert plain.getnames() == ["etc/lab-plain"]
-    dockerd.start_registry(registry)
-    assert dockerd.publish(registry, "lab/busybox:v1", built) == "lab/busybox:v1"
+    registry.start_registry(lab_registry)
+    assert registry.publish(lab_registry, "lab/busybox:v1", built) == "lab/busybox:v1"
     # Every blob linked into the registry's storage where it can be (the path a multi-GB layer
     # takes), pushed where it cannot: pulled the same either way.
-    assert dockerd.publish(registry, "lab/linked:v1", built, link_bytes=0) == "lab/linked:v1"
+    assert registry.publish(lab_registry, "lab/linked:v1", built, link_bytes=0) == "lab/linked:v1"
     dockerd.start(daemon)
     assert dockerd.start(daemon).endswith("running")  # idempotent
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -115,6 +116,13 @@ def test_each_container_image_has_one_stand_in(onprem):
     unknown = standins.Container.from_inputs("x", {"image": "redis:7", "name": "cache"})
     with pytest.raises(standins.StandInError, match="image redis:7 has no stand-in"):
         standins.stand_in_for(unknown)
+
+
+def test_every_host_tree_the_lab_layer_copies_exists():
+    """The lab's code layer copies host trees into every stand-in image; one that is not there
+    fails the image's build at `up`, on every node, long after the change that moved it."""
+    trees = standins.app_layer(standins.busybox_layer()).trees
+    assert [host for host, _ in trees if not os.path.exists(host)] == []
 
 
 def test_the_provider_creates_with_the_inputs_and_clamps_only_the_ulimits(onprem):

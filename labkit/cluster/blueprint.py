@@ -17,7 +17,7 @@ from qwen_cluster.ports import Vantage
 PREFIX = "qcl-"
 # Where the lab keeps logs, pid files and rendered files of running labs (not /etc).
 STATE_ROOT = "/run/qwen-cluster-lab"
-# The lab's image registry (labkit/hosts/dockerd.py): an address on the switch's bridge that no stack
+# The lab's image registry (labkit/hosts/registry.py): an address on the switch's bridge that no stack
 # uses (link-local), port 80 so that a daemon falling back from HTTPS for an insecure registry
 # (nvcr.io, mapped here) finds it. Not a member: no probe or scan of the stack reaches it.
 REGISTRY_IP = "169.254.77.1"

@@ -38,6 +38,7 @@ from labkit.cluster.blueprint import (
 from labkit.engine import executor, substitutions
 from labkit.engine.executor import StepResult
 from labkit.hosts import dockerd, netns, sshd
+from labkit.hosts.registry import Registry, start_registry
 from labkit.images import standins
 from labkit.models import realvllm
 from qwen_cluster.config import NAMESPACE
@@ -265,13 +266,13 @@ def mark(plan: LabPlan, member: Member | None, what: str) -> str:
     return f"{plan.label}/{member.node if member else 'lab'}/{what}"
 
 
-def registry(plan: LabPlan) -> dockerd.Registry:
+def registry(plan: LabPlan) -> Registry:
     """The lab's registry: in the switch namespace, on the bridge (every node has an on-link
     route to it), storing beside the lab's Docker engines. Its own storage, not one shared by
     every lab: the images carry the lab's knobs (clock, node names, the real vLLM or the
     stand-in) under the program's names, so two labs at once sharing tags would pull each
     other's `vllm/vllm-openai:v0.33.0`. The built images themselves stay cached (images/)."""
-    return dockerd.Registry(
+    return Registry(
         namespace=plan.switch,
         address=REGISTRY_IP,
         port=REGISTRY_PORT,
@@ -441,16 +442,17 @@ def machines(plan: LabPlan, options: Options) -> list[StepResult]:
 
 
 def docker_engines(plan: LabPlan, options: Options, daemon_of=None) -> list[StepResult]:
-    """The lab's registry on the switch's bridge, and a Docker engine in every node's namespace
-    pulling through it (labkit/hosts/dockerd.py). Idempotent. `daemon_of(member)`: the node's engine,
-    when it is not `daemon(plan, member)` (the AWS lab starts it in the node's own disk)."""
+    """The lab's registry on the switch's bridge (labkit/hosts/registry.py), and a Docker engine
+    in every node's namespace pulling through it (labkit/hosts/dockerd.py). Idempotent.
+    `daemon_of(member)`: the node's engine, when it is not `daemon(plan, member)` (the AWS lab
+    starts it in the node's own disk)."""
     daemon_of = daemon_of or (lambda member: daemon(plan, member))
     netns.run(["ip", "-n", plan.switch, "addr", "replace", f"{REGISTRY_IP}/32", "dev", BRIDGE])
     for member in plan.nodes:
         netns.run(["ip", "-n", plan.switch, "route", "replace", f"{member.ip}/32", "dev", BRIDGE])
         netns.run(["ip", "-n", member.namespace, "route", "replace", f"{REGISTRY_IP}/32", "dev", MEMBER_IF])
     lab_registry = registry(plan)
-    steps = [StepResult("-", "registry", True, dockerd.start_registry(lab_registry), op="fixture")]
+    steps = [StepResult("-", "registry", True, start_registry(lab_registry), op="fixture")]
 
     def start(member: Member) -> StepResult:
         engine = daemon(plan, member)

@@ -12,9 +12,9 @@ a host, though, so a few things are substituted, each for the reason given besid
 3. Commands on PATH (shims, `labkit/hosts/shims.py`): programs that would act on this
    machine rather than on the namespace (`systemctl`, `timedatectl`).
 4. The Docker engine (`DOCKER`): each node runs its own dockerd, reached as the program
-   reaches a host's; the images are the lab's own (`labkit/images/standins.py`), served by the lab's
-   registry; what this machine cannot give a container is adapted in one place
-   (`labkit/hosts/dockerd.py` clamp_ulimits, the stub GPU hook).
+   reaches a host's; the images are the lab's own (`labkit/images/standins.py`), served by the
+   lab's registry (`labkit/hosts/registry.py`); what this machine cannot give a container is
+   adapted in one place (`labkit/hosts/dockerd.py` clamp_ulimits, the stub GPU hook).
 
 After substitution a script must not name any of `FORBIDDEN`: if a program change brings a
 new host path, the lab refuses to run it (naming the resource) instead of touching the host.

@@ -1,12 +1,13 @@
 """The images the lab builds in place of the ones the program pulls, and where a container runs.
 
 The lab runs every container the program registers on the node's own Docker engine
-(labkit/hosts/dockerd.py), as registered (labkit/engine/dockerprovider.py). What it cannot have is the real
-images (no Docker Hub here), so it builds small ones from this machine's own programs and
-serves them from its registry under the names the program pulls: `STAND_INS`, one table from
-an image repository to how its image is made, the name reports give its step, and the ports a
-container of it serves (known from its inputs alone, for the probes' port holder). Extend it for
-a new image; an image without an entry cannot be pulled in the lab, and its step fails saying so.
+(labkit/hosts/dockerd.py), as registered (labkit/engine/dockerprovider.py). What it cannot have is
+the real images (no Docker Hub here), so it builds small ones from this machine's own programs
+(labkit/images/build.py) and serves them from its registry (labkit/hosts/registry.py) under the
+names the program pulls: `STAND_INS`, one table from an image repository to how its image is made,
+the name reports give its step, and the ports a container of it serves (known from its inputs
+alone, for the probes' port holder). Extend it for a new image; an image without an entry cannot
+be pulled in the lab, and its step fails saying so.
 
 - vllm/vllm-openai: host Python, bash, busybox; `vllm` and `ray` on PATH start the stand-ins
   (labkit/images/imagebin.py; the model server is labkit/models/modelserver.py); a lab layer per tag;
@@ -33,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit.hosts import dockerd
+from labkit.hosts import registry
+from labkit.images import build
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -209,8 +211,8 @@ def _launcher(name: str) -> str:
     return f'#!/bin/sh\nexec python3 -m labkit.images.imagebin {name} "$@"\n'
 
 
-def busybox_layer() -> dockerd.ImageSpec:
-    return dockerd.ImageSpec(
+def busybox_layer() -> build.ImageSpec:
+    return build.ImageSpec(
         programs=("busybox",),
         files=(
             ("/etc/passwd", PASSWD, 0o644),
@@ -226,9 +228,9 @@ def busybox_layer() -> dockerd.ImageSpec:
     )
 
 
-def python_layer() -> dockerd.ImageSpec:
+def python_layer() -> build.ImageSpec:
     dynload = sorted(str(path) for path in Path(PYTHON_LIB, "lib-dynload").glob("*.so"))
-    return dockerd.ImageSpec(
+    return build.ImageSpec(
         programs=(PYTHON, "bash", *dynload),
         trees=((PYTHON_LIB, PYTHON_LIB),),
         links=(("/usr/bin/python3", "python3.11"), ("/usr/bin/python", "python3.11")),
@@ -247,7 +249,7 @@ def _package_paths(name: str) -> list[str]:
     return [spec.origin] if spec.origin else []
 
 
-def app_layer(base: dockerd.ImageSpec | None = None) -> dockerd.ImageSpec:
+def app_layer(base: build.ImageSpec | None = None) -> build.ImageSpec:
     """The lab's code and the model server's dependencies, with the launchers, on `base`
     (default: the Python layer)."""
     trees = [(str(PROJECT_ROOT / package), f"{APP_DIR}/{package}") for package in ("labkit", "qwen_cluster")]
@@ -257,10 +259,9 @@ def app_layer(base: dockerd.ImageSpec | None = None) -> dockerd.ImageSpec:
             trees.append((path, f"{SITE_DIR}/{Path(path).name}"))
             libraries += sorted(str(so) for so in Path(path).glob("*.so")) if Path(path).is_dir() else []
     # No Hub: the staging's weights fetch records what it would fetch (labkit/images/imagesite/).
-    trees.append(
-        (str(Path(__file__).with_name("imagesite") / "huggingface_hub"), f"{SITE_DIR}/huggingface_hub")
-    )
-    return dockerd.ImageSpec(
+    site = Path(__file__).resolve().parent / "imagesite"
+    trees.append((str(site / "huggingface_hub"), f"{SITE_DIR}/huggingface_hub"))
+    return build.ImageSpec(
         programs=tuple(libraries),
         trees=tuple(trees),
         files=(
@@ -283,10 +284,10 @@ def app_layer(base: dockerd.ImageSpec | None = None) -> dockerd.ImageSpec:
 NO_START_TAG_SUFFIX = "-nostart"
 
 
-def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+def _vllm(image: str, knobs: LabKnobs) -> build.ImageSpec:
     if image.endswith(NO_START_TAG_SUFFIX):
         working = _vllm(image.removesuffix(NO_START_TAG_SUFFIX), knobs)
-        return dockerd.ImageSpec(
+        return build.ImageSpec(
             files=(("/usr/bin/.wh.bash", "", 0o644),),  # an OCI whiteout: bash removed
             entrypoint=working.entrypoint,
             env=working.env,
@@ -307,11 +308,11 @@ def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
         # cache key covers its base's, which covers the clone's files, so above the code every
         # clone would pack it anew. Uncompressed: it barely compresses, and every node's pull
         # would gunzip it (17 s of a core here).
-        environment = dockerd.ImageSpec(
+        environment = build.ImageSpec(
             trees=knobs.environment_trees, exclude=(), env=APP_ENV, compressed=False, base=python_layer()
         )
-        base = dockerd.ImageSpec(trees=knobs.top_trees, exclude=(), env=APP_ENV, base=app_layer(environment))
-    return dockerd.ImageSpec(
+        base = build.ImageSpec(trees=knobs.top_trees, exclude=(), env=APP_ENV, base=app_layer(environment))
+    return build.ImageSpec(
         files=(("/etc/qcl-lab/image.json", json.dumps(lab, sort_keys=True) + "\n", 0o644),),
         env=APP_ENV,
         # The release's Dockerfile: ENTRYPOINT ["vllm", "serve"] (the program sets its own).
@@ -320,8 +321,8 @@ def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
     )
 
 
-def _nginx(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
-    return dockerd.ImageSpec(
+def _nginx(image: str, knobs: LabKnobs) -> build.ImageSpec:
+    return build.ImageSpec(
         programs=("/usr/sbin/nginx",),
         trees=(("/etc/nginx", "/etc/nginx"), ("/usr/share/nginx", "/usr/share/nginx")),
         # The official image's paths (its nginx is built with them) and Debian's (this nginx's).
@@ -340,13 +341,13 @@ def _nginx(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
 
 def _debian(
     binary: str, entrypoint: str, user: str = "", data: tuple[str, ...] = ()
-) -> Callable[[str, LabKnobs], dockerd.ImageSpec]:
+) -> Callable[[str, LabKnobs], build.ImageSpec]:
     """A Prometheus project image: Debian's binary at the official image's entrypoint, with the
     data files Debian's build reads (`data`: its templates, web assets)."""
 
-    def spec(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
-        links = () if dockerd.in_usr(entrypoint) == binary else ((entrypoint, binary),)
-        return dockerd.ImageSpec(
+    def spec(image: str, knobs: LabKnobs) -> build.ImageSpec:
+        links = () if build.in_usr(entrypoint) == binary else ((entrypoint, binary),)
+        return build.ImageSpec(
             programs=(binary,),
             trees=tuple((path, path) for path in data if Path(path).exists()),
             links=links,
@@ -358,12 +359,12 @@ def _debian(
     return spec
 
 
-def _python(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
+def _python(image: str, knobs: LabKnobs) -> build.ImageSpec:
     return python_layer()
 
 
-def _dcgm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
-    return dockerd.ImageSpec(
+def _dcgm(image: str, knobs: LabKnobs) -> build.ImageSpec:
+    return build.ImageSpec(
         entrypoint=("/usr/local/dcgm/dcgm-exporter-entrypoint.sh",),
         env=APP_ENV,
         base=app_layer(),
@@ -421,7 +422,7 @@ def _dcgm_ports(container: Container) -> list[int]:
 class StandIn:
     repository: str  # the image without its tag
     kind: str  # the step name reports use ("model", "nginx")
-    spec: Callable[[str, LabKnobs], dockerd.ImageSpec]  # (image reference, knobs) -> its image
+    spec: Callable[[str, LabKnobs], build.ImageSpec]  # (image reference, knobs) -> its image
     serves: Callable[[Container], list[int]]  # its ports, known from the inputs alone
 
 
@@ -486,7 +487,7 @@ def serves(container: Container) -> list[int]:
         return []
 
 
-def publish(registry: dockerd.Registry, images: list[str], knobs: LabKnobs) -> list[str]:
+def publish(lab_registry: registry.Registry, images: list[str], knobs: LabKnobs) -> list[str]:
     """Build (or find in the cache) and publish every image the lab has a stand-in for; one
     line per image. Those without one are left out: their pull fails as for a missing tag."""
     done = []
@@ -496,8 +497,8 @@ def publish(registry: dockerd.Registry, images: list[str], knobs: LabKnobs) -> l
         except StandInError as error:
             done.append(f"{image}: not published ({error})")
             continue
-        built = dockerd.build(entry.spec(image, knobs))
-        dockerd.publish(registry, image, built)
+        built = build.build(entry.spec(image, knobs))
+        registry.publish(lab_registry, image, built)
         done.append(f"{image}: {entry.kind} image {built.id[:19]}")
     return done
 

@@ -463,7 +463,7 @@ def ensure_modelinfo(log: Callable[[str], None] = print) -> Path:
 
 class ImageTrees(NamedTuple):
     """What the lab's vLLM image needs for the real server, as (host path, path in the image)
-    pairs for the image builder (labkit/hosts/dockerd.py ImageSpec trees)."""
+    pairs for the image builder (labkit/images/build.py ImageSpec trees)."""
 
     environment: tuple[tuple[str, str], ...]  # the environment, the model, the host files
     top: tuple[tuple[str, str], ...]  # LAUNCHER as the image's `vllm` (over the lab's stand-in), vLLM's cache
