@@ -139,12 +139,18 @@ def exposure_problems(
     members: tuple[Net, ...],
     listener_ports: tuple[int, ...],
     listener_here: bool,
+    single_node_here: str | None = None,
 ) -> list[str]:
     """Why an ingress rule on `target` (node / lb / bastion / other) breaks the port table, if it does.
 
     `peer_role(peer)` says what a security-group peer is (node / lb / bastion / other); CIDR peers
     are judged here against the node CIDR (members), monitoring, admin CIDRs and the world. The
     nodes take SSH from the bastion's group, so the bastion itself takes SSH from adminCidrs only.
+
+    `single_node_here`: on a node target, what the rule's place is when it is not
+    `monitoring.node` ("the group of every node", "host worker-1"); None where it is. The
+    Prometheus and Alertmanager rows run there only, so elsewhere their ports are refused: anything
+    that later listened on them on a worker would be reachable.
 
     Without the stack config (`facts.known` false) only what needs none of it is judged: world
     exposure, all traffic from a known non-member, and the bastion's non-SSH rules.
@@ -224,6 +230,15 @@ def exposure_problems(
                 "through the load balancer"
             )
             continue
+        if target == "node" and single_node_here is not None and facts.monitoring_node is not None:
+            wrong = [entry for entry in facts.single_node_rows() if rule.overlaps(entry.port)]
+            if wrong:
+                rows = ", ".join(f"{entry.name} {entry.port}" for entry in wrong)
+                problems.append(
+                    f"{rule.where} admits {peer} to {_ports(rule)}: {rows} runs on "
+                    f"{facts.monitoring_node} only (monitoring.node); {single_node_here} admits it"
+                )
+                continue
         in_monitoring = peer.kind == "cidr" and _within(peer.cidr, facts.monitoring_cidrs)
         if any(rule.overlaps(span) for span in monitoring_spans) and not in_monitoring:
             allowed = ", ".join(map(str, facts.monitoring_cidrs)) or "none configured"
@@ -294,10 +309,14 @@ def port_exposure(args: StackValidationArgs, report: ReportViolation, settings: 
             # A host is a node; the load-balancer host also serves the listener.
             doc = docs.get((rule.resource, rule.host))
             target = "node"
+            single_node_here = None if rule.host == facts.monitoring_node else f"host {rule.host}"
             listener_here = doc is not None and doc.load_balancer
             listeners = (doc.listener_port,) if doc is not None and doc.listener_port else listener_ports
         else:
             target = roles.get(rule.group or "", "other")
+            # The monitoring node's own group is a node's, and the one place for its services.
+            single_node_here = "the group of every node" if target == "node" else None
+            target = "node" if target == "monitoring-node" else target
             listener_here = target == "lb"
             listeners = listener_ports
         problems = exposure_problems(
@@ -309,6 +328,7 @@ def port_exposure(args: StackValidationArgs, report: ReportViolation, settings: 
             members=members,
             listener_ports=listeners,
             listener_here=listener_here,
+            single_node_here=single_node_here,
         )
         owner = stack.by_name.get(rule.resource)
         for problem in problems:

@@ -17,7 +17,7 @@ from pulumi_policy import ReportViolation, Severity, StackValidationArgs
 
 from policies.declaration import ADVISORY, Settings, stack_policy
 from qwen_cluster import config
-from qwen_cluster.ports import DEFAULT_PORTS, PortEntry, PortRange, Scope
+from qwen_cluster.ports import DEFAULT_PORTS, MONITORING_NODE_ROWS, PortEntry, PortRange, Scope
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -36,6 +36,7 @@ class Facts:
     stack_floor_gbps: float = 0.0
     efa: bool | None = None
     heads: tuple[str, ...] | None = None  # load-balancer targets by node name
+    monitoring_node: str | None = None  # where Prometheus and Alertmanager run (monitoring.node)
     api_keys: bool = False  # access.apiKeys set (the endpoint checks keys)
     tls: bool = False  # loadBalancer.tls set (clients speak TLS to the endpoint)
     known: bool = False  # read from the stack config
@@ -47,6 +48,10 @@ class Facts:
 
     def spans(self, scope: Scope) -> list[PortRange]:
         return [entry.port for entry in self.ports if entry.scope is scope]
+
+    def single_node_rows(self) -> list[PortEntry]:
+        """The rows whose service runs on `monitoring.node` only (Prometheus, Alertmanager)."""
+        return [entry for entry in self.ports if entry.name in MONITORING_NODE_ROWS]
 
     def entry_at(self, span: PortRange) -> list[PortEntry]:
         return [entry for entry in self.ports if entry.port.overlaps(span)]
@@ -87,6 +92,7 @@ def facts_for(cluster: config.ClusterConfig | None, unknown_because: str = NO_CO
         stack_floor_gbps=cluster.network.min_bandwidth_gbps,
         efa=bool(cluster.aws.efa) if cluster.aws else None,
         heads=tuple(head.name for head in cluster.topology.heads),
+        monitoring_node=cluster.monitoring_node.name if cluster.monitoring_node else None,
         api_keys=bool(cluster.access.api_keys),
         tls=cluster.load_balancer.tls is not None,
         known=True,

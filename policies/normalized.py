@@ -47,6 +47,7 @@ ROLE_TAG = contract.ROLE_TAG
 GPU_NODE = contract.GPU_NODE
 NODE_SG = contract.NODE_SG
 LB_SG = contract.LB_SG
+MONITORING_SG = contract.MONITORING_SG
 BASTION_SG = contract.BASTION_SG
 
 

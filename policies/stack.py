@@ -84,9 +84,14 @@ class Stack:
         return groups
 
     def group_roles(self) -> dict[str, str]:
-        """Security group name -> node / lb / bastion / other."""
+        """Security group name -> node / monitoring-node / lb / bastion / other."""
         roles: dict[str, str] = {}
-        by_tag = {net.NODE_SG: "node", net.LB_SG: "lb", net.BASTION_SG: "bastion"}
+        by_tag = {
+            net.NODE_SG: "node",
+            net.MONITORING_SG: "monitoring-node",
+            net.LB_SG: "lb",
+            net.BASTION_SG: "bastion",
+        }
         for group in self.of_type(net.SECURITY_GROUP):
             roles[group.name] = by_tag.get(self.role(group) or "", "other")
         for node in self.gpu_nodes():

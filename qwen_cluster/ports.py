@@ -99,6 +99,9 @@ class PortEntry(BaseModel):
 MONITORING_ENDPOINT = "monitoring"
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "alertmanager"
+# Rows whose service runs on one node only (`monitoring.node`): admitted there and nowhere else,
+# so that nothing a worker might later start on 9090 or 9093 is reachable from monitoringCidrs.
+MONITORING_NODE_ROWS = (PROMETHEUS, ALERTMANAGER)
 # Behind the endpoint, bound to 127.0.0.1 only, so not in the table (nothing outside the
 # node reaches them); the table must stay clear of them.
 MONITORING_LOOPBACK_PORTS = {
@@ -237,6 +240,7 @@ class Exposure:
     protocol: str  # "tcp" or "all"
     cidrs: tuple[str, ...] = ()
     description: str = ""
+    node: str | None = None  # the one node (by name) the rule is on; None: every node of `target`
 
     @property
     def all_traffic(self) -> bool:
@@ -252,8 +256,12 @@ def exposures(
     admin_cidrs: tuple[str, ...],
     ssh_to_nodes: bool,
     ssh_via_bastion: bool = False,
+    monitoring_node: str | None = None,
 ) -> list[Exposure]:
     """Every ingress the port table allows, and nothing else (default deny).
+
+    The Prometheus and Alertmanager rows (MONITORING_NODE_ROWS) are admitted on `monitoring_node`
+    only, where they run; with no monitoring node (monitoring.prometheus off), nowhere.
 
     With `ssh_via_bastion` (AWS) only the bastion reaches the nodes' SSH port, and the
     bastion takes SSH from adminCidrs.
@@ -292,6 +300,9 @@ def exposures(
             )
         elif cidr_scopes.get(entry.scope, ((), ""))[0]:
             cidrs, key = cidr_scopes[entry.scope]
+            only_on = monitoring_node if entry.name in MONITORING_NODE_ROWS else None
+            if entry.name in MONITORING_NODE_ROWS and only_on is None:
+                continue  # nothing runs it
             rules.append(
                 Exposure(
                     name=entry.name,
@@ -300,7 +311,9 @@ def exposures(
                     ports=entry.port,
                     protocol="tcp",
                     cidrs=cidrs,
-                    description=f"{entry.name} {entry.port}/tcp from {key}",
+                    description=f"{entry.name} {entry.port}/tcp from {key}"
+                    + (f" on {only_on} only" if only_on else ""),
+                    node=only_on,
                 )
             )
     if ssh_to_nodes and admin_cidrs and ssh_via_bastion:
@@ -370,15 +383,29 @@ class Expectation:
     name: str
     port: int
     open: bool
+    # The one node where `open` holds (MONITORING_NODE_ROWS); on the others only members reach it.
+    only_on: str | None = None
+
+    def open_on(self, node: str) -> bool:
+        """Open on `node`? A single-node row is closed elsewhere to all but the members."""
+        if self.only_on is None or self.only_on == node or self.vantage is Vantage.NODE:
+            return self.open
+        return False
 
 
 def reachability(
-    entries: list[PortEntry] | tuple[PortEntry, ...], *, listener_port: int, ssh_to_nodes: bool
+    entries: list[PortEntry] | tuple[PortEntry, ...],
+    *,
+    listener_port: int,
+    ssh_to_nodes: bool,
+    monitoring_node: str | None = None,
 ) -> list[Expectation]:
     """What must be open and what must be closed, per vantage point, for each table port.
 
     Both ends of a range are probed. The intruder sits on the node segment but is not a
     member, so it must get no more than an outsider: the cluster rule names members only.
+    Prometheus and Alertmanager (MONITORING_NODE_ROWS) are open on `monitoring_node` only
+    (`only_on`), and without one on no node but to members.
     """
     grants: dict[Scope, set[Vantage]] = {
         Scope.CLIENTS: {Vantage.LOAD_BALANCER},
@@ -392,7 +419,10 @@ def reachability(
             for port in sorted({entry.port.low, entry.port.high}):
                 # Members reach every port of every other member (the all-traffic rule).
                 is_open = vantage is Vantage.NODE or vantage in grants[entry.scope]
-                expectations.append(Expectation(vantage, Target.NODES, entry.name, port, is_open))
+                only_on = None
+                if entry.name in MONITORING_NODE_ROWS and vantage is not Vantage.NODE:
+                    only_on, is_open = monitoring_node, is_open and monitoring_node is not None
+                expectations.append(Expectation(vantage, Target.NODES, entry.name, port, is_open, only_on))
         expectations.append(
             Expectation(
                 vantage,

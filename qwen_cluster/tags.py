@@ -29,6 +29,7 @@ MODEL_SERVER_CONTAINER = "qwen-vllm"
 GPU_NODE = "gpu-node"  # instances and launch templates of the node group; bare-metal hosts
 NODE_SG = "node-sg"  # the GPU nodes' security group (members reach each other on everything)
 LB_SG = "lb-sg"  # the model load balancer's security group (the only way to the model port)
+MONITORING_SG = "monitoring-sg"  # on monitoring.node only: Prometheus and Alertmanager from monitoringCidrs
 BASTION_SG = "bastion-sg"  # the SSH jump host's security group (the nodes' only SSH source)
 BASTION = "bastion"  # the SSH jump host itself
 

@@ -10,6 +10,7 @@ from qwen_cluster import catalog
 from tests.helpers.aws_stacks import (
     INSTANCE,
     LAUNCH_TEMPLATE,
+    SG_ATTACHMENT,
     render,
     render_stack,
     rule_set,
@@ -168,11 +169,24 @@ def test_dev_security_group_rules_are_exactly_these(dev):
         ("nodes", "ingress", "tcp", 5000, 5000, "load-balancer"),
         ("load-balancer", "egress", "tcp", 5000, 5000, "nodes"),
         ("nodes", "ingress", "tcp", 8000, 8000, "10.20.0.0/16"),
-        ("nodes", "ingress", "tcp", 9090, 9090, "10.20.0.0/16"),
-        ("nodes", "ingress", "tcp", 9093, 9093, "10.20.0.0/16"),
+        ("monitoring-node", "ingress", "tcp", 9090, 9090, "10.20.0.0/16"),
+        ("monitoring-node", "ingress", "tcp", 9093, 9093, "10.20.0.0/16"),
         ("nodes", "egress", "tcp", 443, 443, "0.0.0.0/0"),
         ("load-balancer", "ingress", "tcp", 80, 80, "10.0.0.0/8"),
     }
+
+
+def test_only_the_monitoring_node_carries_the_prometheus_and_alertmanager_group(prod):
+    # The nodes' group is on every node's interfaces: 9090/9093 there would reach every worker.
+    attachments = prod.of_type(SG_ATTACHMENT)
+    assert [a.name for a in attachments] == ["gpu-nodes-master-monitoring-sg"]
+    (attachment,) = attachments
+    assert attachment.inputs["securityGroupId"] == "security-monitoring-node-id"
+    master = next(i for i in prod.of_type(INSTANCE) if i.name == "gpu-nodes-master")
+    assert attachment.inputs["networkInterfaceId"] == master.outputs["primaryNetworkInterfaceId"]
+    for template in templates(prod).values():
+        for interface in template.inputs["networkInterfaces"]:
+            assert interface["securityGroups"] == ["security-nodes-id"]
 
 
 def test_prod_adds_ssh_only_through_the_bastion(prod, dev):
@@ -333,6 +347,7 @@ def test_security_groups_carry_the_role_tag_the_policy_pack_reads(prod):
         "security-nodes": "node-sg",
         "security-load-balancer": "lb-sg",
         "security-bastion": "bastion-sg",
+        "security-monitoring-node": "monitoring-sg",
     }
 
 
@@ -425,6 +440,7 @@ def test_outputs(prod):
         "nodes": "security-nodes-id",
         "load-balancer": "security-load-balancer-id",
         "bastion": "security-bastion-id",
+        "monitoring-node": "security-monitoring-node-id",
     }
     assert out["placementGroup"] == "gpu-nodes-placement-0123456"
     assert [entry["name"] for entry in out["portTable"]] == [

@@ -87,8 +87,11 @@ def test_a_new_alert_bound_reloads_prometheus_and_restarts_nothing(onprem):
 
 def test_monitoring_off_leaves_the_model_servers_alone(onprem):
     moved = _diff(onprem, 'monitoring={"exporters": false, "prometheus": false}')
-    assert moved and {c.action for c in moved} == {"delete"}
+    assert moved and {c.action for c in moved} == {"delete", "update"}
     assert not [c for c in moved if "model" in c.name or "load-balancer" in c.name]
+    # The one update: the monitoring node's firewall stops admitting Prometheus and Alertmanager,
+    # which no longer run anywhere.
+    assert [(c.name, c.keys) for c in moved if c.action == "update"] == [("master-firewall", ["create"])]
 
 
 def test_the_lab_has_a_stand_in_for_every_monitoring_container_serving_its_ports(onprem):

@@ -75,6 +75,18 @@ def test_a_monitoring_host_inside_client_cidrs_is_expected_to_be_a_client_too(on
     assert any("also inside client" in note for note in onprem.notes)
 
 
+def test_the_monitoring_host_is_expected_to_reach_prometheus_and_alertmanager_on_the_master_only(onprem):
+    rows = [
+        e
+        for e in onprem.expectations()
+        if e.vantage == "monitoring" and e.name in ("prometheus", "alertmanager")
+    ]
+    assert {(e.target_node, e.port) for e in rows if e.open} == {("master", 9090), ("master", 9093)}
+    closed = [e for e in rows if not e.open]
+    assert {e.target_node for e in closed} == {"worker-1", "worker-2", "worker-3"}
+    assert {e.why for e in closed} == {"runs on master only"}
+
+
 def test_node_count_override_adds_workers_on_free_addresses():
     bigger = blueprint.with_node_count(ONPREM, 6)
     assert [node.name for node in bigger.nodes][-2:] == ["worker-4", "worker-5"]

@@ -45,6 +45,7 @@ from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, engine_pb2, en
 
 from policies import guard
 from tests.helpers.policy_fixtures import (
+    monitoring_port_on_every_node,
     mutation_cases,
     previewed,
     publishing_container,
@@ -400,6 +401,16 @@ def _dev_with(type_: str, **changes: Any) -> list[RecordedResource]:
             )
         resources.append(resource)
     return resources
+
+
+@pytest.mark.parametrize("stack", ["dev", "onprem"])
+def test_over_grpc_prometheus_opened_on_every_node_is_refused(packs, stack):
+    render, _ = rendered(stack)
+    resources = monitoring_port_on_every_node(render.resources)
+    over_grpc = packs[stack].analyze(stack, resources)
+    assert ordered(over_grpc) == ordered(direct(stack, resources, True, packs[stack]))
+    refused = [v for v in policy_harness.mandatory(over_grpc) if v.policy == "port-exposure"]
+    assert refused and all("runs on master only (monitoring.node)" in v.message for v in refused)
 
 
 def test_over_grpc_a_target_group_on_port_8000_is_refused(packs):

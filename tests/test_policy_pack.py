@@ -258,6 +258,89 @@ def test_port_exposure_messages_name_the_rule_and_the_reason():
     assert "monitoringCidrs (10.20.0.0/16)" in messages["fail_monitoring_from_clients"]
 
 
+def _monitoring_sg():
+    return res(
+        net.SECURITY_GROUP,
+        "dev-monitoring-sg",
+        description="monitoring node",
+        tags={net.ROLE_TAG: "monitoring-sg"},
+    )
+
+
+MONITORING_NODE_FIXTURES = [
+    ingress(
+        "pass_prometheus_on_the_monitoring_group",
+        "dev-monitoring-sg",
+        cidrIpv4="10.20.0.0/16",
+        ipProtocol="tcp",
+        fromPort=9090,
+        toPort=9090,
+    ),
+    ingress(
+        "fail_prometheus_on_every_node",
+        "dev-node-sg",
+        cidrIpv4="10.20.0.0/16",
+        ipProtocol="tcp",
+        fromPort=9090,
+        toPort=9090,
+    ),
+    ingress(
+        "fail_alertmanager_in_a_wide_range",
+        "dev-node-sg",
+        cidrIpv4="10.20.0.0/16",
+        ipProtocol="tcp",
+        fromPort=8000,
+        toPort=9999,
+    ),
+    ingress(
+        "fail_prometheus_from_clients_on_the_monitoring_group",
+        "dev-monitoring-sg",
+        cidrIpv4="10.0.0.0/8",
+        ipProtocol="tcp",
+        fromPort=9090,
+        toPort=9090,
+    ),
+]
+
+
+def test_port_exposure_admits_prometheus_and_alertmanager_only_where_they_run():
+    resources = aws_stack() + [_monitoring_sg()] + MONITORING_NODE_FIXTURES
+    assert refused(resources, "port-exposure") == fail_names(MONITORING_NODE_FIXTURES)
+    violations = policy_harness.analyze(resources, cluster=DEV)
+    messages = {v.resource: v.message for v in violations if v.policy == "port-exposure"}
+    assert (
+        "prometheus 9090 runs on master only (monitoring.node); the group of every node admits it"
+        in messages["fail_prometheus_on_every_node"]
+    )
+
+
+def test_port_exposure_admits_prometheus_on_the_monitoring_hosts_firewall_only():
+    fixtures = [
+        _host_at(
+            "pass_bm_prometheus_on_master",
+            "master",
+            {"protocol": "tcp", "ports": "9090", "sources": ["10.20.0.0/16"]},
+        ),
+        _host_at(
+            "fail_bm_prometheus_on_a_worker",
+            "worker-1",
+            {"protocol": "tcp", "ports": "9090", "sources": ["10.20.0.0/16"]},
+        ),
+        _host_at(
+            "fail_bm_alertmanager_on_a_worker",
+            "worker-2",
+            {"protocol": "tcp", "ports": 9093, "sources": ["10.20.1.0/24"]},
+        ),
+    ]
+    assert refused(bare_metal_stack() + fixtures, "port-exposure", ONPREM) == fail_names(fixtures)
+    violations = policy_harness.analyze(bare_metal_stack() + fixtures, cluster=ONPREM)
+    messages = {v.resource: v.message for v in violations if v.policy == "port-exposure"}
+    assert (
+        "alertmanager 9093 runs on master only (monitoring.node); host worker-2"
+        in messages["fail_bm_alertmanager_on_a_worker"]
+    )
+
+
 def _bastion_sg():
     return res(
         net.SECURITY_GROUP, "dev-bastion-sg", description="SSH jump host", tags={net.ROLE_TAG: "bastion-sg"}
@@ -342,6 +425,15 @@ def _host(name, *rules, load_balancer=False):
     document["rules"] = [{"action": "allow", "description": "d", **rule} for rule in rules]
     command.inputs["triggers"] = command.outputs["triggers"] = [json.dumps(document)]
     command.name = name
+    return command
+
+
+def _host_at(name, host, *rules):
+    """A firewall command for `host` of the onprem stack, with exactly `rules`."""
+    command = _host(name, *rules)
+    document = json.loads(command.inputs["triggers"][0])
+    document["host"] = host
+    command.inputs["triggers"] = command.outputs["triggers"] = [json.dumps(document)]
     return command
 
 
@@ -656,8 +748,9 @@ def test_the_guides_minimum_is_mandatory_and_its_recommendation_advisory():
     assert refused(hosts, "bandwidth-class", cluster=None) == {"nic_1"}
     assert refused(hosts, "bandwidth-recommended", cluster=None) == {"nic_10", "nic_20"}
     [advice] = [
-        v for v in policy_harness.analyze(hosts, cluster=None) if v.policy == "bandwidth-recommended"
-        and v.resource == "nic_20"
+        v
+        for v in policy_harness.analyze(hosts, cluster=None)
+        if v.policy == "bandwidth-recommended" and v.resource == "nic_20"
     ]
     assert advice.enforcement == "advisory"
     assert advice.message.endswith("NIC 20 Gbit/s is below the recommended 25 Gbit/s")

@@ -90,3 +90,25 @@ def test_reachability_intruder_gets_nothing_a_member_gets(bare_metal_raw):
     assert (Vantage.MONITORING, "monitoring", 8000) in opened
     assert (Vantage.ADMIN, "ssh", 22) in opened
     assert not [e for e in plan if e.open and e.vantage in (Vantage.INTRUDER, Vantage.OUTSIDER)]
+
+
+def test_prometheus_and_alertmanager_are_admitted_on_the_monitoring_node_only(bare_metal_raw):
+    cluster = validate(bare_metal_raw)
+    by_name = {rule.name: rule for rule in cluster.exposures()}
+    assert by_name["prometheus"].node == by_name["alertmanager"].node == cluster.monitoring_node.name
+    # Every node's metrics endpoint stays on every node.
+    assert by_name["monitoring"].node is None
+
+
+def test_prometheus_rows_admitted_nowhere_without_prometheus(bare_metal_raw):
+    cluster = validate({**bare_metal_raw, "monitoring": {"prometheus": False}})
+    assert not [rule for rule in cluster.exposures() if rule.name in ("prometheus", "alertmanager")]
+
+
+def test_reachability_expects_prometheus_open_on_the_monitoring_node_only(bare_metal_raw):
+    cluster = validate(bare_metal_raw)
+    plan = ports.reachability(cluster.ports, listener_port=80, ssh_to_nodes=True, monitoring_node="master")
+    (row,) = [e for e in plan if e.vantage is Vantage.MONITORING and e.name == "prometheus"]
+    assert (row.open_on("master"), row.open_on("worker-1")) == (True, False)
+    (member,) = [e for e in plan if e.vantage is Vantage.NODE and e.name == "alertmanager"]
+    assert member.open_on("worker-1")

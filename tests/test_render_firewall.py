@@ -26,6 +26,15 @@ def sources(rules: list[Rule], name: str) -> set[str]:
     return {rule.source for rule in rules if rule.name == name}
 
 
+def test_prometheus_and_alertmanager_ports_open_only_on_the_monitoring_node():
+    assert ONPREM.monitoring_node.name == "master"
+    assert {rule.ports for rule in rules_of("master")} >= {"9090", "9093"}
+    for worker in ("worker-1", "worker-2", "worker-3"):
+        opened = {rule.ports for rule in rules_of(worker) if rule.source != "192.168.1.100/32"}
+        assert not opened & {"9090", "9093"}, worker
+    assert {rule.name for rule in rules_of("worker-1")} >= {"monitoring"}
+
+
 def test_ssh_from_admin_cidrs_comes_first():
     rules = rules_of("worker-1")
     assert rules[0] == Rule("ssh", "203.0.113.10/32", "22", "tcp")

@@ -380,7 +380,10 @@ def _uncovered(
 
 
 # Resources without tags of their own: reached through the tags of what they join.
-_UNTAGGED_TYPES = {"aws:ec2/routeTableAssociation:RouteTableAssociation"}
+_UNTAGGED_TYPES = {
+    "aws:ec2/routeTableAssociation:RouteTableAssociation",
+    "aws:ec2/networkInterfaceSecurityGroupAttachment:NetworkInterfaceSecurityGroupAttachment",
+}
 
 
 # --- docs/aws.md ---

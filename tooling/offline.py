@@ -162,7 +162,7 @@ class Render:
 # Values a real provider computes, enough for the program's outputs to resolve.
 _COMPUTED: dict[str, dict[str, Any]] = {
     "aws:lb/loadBalancer:LoadBalancer": {"dnsName": "{name}-0123456789.elb.amazonaws.com"},
-    "aws:ec2/instance:Instance": {"privateIp": "{privateIp}"},
+    "aws:ec2/instance:Instance": {"privateIp": "{privateIp}", "primaryNetworkInterfaceId": "{name}-eni"},
     "aws:ec2/launchTemplate:LaunchTemplate": {"latestVersion": 1},
     "aws:ec2/placementGroup:PlacementGroup": {"name": "{name}-0123456"},  # auto-named by the engine
     "aws:iam/role:Role": {"name": "{name}-0123456"},

@@ -111,6 +111,7 @@ def build(
             cluster=cluster,
             subnet_id=network.node_subnet_id,
             security_group_id=security.group_ids[Group.NODES],
+            monitoring_security_group_id=security.group_ids.get(Group.MONITORING_NODE),
             tags=tags,
             instance_profile_name=role.instance_profile_name,
             document_name=serving.document_name,

@@ -42,6 +42,8 @@ class GpuNodeGroupArgs:
     # With Ray: the SecureString holding rayAuthToken and its version (ModelServerDocument).
     ray_token_parameter: pulumi.Input[str] = ""
     ray_token_version: pulumi.Input[str] = ""
+    # The group only `monitoring.node` carries (Prometheus, Alertmanager); None: no such rows.
+    monitoring_security_group_id: pulumi.Input[str] | None = None
 
     def validate(self) -> None:
         aws_target, kind = self.cluster.aws, self.cluster.instance
@@ -328,4 +330,18 @@ class GpuNodeGroup(pulumi.ComponentResource):
         )
         self.instance_ids[node.name] = instance.id
         self.image_ids[node.name] = template.image_id
+        monitoring = cluster.monitoring_node
+        if args.monitoring_security_group_id is not None and monitoring and monitoring.name == node.name:
+            # Attached to the running node's primary interface, not written into its launch
+            # template: a template change is a new version and replaces the machine, while the
+            # attachment is ModifyNetworkInterfaceAttribute on the live interface, adding the group
+            # to the ones it has (terraform-provider-aws
+            # internal/service/ec2/vpc_network_interface_sg_attachment.go). The instance sets no
+            # security groups of its own, as the provider's note on this resource asks.
+            aws.ec2.NetworkInterfaceSecurityGroupAttachment(
+                f"{name}-{node.name}-monitoring-sg",
+                network_interface_id=instance.primary_network_interface_id,
+                security_group_id=args.monitoring_security_group_id,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
         return instance

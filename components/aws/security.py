@@ -1,4 +1,5 @@
-"""SecurityGroups: the node, load-balancer and bastion groups and their rules, from the port table."""
+"""SecurityGroups: the node, monitoring-node, load-balancer and bastion groups and their rules, from
+the port table."""
 
 from __future__ import annotations
 
@@ -8,15 +9,21 @@ import pulumi
 import pulumi_aws as aws
 
 from qwen_cluster.render.sg_rules import Direction, Group, RuleSpec
-from qwen_cluster.tags import BASTION_SG, LB_SG, NODE_SG, ROLE_TAG
+from qwen_cluster.tags import BASTION_SG, LB_SG, MONITORING_SG, NODE_SG, ROLE_TAG
 
 _PURPOSE = {
     Group.NODES: "GPU nodes: all traffic between members, the model port from the NLB only",
     Group.LOAD_BALANCER: "model NLB: the listener from clientCidrs only",
     Group.BASTION: "SSH jump host: SSH from adminCidrs only",
+    Group.MONITORING_NODE: "monitoring node only: Prometheus and Alertmanager from monitoringCidrs",
 }
 # The policy pack tells the groups apart by these tags (who may reach the model port, SSH).
-_ROLE = {Group.NODES: NODE_SG, Group.LOAD_BALANCER: LB_SG, Group.BASTION: BASTION_SG}
+_ROLE = {
+    Group.NODES: NODE_SG,
+    Group.LOAD_BALANCER: LB_SG,
+    Group.BASTION: BASTION_SG,
+    Group.MONITORING_NODE: MONITORING_SG,
+}
 
 
 @dataclass

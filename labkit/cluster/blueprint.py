@@ -273,8 +273,12 @@ def expectations(plan: LabPlan) -> list[ProbeExpectation]:
     own rows (which assume a non-member) are covered by the node rows.
     """
     cluster = plan.cluster
+    monitoring = cluster.monitoring_node
     rows = port_table.reachability(
-        cluster.ports, listener_port=cluster.load_balancer.port, ssh_to_nodes=cluster.ssh_to_nodes
+        cluster.ports,
+        listener_port=cluster.load_balancer.port,
+        ssh_to_nodes=cluster.ssh_to_nodes,
+        monitoring_node=monitoring.name if monitoring else None,
     )
     by_vantage: dict[Vantage, list[port_table.Expectation]] = {}
     for row in rows:
@@ -314,6 +318,7 @@ def expectations(plan: LabPlan) -> list[ProbeExpectation]:
         for row in by_vantage[source.vantage]:
             is_open, why = merged[(row.target.value, row.name, row.port)]
             for target in targets(row, None):
+                here = is_open and row.open_on(target.node) if row.only_on is not None else is_open
                 result.append(
                     ProbeExpectation(
                         source.vantage.value,
@@ -322,8 +327,12 @@ def expectations(plan: LabPlan) -> list[ProbeExpectation]:
                         target.ip,
                         row.name,
                         row.port,
-                        is_open,
-                        f"as {'+'.join(why)}" if is_open else "no rule admits it",
+                        here,
+                        f"as {'+'.join(why)}"
+                        if here
+                        else f"runs on {row.only_on} only"
+                        if is_open
+                        else "no rule admits it",
                     )
                 )
     return result

@@ -182,6 +182,7 @@ class ClusterConfig(Section):
             admin_cidrs=tuple(str(c) for c in self.access.admin_cidrs),
             ssh_to_nodes=self.ssh_to_nodes,
             ssh_via_bastion=bool(self.aws and self.aws.bastion),
+            monitoring_node=self.monitoring_node.name if self.monitoring_node else None,
         )
 
 

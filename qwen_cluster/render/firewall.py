@@ -119,6 +119,8 @@ def host_rules(cluster, node_name: str) -> list[Rule]:
         ports = "all" if exposure.ports is None else str(exposure.ports)
         if exposure.target is Target.LOAD_BALANCER and (lb_node is None or lb_node.name != node.name):
             continue
+        if exposure.node is not None and exposure.node != node.name:
+            continue  # a service of one node (Prometheus, Alertmanager) is admitted there only
         if exposure.peer is Peer.NODES:
             # Contiguous members merge into exact blocks: O(log N) rules instead of N - 1. ufw
             # runs once per rule, so this is what keeps a 64-node setup (and the lab's) from

@@ -28,6 +28,10 @@ class Group(StrEnum):
     NODES = "nodes"
     LOAD_BALANCER = "load-balancer"
     BASTION = "bastion"
+    # On `monitoring.node`'s primary interface only, next to NODES: the rows of a service that
+    # runs on that one node (Prometheus, Alertmanager). NODES is on every node's interfaces, so a
+    # rule there would admit monitoringCidrs to 9090/9093 on every worker too.
+    MONITORING_NODE = "monitoring-node"
 
 
 class Direction(StrEnum):
@@ -78,7 +82,7 @@ def rules(exposures: Iterable[Exposure]) -> list[RuleSpec]:
     """
     specs: list[RuleSpec] = []
     for exposure in exposures:
-        group = _TARGET_GROUP[exposure.target]
+        group = Group.MONITORING_NODE if exposure.node is not None else _TARGET_GROUP[exposure.target]
         protocol, low, high = _ports(exposure.ports, exposure.protocol)
         if exposure.peer is Peer.CIDRS:
             for index, cidr in enumerate(exposure.cidrs):

@@ -18,6 +18,7 @@ SG_RULE_TYPES = (
 SG_TYPE = "aws:ec2/securityGroup:SecurityGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 INSTANCE = "aws:ec2/instance:Instance"
+SG_ATTACHMENT = "aws:ec2/networkInterfaceSecurityGroupAttachment:NetworkInterfaceSecurityGroupAttachment"
 
 
 def variant(stack: str = "dev", *, nodes: int | None = None, **sections: dict[str, Any]) -> dict[str, Any]:

@@ -351,6 +351,39 @@ def open_to_world(
     return resources
 
 
+def monitoring_port_on_every_node(
+    resources: list[RecordedResource], port: int = 9090
+) -> list[RecordedResource]:
+    """Prometheus's port opened to monitoringCidrs on every node (the node security group, every
+    host's firewall), not only on `monitoring.node` where it runs."""
+    resources = copy.deepcopy(resources)
+    for group in _node_groups(resources):
+        resources.append(
+            ingress(
+                f"hand-added-{port}",
+                group.name,
+                description="opened by hand",
+                cidrIpv4="10.20.0.0/16",
+                ipProtocol="tcp",
+                fromPort=port,
+                toPort=port,
+            )
+        )
+    _rewrite_documents(
+        resources,
+        lambda doc: doc["rules"].append(
+            {
+                "action": "allow",
+                "protocol": "tcp",
+                "ports": str(port),
+                "sources": ["10.20.0.0/16"],
+                "description": "opened by hand",
+            }
+        ),
+    )
+    return resources
+
+
 def instance_type(resources: list[RecordedResource], kind: str) -> list[RecordedResource]:
     """Every GPU node launches `kind` (bare metal: a 1 Gbit/s NIC, the on-premises equivalent)."""
     resources = copy.deepcopy(resources)

@@ -98,6 +98,13 @@ _RULES: tuple[Rule, ...] = (
         frozenset({"securityGroupId"}),
         f"{_TF_AWS} internal/service/ec2/vpc_security_group_egress_rule.go (as the ingress rule)",
     ),
+    Rule(
+        "aws:ec2/networkInterfaceSecurityGroupAttachment:NetworkInterfaceSecurityGroupAttachment",
+        ALL,
+        f"{_TF_AWS} internal/service/ec2/vpc_network_interface_sg_attachment.go: both inputs "
+        "ForceNew, no Update; create and delete rewrite the interface's groups in place "
+        "(ModifyNetworkInterfaceAttribute), the instance stays",
+    ),
     # --- GPU nodes ---------------------------------------------------------------------------
     Rule(
         "aws:ec2/placementGroup:PlacementGroup",
