@@ -5,7 +5,7 @@ from __future__ import annotations
 from pulumi_policy import ReportViolation, Severity, StackValidationArgs
 
 from policies.declaration import ADVISORY, Settings, stack_policy
-from policies.facts import current_facts
+from policies.facts import Net, current_facts
 
 
 @stack_policy(
@@ -26,3 +26,34 @@ def keys_in_clear(args: StackValidationArgs, report: ReportViolation, settings: 
             "answers in clear to the load balancer, where anyone on the path can read and reuse a key. "
             "Set loadBalancer.tls (docs/endpoint.md)"
         )
+
+
+def _inside(cidr: Net, blocks: tuple[Net, ...]) -> list[Net]:
+    """The blocks of `blocks` that hold `cidr` whole."""
+    return [block for block in blocks if block.version == cidr.version and cidr.subnet_of(block)]  # type: ignore[arg-type]
+
+
+@stack_policy(
+    name="monitoring-inside-clients",
+    description="Monitoring hosts are not clients unless meant to be: when access.monitoringCidrs "
+    "lie inside access.clientCidrs, every monitoring host may also call the model endpoint.",
+    enforcement_level=ADVISORY,
+    severity=Severity.LOW,
+    remediation_steps="If monitoring hosts should not call the model, narrow access.clientCidrs so that "
+    "it leaves out access.monitoringCidrs (the load balancer admits clientCidrs only); if they should, "
+    "nothing to do: this is said so that it is a choice.",
+)
+def monitoring_inside_clients(args: StackValidationArgs, report: ReportViolation, settings: Settings) -> None:
+    """Once per stack, naming each monitoring block and the client blocks that hold it."""
+    facts = current_facts()
+    if not facts.known:
+        return
+    for cidr in facts.monitoring_cidrs:
+        holders = _inside(cidr, facts.client_cidrs)
+        if holders:
+            report(
+                f"access.monitoringCidrs {cidr} lies inside access.clientCidrs "
+                f"({', '.join(map(str, holders))}): every monitoring host there is also a client of the "
+                "model endpoint (the load balancer's listener admits it). If that is not meant, narrow "
+                "access.clientCidrs"
+            )

@@ -32,6 +32,7 @@ class Facts:
     listener_ports: tuple[int, ...]
     node_cidrs: tuple[Net, ...] = ()
     monitoring_cidrs: tuple[Net, ...] = ()
+    client_cidrs: tuple[Net, ...] = ()
     admin_cidrs: tuple[Net, ...] = ()
     stack_floor_gbps: float = 0.0
     efa: bool | None = None
@@ -88,6 +89,7 @@ def facts_for(cluster: config.ClusterConfig | None, unknown_because: str = NO_CO
         listener_ports=(cluster.load_balancer.port,),
         node_cidrs=(cluster.network.cidr,),
         monitoring_cidrs=tuple(cluster.access.monitoring_cidrs),
+        client_cidrs=tuple(cluster.access.client_cidrs),
         admin_cidrs=tuple(cluster.access.admin_cidrs),
         stack_floor_gbps=cluster.network.min_bandwidth_gbps,
         efa=bool(cluster.aws.efa) if cluster.aws else None,

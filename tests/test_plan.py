@@ -127,6 +127,22 @@ def test_the_preview_validates_the_zone_against_the_stack_s_region_as_the_progra
     }
 
 
+def test_the_plan_says_when_monitoring_hosts_are_clients_too(capsys):
+    """The committed stacks' monitoringCidrs (10.20.0.0/16) lie inside clientCidrs (10.0.0.0/8):
+    maybe intended, so an advisory (policies/endpoint.py) naming both keys, in the report and in
+    what scripts/plan.py prints."""
+    from tooling import preview
+
+    for stack in stackfile.STACKS:
+        report = preview.plan(stack)
+        (advisory,) = [v for v in report["violations"] if v["policy"] == "monitoring-inside-clients"]
+        assert advisory["enforcement"] == "advisory", stack
+        assert "access.monitoringCidrs" in advisory["message"] and "access.clientCidrs" in advisory["message"]
+    assert preview.main(["onprem"]) == 0
+    printed = capsys.readouterr().out
+    assert "monitoring-inside-clients" in printed and "access.monitoringCidrs 10.20.0.0/16" in printed
+
+
 def test_the_plan_says_when_api_keys_would_travel_in_clear():
     """The committed stacks serve API keys without loadBalancer.tls: the plan carries the pack's
     advisory (policies/endpoint.py); the endpoint's doc shows the stack with TLS to copy."""

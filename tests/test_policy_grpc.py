@@ -343,8 +343,10 @@ def test_the_real_stacks_get_the_same_verdicts_over_grpc(packs, stack, configure
     assert policy_harness.mandatory(over_grpc) == []
     advisories = [v.policy for v in over_grpc if v.enforcement == "advisory"]
     # With its config the pack knows the stack serves API keys without TLS (the committed stacks
-    # do; offline they carry the throwaway key), and says so; without it, that it cannot know.
-    assert advisories == (["keys-in-clear"] if configured else ["stack-config"])
+    # do; offline they carry the throwaway key) and that its monitoring hosts are clients too
+    # (monitoringCidrs inside clientCidrs), and says so; without it, that it cannot know.
+    expected = ["keys-in-clear", "monitoring-inside-clients"] if configured else ["stack-config"]
+    assert sorted(advisories) == expected
     if configured:
         (advisory,) = [v for v in over_grpc if v.policy == "keys-in-clear"]
         assert advisory.message.startswith("access.apiKeys are set and loadBalancer.tls is not")

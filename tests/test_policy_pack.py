@@ -4,6 +4,7 @@ Stack-level fixtures are added to a good stack (shaped like dev or onprem) so th
 groups, the load balancer and the hosts they refer to exist; resource-level fixtures stand alone.
 """
 
+import ipaddress
 import json
 from pathlib import Path
 
@@ -53,9 +54,19 @@ def in_clear(cluster):
     return cluster.model_copy(update={"access": cluster.access.model_copy(update={"api_keys": []})})
 
 
+def quiet(cluster):
+    """The stack without API keys and with monitoringCidrs apart from clientCidrs: no advisory."""
+    access = {
+        "api_keys": [],
+        "monitoring_cidrs": [ipaddress.ip_network("10.20.0.0/16")],
+        "client_cidrs": [ipaddress.ip_network("10.0.0.0/12")],
+    }
+    return cluster.model_copy(update={"access": cluster.access.model_copy(update=access)})
+
+
 def test_the_good_fixture_stacks_pass_every_policy():
-    assert policy_harness.analyze(aws_stack(), cluster=in_clear(DEV)) == []
-    assert policy_harness.analyze(bare_metal_stack(), cluster=in_clear(ONPREM)) == []
+    assert policy_harness.analyze(aws_stack(), cluster=quiet(DEV)) == []
+    assert policy_harness.analyze(bare_metal_stack(), cluster=quiet(ONPREM)) == []
 
 
 # --- keys-in-clear ------------------------------------------------------------------------------
@@ -66,10 +77,12 @@ def test_api_keys_without_tls_get_an_advisory(cluster):
     violations = policy_harness.analyze(
         aws_stack() if cluster is DEV else bare_metal_stack(), cluster=cluster
     )
-    assert [(v.policy, v.enforcement, v.resource) for v in violations] == [
+    assert [(v.policy, v.enforcement, v.resource) for v in violations if v.policy == "keys-in-clear"] == [
         ("keys-in-clear", "advisory", None)
     ]
-    assert violations[0].message.startswith("access.apiKeys are set and loadBalancer.tls is not")
+    assert {v.enforcement for v in violations} == {"advisory"}
+    (advisory,) = [v for v in violations if v.policy == "keys-in-clear"]
+    assert advisory.message.startswith("access.apiKeys are set and loadBalancer.tls is not")
 
 
 def test_api_keys_with_tls_get_none():
@@ -84,6 +97,46 @@ def test_an_open_endpoint_has_no_keys_to_expose():
 
 def test_without_the_stack_config_nothing_is_said_about_keys():
     assert refused(aws_stack(), "keys-in-clear", cluster=None) == set()
+
+
+# --- monitoring-inside-clients -------------------------------------------------------------------
+
+
+def with_access(cluster, **access):
+    return cluster.model_copy(update={"access": cluster.access.model_copy(update=access)})
+
+
+@pytest.mark.parametrize("cluster", [DEV, ONPREM], ids=["aws", "bare metal"])
+def test_monitoring_cidrs_inside_client_cidrs_get_an_advisory_naming_both_keys(cluster):
+    violations = policy_harness.analyze(
+        aws_stack() if cluster is DEV else bare_metal_stack(), cluster=in_clear(cluster)
+    )
+    assert [(v.policy, v.enforcement, v.resource) for v in violations] == [
+        ("monitoring-inside-clients", "advisory", None)
+    ]
+    assert violations[0].message.startswith(
+        "access.monitoringCidrs 10.20.0.0/16 lies inside access.clientCidrs (10.0.0.0/8)"
+    )
+
+
+def test_monitoring_cidrs_apart_from_client_cidrs_get_none():
+    apart = with_access(in_clear(DEV), monitoring_cidrs=[ipaddress.ip_network("172.16.0.0/16")])
+    assert refused(aws_stack(), "monitoring-inside-clients", cluster=apart) == set()
+
+
+def test_monitoring_cidrs_partly_inside_client_cidrs_name_the_part():
+    partly = with_access(
+        in_clear(DEV),
+        monitoring_cidrs=[ipaddress.ip_network("172.16.0.0/16"), ipaddress.ip_network("10.20.0.0/16")],
+    )
+    violations = policy_harness.analyze(aws_stack(), cluster=partly)
+    (advisory,) = [v for v in violations if v.policy == "monitoring-inside-clients"]
+    assert advisory.message.startswith("access.monitoringCidrs 10.20.0.0/16 lies inside")
+    assert "172.16.0.0/16" not in advisory.message
+
+
+def test_without_the_stack_config_nothing_is_said_about_overlap():
+    assert refused(aws_stack(), "monitoring-inside-clients", cluster=None) == set()
 
 
 # --- port-exposure ------------------------------------------------------------------------------
@@ -1102,7 +1155,7 @@ def test_a_secret_script_is_judged_on_its_plain_text():
 
 def test_config_numbers_are_printed_as_integers():
     config = {"node-count": {"minNodes": 3.0}}
-    violations = policy_harness.analyze(one_node(aws_stack()), cluster=in_clear(DEV), policy_config=config)
+    violations = policy_harness.analyze(one_node(aws_stack()), cluster=quiet(DEV), policy_config=config)
     (violation,) = list(violations)
     assert "the cluster needs at least 3 (4 or more recommended)" in violation.message
 

@@ -31,9 +31,16 @@ PACK = {
     "baseline-tls-policy",
     "container-host-network",
     "keys-in-clear",
+    "monitoring-inside-clients",
     "stack-config",
 }
-ADVISORY = {"bandwidth-recommended", "baseline-idle-timeout", "keys-in-clear", "stack-config"}
+ADVISORY = {
+    "bandwidth-recommended",
+    "baseline-idle-timeout",
+    "keys-in-clear",
+    "monitoring-inside-clients",
+    "stack-config",
+}
 AS_RENDERED = "as rendered"
 
 _AWS = {
@@ -98,8 +105,9 @@ def verdict(violations: list[policy_harness.Violation]) -> dict[str, set[str]]:
 
 
 # The committed stacks serve API keys (set with `pulumi config set --secret`; offline the
-# throwaway one) without loadBalancer.tls: the pack says so whenever it has their config.
-IN_CLEAR = {"keys-in-clear"}
+# throwaway one) without loadBalancer.tls, and their monitoringCidrs (10.20.0.0/16) lie inside
+# clientCidrs (10.0.0.0/8): the pack says both whenever it has their config.
+IN_CLEAR = {"keys-in-clear", "monitoring-inside-clients"}
 
 
 def expected(failing: set[str]) -> dict[str, set[str]]:
@@ -153,6 +161,7 @@ def test_a_fixture_stack_fails_exactly_what_the_real_stack_fails(stack, label, m
 
 @pytest.mark.parametrize("stack", stackfile.STACKS)
 def test_check_config_renders_a_stack_config_and_every_policy_passes(stack):
-    """Every policy passes but the advisory on keys without TLS."""
+    """Every policy passes but the advisories on keys without TLS and on monitoring hosts that are
+    clients too."""
     violations = policy_harness.check_config(stackfile.read(stack), stack)
     assert verdict(violations) == expected(IN_CLEAR)
