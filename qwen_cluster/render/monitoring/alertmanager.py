@@ -39,8 +39,12 @@ def alertmanager_config(cluster) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def alertmanager_args(cluster, *, config_path: str, data_path: str) -> list[str]:
+def alertmanager_args(
+    cluster, *, config_path: str, data_path: str, web_config_path: str | None = None
+) -> list[str]:
+    """With `web_config_path`, every route (silences, the health probes) asks for the credentials."""
     return [
+        *([f"--web.config.file={web_config_path}"] if web_config_path else []),
         f"--config.file={config_path}",
         f"--storage.path={data_path}",
         # The monitoring node's cluster address, as Prometheus (prometheus.server_address). Its

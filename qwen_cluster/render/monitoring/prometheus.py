@@ -7,6 +7,7 @@ from __future__ import annotations
 import yaml
 
 from qwen_cluster import ports as port_table
+from qwen_cluster.render.monitoring import webconfig
 from qwen_cluster.render.monitoring.alertmanager import alertmanager_port
 from qwen_cluster.render.monitoring.clock import duration, timing
 from qwen_cluster.render.monitoring.endpoint import endpoint_port
@@ -45,12 +46,26 @@ def scrape_targets(cluster) -> list[dict]:
     return targets
 
 
-def prometheus_config(cluster, *, rules_path: str = "rules.yml", cluster_name: str = "qwen-cluster") -> str:
+def prometheus_config(
+    cluster,
+    *,
+    rules_path: str = "rules.yml",
+    cluster_name: str = "qwen-cluster",
+    password_file: str | None = None,
+) -> str:
     """`rules_path` relative to the config file's directory (Prometheus resolves it there), so
-    the pair can be moved together (the lab runs them from its own directory)."""
+    the pair can be moved together (the lab runs them from its own directory).
+
+    With `password_file`, Prometheus logs in to itself and to Alertmanager (both behind the web
+    config, webconfig.py) as webconfig.USER, reading the password from that file on every request
+    (prometheus/common config/http_config.go basicAuthRoundTripper.RoundTrip reads passwordFile
+    each time), so a rotated password needs no reload. The nodes' endpoints (8000) stay open."""
     times = timing(cluster)
     am_port = alertmanager_port(cluster)
     here = server_address(cluster)
+    auth = (
+        {"basic_auth": {"username": webconfig.USER, "password_file": password_file}} if password_file else {}
+    )
     config = {
         "global": {
             "scrape_interval": duration(times.scrape),
@@ -59,21 +74,26 @@ def prometheus_config(cluster, *, rules_path: str = "rules.yml", cluster_name: s
             "external_labels": {"cluster": cluster_name},
         },
         "rule_files": [rules_path],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"{here}:{am_port}"]}]}]},
+        "alerting": {"alertmanagers": [{**auth, "static_configs": [{"targets": [f"{here}:{am_port}"]}]}]},
         "scrape_configs": [
             {"job_name": JOB, "static_configs": scrape_targets(cluster)},
             {
                 "job_name": "prometheus",
+                **auth,
                 "static_configs": [{"targets": [f"{here}:{prometheus_port(cluster)}"]}],
             },
-            {"job_name": "alertmanager", "static_configs": [{"targets": [f"{here}:{am_port}"]}]},
+            {"job_name": "alertmanager", **auth, "static_configs": [{"targets": [f"{here}:{am_port}"]}]},
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def prometheus_args(cluster, *, config_path: str, data_path: str) -> list[str]:
+def prometheus_args(
+    cluster, *, config_path: str, data_path: str, web_config_path: str | None = None
+) -> list[str]:
+    """With `web_config_path`, every route (the health probes too) asks for the credentials."""
     return [
+        *([f"--web.config.file={web_config_path}"] if web_config_path else []),
         f"--config.file={config_path}",
         f"--storage.tsdb.path={data_path}",
         f"--web.listen-address={server_address(cluster)}:{prometheus_port(cluster)}",
