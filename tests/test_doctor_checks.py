@@ -250,6 +250,32 @@ def test_one_member_with_a_smaller_mtu_is_named():
     ]
 
 
+def test_a_host_on_the_segment_that_is_not_a_member_is_named_with_its_fix():
+    """The nodes trust members by source address: a non-member on network.cidr (the lab's
+    intruder at 192.168.1.254) is named from the neighbour tables. Members, the segment's
+    router and addresses off the segment are not."""
+    outputs = {
+        "master": "qwen|fact|neighbours|master|192.168.1.101 192.168.1.254 10.9.0.1\n"
+        "qwen|fact|gateway|master|192.168.1.1",
+        "worker-1": "qwen|fact|neighbours|worker-1|192.168.1.100 192.168.1.1 192.168.1.254",
+        "worker-2": "qwen|fact|neighbours|worker-2|192.168.1.100",
+    }
+    found, _ = doctor.host_findings(ONPREM, fake_runner(outputs))
+    assert [(f.check, f.where, f.severity) for f in found] == [
+        ("foreign-host", ["master", "worker-1"], "warning"),
+    ]
+    (finding,) = found
+    assert finding.what.startswith("192.168.1.254 is on network.cidr 192.168.1.0/24 and is not a member")
+    assert "dedicated segment or VLAN" in finding.fix and "security.md" in finding.cause
+
+
+def test_a_quiet_segment_has_no_foreign_host_finding():
+    members = "192.168.1.100 192.168.1.101"
+    outputs = {name: f"qwen|fact|neighbours|{name}|{members}" for name in ("master", "worker-1")}
+    found, _ = doctor.host_findings(ONPREM, fake_runner(outputs))
+    assert found == []
+
+
 def test_findings_come_in_the_guides_order_and_as_json():
     outputs = {
         "master": "qwen|finding|bandwidth|master|worker-1|iperf3 (4 streams): 3.10 Gbit/s is below 10\n"

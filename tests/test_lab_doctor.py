@@ -192,3 +192,22 @@ def test_container_faults_on_the_real_engine_are_named_within_a_minute_and_clear
 
     cleared, _ = _until("the container faults removed", clean)
     print(f"container faults: clean again in {time.monotonic() - removed:.1f} s after the restore began")
+
+
+def test_doctor_names_a_host_on_the_segment_that_is_not_a_member(lab):
+    """The audit's intruder: an unused address on the node segment (the lab's intruder vantage).
+    Once it has spoken to the master (its ARP request is enough: the kernel keeps the sender in
+    the master's neighbour table), doctor names it from the master's table, with the fix."""
+    from labkit.cluster import probes
+    from labkit.hosts import netns
+    from qwen_cluster.ports import Vantage
+
+    intruder, master = lab.vantage(Vantage.INTRUDER), lab.node("master")
+    netns.call_in(intruder.namespace, probes.tcp_connect, master.ip, 22, 1.0)
+    try:
+        found = [f for f in _from_hosts(lab) if f.check == "foreign-host"]
+        assert [(f.what.split()[0], f.where) for f in found] == [(intruder.ip, ["master"])]
+        assert "dedicated segment or VLAN" in found[0].fix
+    finally:
+        netns.run(["ip", "-n", master.namespace, "neigh", "flush", "to", intruder.ip], check=False)
+    assert [f for f in _from_hosts(lab) if f.check == "foreign-host"] == []

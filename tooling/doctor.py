@@ -27,6 +27,7 @@ Exit 0 healthy, 1 with findings, 2 when a source cannot be asked.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import shutil
 import subprocess
@@ -159,6 +160,16 @@ CHECKS: dict[str, Check] = {
         "ip link show on both and every switch port between: set one MTU along the path "
         "(ping -M do -s <mtu-28> {peer} from {node} passes when it is fixed)",
         row=7,
+    ),
+    "foreign-host": Check(
+        "connectivity",
+        "warning",
+        "a host on the cluster's segment that is not a member: the members trust each other by source "
+        "address (all traffic between the node IPs), so a host there that claims a member's address "
+        "gets what a member gets (docs/security.md, the threat model)",
+        "give network.cidr a dedicated segment or VLAN that only the members join; find {peer} "
+        "(`ip neigh show {peer}` on {node} gives its MAC, your switch the port) and take it off the "
+        "segment",
     ),
     "mtu-skew": Check(
         "connectivity",
@@ -406,6 +417,33 @@ def _skew(cluster: ClusterConfig, facts: dict[str, dict[str, str]], key: str, ch
     return result
 
 
+def _foreign_hosts(cluster: ClusterConfig, facts: dict[str, dict[str, str]]) -> list[Finding]:
+    """Addresses of network.cidr in the nodes' neighbour tables (nodecheck's `neighbours` fact)
+    that are no member's: one finding per host, naming the nodes that saw it. The segment's
+    router (any node's default gateway, the `gateway` fact) is expected there and left out."""
+    segment = cluster.network.cidr
+    members = {str(node.ip) for node in cluster.nodes}
+    routers = {facts[name]["gateway"] for name in facts if facts[name].get("gateway")}
+    seen_by: dict[str, list[str]] = {}
+    for node in cluster.nodes:
+        for address in facts.get(node.name, {}).get("neighbours", "").split():
+            try:
+                inside = ipaddress.ip_address(address) in segment
+            except ValueError:
+                continue
+            if inside and address not in members and address not in routers:
+                seen_by.setdefault(address, []).append(node.name)
+    result = []
+    for address, nodes in sorted(seen_by.items(), key=lambda item: ipaddress.ip_address(item[0])):
+        finding = _finding("foreign-host", nodes[0], address, "")
+        finding.what = (
+            f"{address} is on network.cidr {segment} and is not a member (seen by {', '.join(nodes)})"
+        )
+        finding.where = nodes
+        result.append(finding)
+    return result
+
+
 def host_findings(
     cluster: ClusterConfig,
     run: Runner,
@@ -453,6 +491,7 @@ def host_findings(
                     check="host",
                 )
             )
+    found += _foreign_hosts(cluster, facts)
     found += _skew(cluster, facts, "mtu", "mtu-skew")
     found += _skew(cluster, facts, "image", "image-skew")
     found += _skew(cluster, facts, "model", "model-path")

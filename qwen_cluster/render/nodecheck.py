@@ -107,6 +107,12 @@ else
   echo "cluster interface $iface, MTU $mtu"
   fact mtu "$mtu"
   fact interface "$iface"
+  # Who else is on the segment: the neighbour table (doctor names the non-members, and leaves
+  # out the default gateway). FAILED and INCOMPLETE entries never answered.
+  neighbours=$(ip -4 neigh show dev "$iface" 2>/dev/null \\
+    | awk '$NF != "FAILED" && $NF != "INCOMPLETE" {{print $1}}' | tr '\n' ' ' || true)
+  fact neighbours "$neighbours"
+  fact gateway "$(ip -4 route show default 2>/dev/null | awk '{{print $3; exit}}' || true)"
 fi
 
 # 3. The model server as it runs: what docker says about it.
