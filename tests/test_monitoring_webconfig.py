@@ -264,3 +264,13 @@ def test_a_new_password_takes_effect_without_a_restart_and_alertmanager_keeps_it
     assert (fresh["prometheus"], fresh["alertmanager"]) == ("1", "1")
     assert {name: process.pid for name, process in servers["processes"].items()} == pids
     assert all(process.poll() is None for process in servers["processes"].values())
+
+
+def test_doctor_logs_in_with_the_password_and_says_what_is_missing_without_it(servers):
+    from tooling import doctor
+
+    url = servers["urls"]["prometheus"]
+    with pytest.raises(doctor.Unreachable, match=f"HTTP 401.*{doctor.PASSWORD_ENV}"):
+        doctor.http_fetch(url, password=None)("/api/v1/rules")
+    password = ROTATED if _request(f"{url}/-/healthy", password=ROTATED)[0] == 200 else PASSWORD
+    assert doctor.http_fetch(url, password=password)("/api/v1/rules") == {"groups": []}

@@ -27,8 +27,10 @@ Exit 0 healthy, 1 with findings, 2 when a source cannot be asked.
 from __future__ import annotations
 
 import argparse
+import base64
 import ipaddress
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -41,7 +43,7 @@ from typing import Any
 
 from qwen_cluster.config import ClusterConfig, ConfigError
 from qwen_cluster.render import verify
-from qwen_cluster.render.monitoring import alerts, prometheus
+from qwen_cluster.render.monitoring import alerts, prometheus, webconfig
 from tooling import stackfile
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -269,13 +271,31 @@ UNKNOWN_CHECK = Check("connectivity", "warning", "", "")
 Fetch = Callable[[str], Any]  # API path -> the decoded `data` of the answer
 
 
-def http_fetch(base: str, timeout: float = 5.0) -> Fetch:
+# The monitoring password (the stack's secret), from the environment: never a command-line
+# argument, which every local user can read in the process list.
+PASSWORD_ENV = "QWEN_MONITORING_PASSWORD"
+
+
+def http_fetch(base: str, timeout: float = 5.0, password: str | None = None) -> Fetch:
+    """Prometheus's API at `base`; with `password`, logged in as the web config's user
+    (qwen_cluster/render/monitoring/webconfig.py)."""
+    headers = {}
+    if password is not None:
+        token = base64.b64encode(f"{webconfig.USER}:{password}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+
     def fetch(path: str) -> Any:
         url = base.rstrip("/") + path
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
+            request = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as error:
+            if error.code == 401:
+                given = "was refused" if password is not None else f"is not set ({PASSWORD_ENV})"
+                raise Unreachable(
+                    f"{url}: HTTP 401: Prometheus asks for credentials and the monitoring password {given}"
+                ) from None
             raise Unreachable(f"{url}: HTTP {error.code}") from None
         except (OSError, ValueError) as error:
             raise Unreachable(f"{url}: {error}") from None
@@ -615,7 +635,8 @@ def main(argv: list[str] | None = None, lab: Lab | None = None) -> int:
     if sources in ("all", "monitoring"):
         try:
             if args.prometheus:
-                fetch, url = http_fetch(args.prometheus), args.prometheus
+                password = os.environ.get(PASSWORD_ENV)
+                fetch, url = http_fetch(args.prometheus, password=password), args.prometheus
             elif args.lab:
                 if lab is None:
                     raise Unreachable("--lab needs the lab library: run scripts/doctor.py")
@@ -626,7 +647,7 @@ def main(argv: list[str] | None = None, lab: Lab | None = None) -> int:
                     raise Unreachable(
                         f"stack {args.stack} runs no Prometheus (monitoring.prometheus is false)"
                     )
-                fetch = http_fetch(url)
+                fetch = http_fetch(url, password=os.environ.get(PASSWORD_ENV))
             found += findings(fetch, cluster)
         except Unreachable as error:
             errors.append(f"cannot ask Prometheus: {error}")
