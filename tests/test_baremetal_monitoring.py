@@ -110,3 +110,61 @@ def test_the_lab_has_a_stand_in_for_every_monitoring_container_serving_its_ports
         "qwen-prometheus": ("prometheus", [9090]),
         "qwen-alertmanager": ("alertmanager", [9093]),
     }
+
+
+# --- credentials (monitoring.password) ------------------------------------------------------------
+
+MONITORING_PASSWORD = "a-monitoring-password-for-the-test-0123"
+
+
+def _with_password(password: str = MONITORING_PASSWORD):
+    from tooling import offline, stackfile
+
+    stack_config = stackfile.read("onprem")
+    key = "qwen-cluster:monitoring"
+    stack_config[key] = {**stack_config[key], "password": {"secure": password}}
+    return offline.render(stack_config, "onprem")
+
+
+def _secret_value(value):
+    from tests.helpers.secrets import SECRET_SIG
+
+    assert isinstance(value, dict) and SECRET_SIG in value, "not a secret"
+    return value["value"]
+
+
+def test_with_a_password_prometheus_and_alertmanager_read_a_web_config_with_its_hash():
+    import bcrypt
+    import yaml
+
+    from qwen_cluster.render.monitoring import webconfig
+    from tests.helpers.secrets import shown_in_clear
+
+    render = _with_password()
+    assert render.error is None, render.error
+    servers = {c.inputs["name"]: c.inputs for c in render.of_type(CONTAINER)}
+    for name in ("qwen-prometheus", "qwen-alertmanager"):
+        assert "--web.config.file=/etc/qwen-monitoring/web.yml" in servers[name]["command"], name
+    (files,) = [c for c in render.of_type("command:remote:Command") if c.name == "monitoring-config"]
+    script = _secret_value(files.inputs["create"])
+    web = yaml.safe_load(script.split("<<'QWEN_WEB_YML_EOF'\n", 1)[1].split("\nQWEN_WEB_YML_EOF", 1)[0])
+    hashed = web["basic_auth_users"][webconfig.USER]
+    assert bcrypt.checkpw(MONITORING_PASSWORD.encode(), hashed.encode())
+    assert "chmod 0640" in script and "password_file: /etc/qwen-monitoring/password" in script
+    assert shown_in_clear(render.resources, MONITORING_PASSWORD) == []
+
+
+def test_the_same_password_renders_the_same_step_and_a_new_one_another():
+    def script(password):
+        render = _with_password(password)
+        (files,) = [c for c in render.of_type("command:remote:Command") if c.name == "monitoring-config"]
+        return _secret_value(files.inputs["create"])
+
+    first = script(MONITORING_PASSWORD)
+    assert script(MONITORING_PASSWORD) == first
+    assert script(MONITORING_PASSWORD + "-rotated") != first
+
+
+def test_without_a_password_nothing_asks_for_credentials(onprem):
+    servers = {c.inputs["name"]: c.inputs for c in onprem.of_type(CONTAINER)}
+    assert not [arg for arg in servers["qwen-prometheus"]["command"] if "web.config" in arg]

@@ -107,3 +107,22 @@ def test_the_stack_with_tls_that_endpoint_md_shows_renders_and_the_pack_has_noth
     assert cluster.load_balancer.tls is not None and cluster.access.api_keys
     violations = policy_harness.check_config(stack_config, "prod")
     assert [v.policy for v in violations] == []
+
+
+MONITORING_PASSWORD = "monitoring-password-in-a-test-0123"
+
+
+def test_a_monitoring_password_in_plain_text_stops_the_program_without_showing_it():
+    stack_config = stackfile.read("onprem")
+    key = f"{NAMESPACE}:monitoring"
+    stack_config[key] = {**stack_config[key], "password": MONITORING_PASSWORD}
+    result = offline.render(stack_config, "onprem")
+    assert result.error and "monitoring.password is in plain text in the stack file" in result.error
+    assert MONITORING_PASSWORD not in result.error and not result.resources
+
+
+def test_a_monitoring_password_is_refused_on_aws_until_it_reaches_the_node():
+    raw = stackfile.cluster_keys(stackfile.read("dev"))
+    raw["monitoring"] = {**raw.get("monitoring", {}), "password": MONITORING_PASSWORD}
+    with pytest.raises(ConfigError, match="monitoring.password applies to target bare-metal only"):
+        config.validate(raw)

@@ -82,7 +82,8 @@ def _choices(annotation: Any) -> list[str] | None:
 
 
 def type_name(annotation: Any) -> str:
-    annotation = _without_none(_unwrap(annotation)[0])
+    # `Secret | None`: the optional's own Annotated type unwrapped too.
+    annotation = _unwrap(_without_none(_unwrap(annotation)[0]))[0]
     origin = get_origin(annotation)
     if _choices(annotation) is not None:
         return "string"

@@ -93,7 +93,8 @@ class Cluster(pulumi.ComponentResource):
             after=list(self.stage_resources.values()),
             opts=child,
         )
-        self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child)
+        password = (secrets or EndpointSecrets()).monitoring_password
+        self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child, password)
         self.load_balancer = LoadBalancer(
             "load-balancer",
             LoadBalancerArgs(
@@ -186,7 +187,7 @@ async def _raise(error: BaseException) -> pulumi.Resource:
     raise error
 
 
-def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi.ComponentResource]:
+def _monitoring(cluster, servers, connections, setup_done, child, password) -> list[pulumi.ComponentResource]:
     """The monitoring pieces (components/baremetal/monitoring.py), beside the model servers."""
     built: list[pulumi.ComponentResource] = []
     if cluster.monitoring.exporters:
@@ -195,7 +196,7 @@ def _monitoring(cluster, servers, connections, setup_done, child) -> list[pulumi
             built.append(node_monitoring.NodeMonitoring(f"{node.name}-monitoring", args, opts=child))
     if (where := cluster.monitoring_node) is not None:
         args = node_monitoring.ClusterMonitoringArgs(
-            cluster, servers[where.name].provider, connections[where.name], setup_done
+            cluster, servers[where.name].provider, connections[where.name], setup_done, password=password
         )
         built.append(node_monitoring.ClusterMonitoring("monitoring", args, opts=child))
     return built

@@ -7,6 +7,8 @@ What a change does on `pulumi up` (tooling/changes/rules.py, from the providers'
   ForceNew; pulumi-docker sets DeleteBeforeReplace, so the fixed name and host ports are free
   before the new one starts). The exporters' configs are uploads, so a new peer replaces this
   node's endpoint containers only; the model server is a separate resource and never moves.
+- With monitoring.password, their web config and Prometheus's password file are written by the
+  same command (a new password: a new file, read by both servers on the next request).
 - Prometheus's and Alertmanager's files (scrape config, rules, routes) are not container
   inputs: a remote Command writes them on the host, and a change of its `create` is an
   in-place update that runs it again (pulumi/pulumi-command: only `triggers` replaces; Update
@@ -99,6 +101,8 @@ class ClusterMonitoringArgs:
     provider: docker.Provider  # the monitoring node's
     connection: remote.ConnectionArgs  # the monitoring node's
     depends_on: list[pulumi.Resource] = field(default_factory=list)
+    # monitoring.password, an Output secret (None: Prometheus and Alertmanager ask for nothing).
+    password: pulumi.Input[str] | None = None
 
 
 class ClusterMonitoring(pulumi.ComponentResource):
@@ -107,10 +111,22 @@ class ClusterMonitoring(pulumi.ComponentResource):
     def __init__(self, name: str, args: ClusterMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:baremetal:ClusterMonitoring", name, None, opts)
         cluster = args.cluster
+        files = containers.server_files(cluster)
+        create: pulumi.Input[str] = containers.server_files_script(files)
+        if containers.credentials(cluster) and args.password is not None:
+            # The web config and password file ride in the same script, so the step stays one
+            # Output secret; its text is the same for the same password (webconfig.py: the hash's
+            # salt comes from the stack), so an unchanged password changes nothing on `up`.
+            stack = pulumi.get_stack()
+            create = pulumi.Output.secret(args.password).apply(
+                lambda password: containers.server_files_script(
+                    files, secret_files=containers.credential_files(password, stack)
+                )
+            )
         self.files = connection.command(
             f"{name}-config",
             connection=args.connection,
-            create=containers.server_files_script(containers.server_files(cluster)),
+            create=create,
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )
         on_host = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.files])

@@ -1,5 +1,6 @@
-"""The endpoint's secrets in the stack config: API keys (`access.apiKeys`) and the TLS
-certificate and key (`loadBalancer.tls`), each set with `pulumi config set --secret --path`.
+"""The endpoint's secrets in the stack config: API keys (`access.apiKeys`), the TLS
+certificate and key (`loadBalancer.tls`) and the monitoring password (`monitoring.password`),
+each set with `pulumi config set --secret --path`.
 
 The validated ClusterConfig never holds a secret: a secret field validates the value it is given
 (plain text from the engine, `{secure: ...}` ciphertext from a stack file read offline) and keeps
@@ -56,6 +57,13 @@ def _secret(check, rule: str):
 
 
 ApiKey = Annotated[str, BeforeValidator(_secret(API_KEY_PATTERN.match, API_KEY_RULE))]
+# Prometheus trims a password file's whitespace (prometheus/common basicAuthRoundTripper), and the
+# value travels in an HTTP Basic header: printable ASCII without spaces.
+MONITORING_PASSWORD_PATTERN = re.compile(r"^[!-~]{16,512}$")
+MONITORING_PASSWORD_RULE = "16 to 512 printable ASCII characters without spaces (e.g. `openssl rand -hex 24`)"
+MonitoringPassword = Annotated[
+    str, BeforeValidator(_secret(MONITORING_PASSWORD_PATTERN.match, MONITORING_PASSWORD_RULE))
+]
 _CHAIN_RULE = "a PEM certificate chain, server certificate first"
 PemCertificate = Annotated[str, BeforeValidator(_secret(_PEM_CERTIFICATE.search, _CHAIN_RULE))]
 PemPrivateKey = Annotated[str, BeforeValidator(_secret(_PEM_PRIVATE_KEY.search, "a PEM private key"))]
@@ -64,7 +72,8 @@ PemPrivateKey = Annotated[str, BeforeValidator(_secret(_PEM_PRIVATE_KEY.search, 
 API_KEYS_PATH = ("access", ("apiKeys",))
 TLS_CERTIFICATE_PATH = ("loadBalancer", ("tls", "certificate"))
 TLS_PRIVATE_KEY_PATH = ("loadBalancer", ("tls", "privateKey"))
-SECRET_PATHS = (API_KEYS_PATH, TLS_CERTIFICATE_PATH, TLS_PRIVATE_KEY_PATH)
+MONITORING_PASSWORD_PATH = ("monitoring", ("password",))
+SECRET_PATHS = (API_KEYS_PATH, TLS_CERTIFICATE_PATH, TLS_PRIVATE_KEY_PATH, MONITORING_PASSWORD_PATH)
 
 
 def _dig(raw: Mapping[str, Any], key: str, path: tuple[str, ...]) -> Any:
@@ -89,6 +98,7 @@ class EndpointSecrets:
     api_keys: Any = None  # Output[list[str]]
     tls_certificate: Any = None  # Output[str]
     tls_private_key: Any = None  # Output[str]
+    monitoring_password: Any = None  # Output[str]: Prometheus's and Alertmanager's login
 
 
 def plain_text_secrets(raw: Mapping[str, Any], marked_secret) -> list[str]:
@@ -120,6 +130,7 @@ def read_secrets(raw: Mapping[str, Any]) -> EndpointSecrets:
         api_keys=wrap(list(keys) if isinstance(keys, list) else keys),
         tls_certificate=wrap(_dig(raw, *TLS_CERTIFICATE_PATH)),
         tls_private_key=wrap(_dig(raw, *TLS_PRIVATE_KEY_PATH)),
+        monitoring_password=wrap(_dig(raw, *MONITORING_PASSWORD_PATH)),
     )
 
 

@@ -26,7 +26,14 @@ from qwen_cluster.config.limits import (
     NGINX_IDLE_TIMEOUT_SECONDS,
     NLB_IDLE_TIMEOUT_SECONDS,
 )
-from qwen_cluster.config.secrets import API_KEY_RULE, ApiKey, PemCertificate, PemPrivateKey
+from qwen_cluster.config.secrets import (
+    API_KEY_RULE,
+    MONITORING_PASSWORD_RULE,
+    ApiKey,
+    MonitoringPassword,
+    PemCertificate,
+    PemPrivateKey,
+)
 from qwen_cluster.config.values import Cidr, IPv4, IPv4Net, Section, computed_default
 
 DEFAULT_SYSCTL: dict[str, int | str] = {
@@ -581,6 +588,14 @@ class Monitoring(Section):
         default=None,
         json_schema_extra=computed_default("the master"),
         description="The node Prometheus and Alertmanager run on; one of the nodes.",
+    )
+    password: MonitoringPassword | None = Field(
+        default=None,
+        description="Secret: the password Prometheus and Alertmanager ask for (user `qwen-monitoring`, "
+        "HTTP basic auth, a bcrypt hash in their web config); without it they answer anyone in "
+        "`access.monitoringCidrs`. Set it with `pulumi config set --secret --path "
+        "'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\"`; "
+        f"{MONITORING_PASSWORD_RULE}. A new one takes effect without a restart. Bare metal only for now.",
     )
     scrape_interval_seconds: float = Field(
         default=DEFAULT_SCRAPE_INTERVAL_SECONDS,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from qwen_cluster import hostpaths
 from qwen_cluster.node import nic
+from qwen_cluster.render.monitoring import webconfig
 from qwen_cluster.render.monitoring.alertmanager import (
     alertmanager_args,
     alertmanager_config,
@@ -51,20 +52,48 @@ ALERTMANAGER_CONTAINER = "qwen-alertmanager"
 CONTAINER_UID = 65534
 
 
+# With monitoring.password: the web config both servers read, and the password Prometheus logs in
+# with (webconfig.py), beside the other files; readable by the servers' user only.
+WEB_CONFIG_FILE = "web.yml"
+PASSWORD_FILE = "password"
+
+
+def credentials(cluster) -> bool:
+    """Do Prometheus and Alertmanager ask for the monitoring password?"""
+    return cluster.monitoring.password is not None
+
+
 def server_files(cluster) -> dict[str, str]:
-    """File name (in HOST_CONFIG_DIR, mounted at CONTAINER_CONFIG_DIR) -> text."""
+    """File name (in HOST_CONFIG_DIR, mounted at CONTAINER_CONFIG_DIR) -> text. The credential
+    files are apart (credential_files): they are made from the secret."""
+    password_file = f"{CONTAINER_CONFIG_DIR}/{PASSWORD_FILE}" if credentials(cluster) else None
     return {
-        "prometheus.yml": prometheus_config(cluster, rules_path="rules.yml"),
+        "prometheus.yml": prometheus_config(cluster, rules_path="rules.yml", password_file=password_file),
         "rules.yml": rules(cluster),
         "alertmanager.yml": alertmanager_config(cluster),
     }
 
 
-def server_files_script(files: Mapping[str, str], *, config_dir: str = HOST_CONFIG_DIR) -> str:
+def credential_files(password: str, stack: str) -> dict[str, str]:
+    """The web config (a bcrypt hash, the same for the same password and stack on every run) and
+    the password file Prometheus logs in with. Secret: the caller keeps them an Output secret."""
+    hashed = webconfig.password_hash(password, webconfig.salt_context(stack))
+    return {WEB_CONFIG_FILE: webconfig.web_config(hashed), PASSWORD_FILE: password}
+
+
+def server_files_script(
+    files: Mapping[str, str],
+    *,
+    config_dir: str = HOST_CONFIG_DIR,
+    secret_files: Mapping[str, str] | None = None,
+) -> str:
     """Write the Prometheus/Alertmanager files atomically (temp file + rename in the same
     directory), then ask the running servers to re-read them: SIGHUP reloads Prometheus's
     config and rules and Alertmanager's config in place, no restart, no gap in the data.
-    On the first run the containers do not exist yet and read the files when they start."""
+    On the first run the containers do not exist yet and read the files when they start.
+    `secret_files` (credential_files) are written the same way, mode 0640 for the servers'
+    group only; both servers read them again on every request, so a new password needs no
+    signal (webconfig.py)."""
     writes = []
     for name, text in sorted(files.items()):
         marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
@@ -72,11 +101,19 @@ def server_files_script(files: Mapping[str, str], *, config_dir: str = HOST_CONF
             f"cat >{quote(config_dir)}/.{name}.new <<'{marker}'\n{text.rstrip()}\n{marker}\n"
             f"mv -f {quote(config_dir)}/.{name}.new {quote(config_dir)}/{name}\n"
         )
+    for name, text in sorted((secret_files or {}).items()):
+        marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
+        temporary = f"{quote(config_dir)}/.{name}.new"
+        writes.append(
+            f"(umask 077 && cat >{temporary} <<'{marker}'\n{text.rstrip()}\n{marker}\n)\n"
+            f"chgrp {CONTAINER_UID} {temporary} && chmod 0640 {temporary}\n"
+            f"mv -f {temporary} {quote(config_dir)}/{name}\n"
+        )
     body = f"""
 install -d -m 0755 {quote(config_dir)}
 install -d -m 0750 -o {CONTAINER_UID} -g {CONTAINER_UID} {quote(HOST_DATA_DIR + "/prometheus")} \\
   {quote(HOST_DATA_DIR + "/alertmanager")}
-{"".join(writes)}chmod 0644 {quote(config_dir)}/*.yml
+{"".join(writes)}chmod 0644 {" ".join(f"{quote(config_dir)}/{name}" for name in sorted(files))}
 {container_state_function().strip()}
 for name in {PROMETHEUS_CONTAINER} {ALERTMANAGER_CONTAINER}; do
   state=$(container_state "$name")  # docker's errors fail the step
@@ -177,6 +214,7 @@ def node_containers(cluster, node_name: str, nodemetrics_source: str) -> list[Co
 def server_containers(cluster) -> list[ContainerSpec]:
     """Prometheus and Alertmanager: their files on the host (server_files_script), mounted."""
     config = Mount(HOST_CONFIG_DIR, CONTAINER_CONFIG_DIR, read_only=True)
+    web = f"{CONTAINER_CONFIG_DIR}/{WEB_CONFIG_FILE}" if credentials(cluster) else None
     return [
         ContainerSpec(
             "prometheus",
@@ -184,7 +222,10 @@ def server_containers(cluster) -> list[ContainerSpec]:
             PROMETHEUS_IMAGE,
             command=tuple(
                 prometheus_args(
-                    cluster, config_path=f"{CONTAINER_CONFIG_DIR}/prometheus.yml", data_path="/prometheus"
+                    cluster,
+                    config_path=f"{CONTAINER_CONFIG_DIR}/prometheus.yml",
+                    data_path="/prometheus",
+                    web_config_path=web,
                 )
             ),
             # On the host, so a replaced container (a new image) keeps the history.
@@ -196,7 +237,10 @@ def server_containers(cluster) -> list[ContainerSpec]:
             ALERTMANAGER_IMAGE,
             command=tuple(
                 alertmanager_args(
-                    cluster, config_path=f"{CONTAINER_CONFIG_DIR}/alertmanager.yml", data_path="/alertmanager"
+                    cluster,
+                    config_path=f"{CONTAINER_CONFIG_DIR}/alertmanager.yml",
+                    data_path="/alertmanager",
+                    web_config_path=web,
                 )
             ),
             mounts=(config, Mount(f"{HOST_DATA_DIR}/alertmanager", "/alertmanager")),
