@@ -10,6 +10,7 @@ worker-1 for the delay, worker-2 for the cut link); every fault is undone.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -20,9 +21,11 @@ from pathlib import Path
 import pytest
 
 from labkit.cluster import blueprint, check, lifecycle, probes
+from labkit.cluster import doctor as labdoctor
 from labkit.hosts import netns
 from qwen_cluster import tags
-from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, port_of
+from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, Vantage, port_of
+from qwen_cluster.render.monitoring import webconfig
 from tests.helpers.wait import wait_until
 from tests.test_lab_namespaces import MISSING
 from tooling import changes, doctor
@@ -83,7 +86,9 @@ def _until(what: str, condition, timeout: float = WITHIN):
 def _ask(lab_plan):
     """Prometheus's API from its node, with doctor's own timeout (tooling/doctor.py http_fetch)."""
     cluster = lab_plan.cluster
-    fetch = doctor.http_fetch(doctor.configured_url(cluster))
+    fetch = doctor.http_fetch(
+        doctor.configured_url(cluster), password=labdoctor.monitoring_password(lab_plan)
+    )
     where = lab_plan.node(cluster.monitoring_node.name).namespace
     return lambda path: netns.call_in(where, fetch, path)
 
@@ -196,23 +201,63 @@ def test_a_new_alert_bound_reloads_prometheus_and_restarts_nothing(running):
 
 
 def test_prometheus_refuses_quit_and_reload_over_http_from_a_member(running):
-    """No --web.enable-lifecycle: POST /-/quit and /-/reload answer 403 to a member (every member
-    reaches every port of the others), and the same Prometheus keeps running. Reloading is by
-    SIGHUP (the test above); Alertmanager has no /-/quit at all."""
+    """No --web.enable-lifecycle: POST /-/quit and /-/reload answer 403 to a member that logs in
+    (every member reaches every port of the others), 401 without the password, and the same
+    Prometheus keeps running. Reloading is by SIGHUP (the test above); Alertmanager has no /-/quit
+    at all."""
     lab_plan, _, _ = running
     cluster = lab_plan.cluster
     where = cluster.monitoring_node
     member = next(node for node in lab_plan.nodes if node.node != where.name)
     before = _pid(lab_plan, where.name, "qwen-prometheus")
     prometheus_port = port_of(cluster.ports, PROMETHEUS)
-    answers = {
-        path: netns.call_in(member.namespace, probes.post, str(where.ip), prometheus_port, path).status
-        for path in ("/-/quit", "/-/reload")
-    }
-    alertmanager = netns.call_in(
-        member.namespace, probes.post, str(where.ip), port_of(cluster.ports, ALERTMANAGER), "/-/quit"
-    ).status
+    login = f"{webconfig.USER}:{labdoctor.monitoring_password(lab_plan)}"
+
+    def post(port, path, basic_auth=login):
+        return netns.call_in(member.namespace, probes.post, str(where.ip), port, path, basic_auth=basic_auth)
+
+    answers = {path: post(prometheus_port, path).status for path in ("/-/quit", "/-/reload")}
+    alertmanager = post(port_of(cluster.ports, ALERTMANAGER), "/-/quit").status
     assert answers == {"/-/quit": 403, "/-/reload": 403}
     assert alertmanager in (404, 405), alertmanager
+    assert post(prometheus_port, "/-/quit", None).status == 401
     assert "version" in _ask(lab_plan)("/api/v1/status/buildinfo")  # still answering
     assert _pid(lab_plan, where.name, "qwen-prometheus") == before
+
+
+def test_without_the_password_prometheus_and_alertmanager_answer_401_from_every_vantage(running):
+    """The audit's vantages that reach 9090/9093 (the monitoring host, a member): no route,
+    the health probes included, answers without the password; with it, they do. A silence
+    cannot be created without it."""
+    lab_plan, _, _ = running
+    cluster = lab_plan.cluster
+    where = cluster.monitoring_node
+    login = f"{webconfig.USER}:{labdoctor.monitoring_password(lab_plan)}"
+    sources = [lab_plan.vantage(Vantage.MONITORING), next(n for n in lab_plan.nodes if n.node != where.name)]
+    routes = {
+        port_of(cluster.ports, PROMETHEUS): ("/-/healthy", "/-/ready", "/api/v1/query?query=up"),
+        port_of(cluster.ports, ALERTMANAGER): ("/-/healthy", "/-/ready", "/api/v2/silences"),
+    }
+
+    def status(source, port: int, path: str, auth: str | None) -> int:
+        headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+        reply = netns.call_in(
+            source.namespace, probes.request, str(where.ip), port, "GET", path, headers=headers
+        )
+        return reply.status
+
+    for source in sources:
+        for port, paths in routes.items():
+            for path in paths:
+                seen = tuple(
+                    status(source, port, path, auth) for auth in (None, "qwen-monitoring:wrong", login)
+                )
+                assert seen == (401, 401, 200), (source.node, port, path)
+        silence = netns.call_in(
+            source.namespace,
+            probes.post,
+            str(where.ip),
+            port_of(cluster.ports, ALERTMANAGER),
+            "/api/v2/silences",
+        )
+        assert silence.status == 401

@@ -472,7 +472,7 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
         return []
     where = cluster.monitoring_node.name
     url = doctor.configured_url(cluster)
-    fetch = doctor.http_fetch(url, timeout=2)
+    fetch = doctor.http_fetch(url, timeout=2, password=labdoctor.monitoring_password(plan))
 
     def ask(path: str):
         return netns.call_in(plan.node(where).namespace, fetch, path)

@@ -29,8 +29,17 @@ def lab_fetch(stack: str, label: str | None) -> tuple[doctor.Fetch, str]:
     if not netns.exists(member.namespace):
         raise doctor.Unreachable(f"lab {lab_plan.label} is not up (no namespace {member.namespace})")
     url = doctor.configured_url(cluster)
-    inner = doctor.http_fetch(url)
+    inner = doctor.http_fetch(url, password=monitoring_password(lab_plan))
     return (lambda path: netns.call_in(member.namespace, inner, path)), f"{url} (lab {lab_plan.label})"
+
+
+def monitoring_password(lab_plan: blueprint.LabPlan) -> str | None:
+    """The password the lab's Prometheus asks for: the lab gives every bare-metal stack with
+    Prometheus its own (labkit/engine/substitutions.py endpoint_secrets); None elsewhere."""
+    cluster = lab_plan.cluster
+    if cluster.aws is not None or cluster.monitoring_node is None:
+        return None
+    return lifecycle.endpoint_identity(lab_plan).monitoring_password or None
 
 
 def lab_runner(stack: str, label: str | None) -> tuple[doctor.Runner, ClusterConfig]:

@@ -1,5 +1,6 @@
-"""The lab's own endpoint secrets, made once per lab: its API keys and its TLS certificate from
-a lab CA (labkit/cluster/tlsca.py). The lab hands them to the program as a stack's secrets would be
+"""The lab's own endpoint secrets, made once per lab: its API keys, its TLS certificate from
+a lab CA (labkit/cluster/tlsca.py) and its monitoring password. The lab hands them to the program
+as a stack's secrets would be
 (labkit/engine/substitutions.py), and its clients use them (`client_access`); nothing here prints them.
 
     ensure(directory, load_balancer_ip) -> Identity
@@ -23,6 +24,8 @@ class Identity:
     certificate: str = field(repr=False)
     private_key: str = field(repr=False)
     ca_file: str
+    # monitoring.password: what Prometheus and Alertmanager ask for (bare-metal labs).
+    monitoring_password: str = field(default="", repr=False)
 
     def client(self, key_index: int | None = 0) -> ClientAccess:
         """How the lab's clients reach the endpoint: key `key_index` (None: no key), the lab CA."""
@@ -37,10 +40,15 @@ def ensure(directory: Path, load_balancer_ip: str) -> Identity:
     if not keys_file.exists():
         keys_file.touch(mode=0o600)
         keys_file.write_text("".join(f"{secrets.token_hex(32)}\n" for _ in range(KEY_COUNT)))
+    password_file = directory / "monitoring-password"
+    if not password_file.exists():
+        password_file.touch(mode=0o600)
+        password_file.write_text(f"{secrets.token_hex(24)}\n")
     authority = tlsca.ensure(directory / "tls", load_balancer_ip)
     return Identity(
         api_keys=tuple(keys_file.read_text().split()),
         certificate=authority.certificate.read_text(),
         private_key=authority.private_key.read_text(),
         ca_file=str(authority.ca_certificate),
+        monitoring_password=password_file.read_text().strip(),
     )

@@ -6,6 +6,7 @@ the tests also call them on loopback.
 
 from __future__ import annotations
 
+import base64
 import errno
 import http.client
 import json
@@ -192,9 +193,12 @@ def request(
     return _request(ip, port, method, path, body, sent, timeout, access)
 
 
-def post(ip: str, port: int, path: str, *, timeout: float = 5.0) -> Reply:
-    """An empty POST (an admin route such as Prometheus's /-/quit)."""
-    return _request(ip, port, "POST", path, "", {}, timeout)
+def post(ip: str, port: int, path: str, *, timeout: float = 5.0, basic_auth: str | None = None) -> Reply:
+    """An empty POST (an admin route such as Prometheus's /-/quit); `basic_auth`: "user:password"."""
+    headers = {}
+    if basic_auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(basic_auth.encode()).decode()
+    return _request(ip, port, "POST", path, "", headers, timeout)
 
 
 @dataclass

@@ -118,6 +118,13 @@ def endpoint_secrets(config: dict[str, Any], endpoint: Any) -> list[str]:
             chosen = [endpoint.api_keys[0]]
             made.append("access.apiKeys: the lab's own key")
         access["apiKeys"] = [{"secure": key} for key in chosen]
+    monitoring = config.get(f"{NAMESPACE}:monitoring")
+    bare_metal = config.get(f"{NAMESPACE}:target") == "bare-metal"
+    password = getattr(endpoint, "monitoring_password", "")
+    wanted = bare_metal and password and isinstance(monitoring, dict) and monitoring.get("prometheus", True)
+    if wanted and not _is_lab_secret(monitoring.get("password")):
+        monitoring["password"] = {"secure": password}
+        made.append("monitoring.password: the lab's own")
     balancer = config.setdefault(f"{NAMESPACE}:loadBalancer", {})
     if isinstance(balancer, dict):
         balancer["tls"] = {
