@@ -321,11 +321,13 @@ def render(
     secrets_dir: str = CONTAINER_CONF_DIR,
     listen_address: str | None = None,
     router_at: tuple[str, int] | None = None,
+    extra: str = "",
 ) -> str:
     """`api_keys`: check the client keys of KEYS_FILE (beside nginx.conf); `tls`: serve HTTPS with
     the certificate and key in `secrets_dir` (where the container sees CONF_DIR);
     `listen_address`: one address instead of every one (an AWS node's proxy); `router_at`:
-    vLLM's router as the primary server, the replicas its backups (router_server)."""
+    vLLM's router as the primary server, the replicas its backups (router_server); `extra`:
+    more of the `http` block after the client-facing server (an AWS proxy's router listener)."""
     if not servers:
         raise ValueError("nginx needs at least one upstream server")
     if upstream_file is None:
@@ -377,7 +379,7 @@ http {{
         # proxy_connect_timeout; nginx cannot tell a dead link from a thinking pause
         # (found by the lab's link-cut test). A handshake per generation costs nothing.
     }}
-{server}}}
+{server}{extra}}}
 """
 
 
