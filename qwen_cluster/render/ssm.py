@@ -216,7 +216,8 @@ _ROUTER_FUNCTIONS = """
 # health gate.
 router_file=$(mktemp)
 trap 'rm -f "$router_file"' EXIT
-if [ -n '{{ RouterAddress }}' ]; then printf '%s\\n' '{{ RouterAddress }}' >"$router_file"; fi
+ROUTER_ADDRESS='{{ RouterAddress }}'
+if [ -n "$ROUTER_ADDRESS" ]; then printf '%s\\n' "$ROUTER_ADDRESS" >"$router_file"; fi
 worker_url='{{ RouterWorker }}'
 __ADMIN__
 __MEMBERSHIP__
@@ -229,7 +230,7 @@ router_step() {
   # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
   if [ -n "$api" ] &&
     ! timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "${api%:*}" "${api##*:}" 2>/dev/null; then
-    echo "router: $api does not answer; nothing to do"
+    echo "router: $api does not answer (not running, or its node is gone); skipping ${1#router_}"
     return 0
   fi
   "$1"
