@@ -7,16 +7,23 @@ least-conn stack rendering none of it."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import subprocess
 
 import pytest
 
+from labkit.cluster import probes
+from labkit.models import modelserver
 from qwen_cluster import config, ports
-from qwen_cluster.render import proxy, router, router_ssm, ssm
+from qwen_cluster.render import nginx, proxy, router, router_ssm, ssm
 from qwen_cluster.render.monitoring import alerts, endpoint
-from tests.helpers import aws_stacks
+from tests.helpers import aws_stacks, tools
 from tests.helpers.baremetal import shellcheck
+from tests.helpers.configs import TEST_API_KEY
 from tests.helpers.policy_fixtures import aws_stack, ingress
+from tests.helpers.standin_server import free_port, serving
+from tests.helpers.wait import wait_until
 from tooling import offline, policy_harness, stackfile
 
 CACHE_AWARE_CONFIG = aws_stacks.variant("dev", loadBalancer={"routing": "cache-aware"})
@@ -197,3 +204,74 @@ def test_doctor_names_a_router_that_is_not_running_on_the_master():
 def test_the_summary_says_where_the_router_listens(render):
     assert render.outputs["summary"]["endpoint"]["router"]["listen"] == f"{CACHE_AWARE.master.ip}:30000"
     assert render.outputs["summary"]["endpoint"]["router"]["node"] == CACHE_AWARE.master.name
+
+
+@tools.needs("nginx")
+def test_through_a_real_proxy_the_router_serves_and_a_dead_router_degrades_to_the_nodes_vllm(tmp_path):
+    """The master's rendered proxy conf on loopback (the Debian nginx), a stand-in router and a
+    stand-in vLLM: clients go to the router while it serves, the health check and the router's
+    listener to this node's vLLM only, and with the router gone every request still succeeds on
+    this node's vLLM."""
+    head = CACHE_AWARE.master
+    front, listener = free_port(), free_port()
+    for sub in ("logs", "state"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / nginx.KEYS_FILE).write_text(nginx.keys_conf([TEST_API_KEY]))
+    router_context = serving(modelserver.Settings(node="router"))
+    with (
+        serving(modelserver.Settings(node="vllm")) as (vllm_port, vllm_server),
+        contextlib.ExitStack() as stack,
+    ):
+        router_port, router_server = stack.enter_context(router_context)
+        conf = (
+            proxy.conf(CACHE_AWARE, head.name)
+            .replace("user nginx;\n", "")
+            .replace("/var/log/nginx", str(tmp_path / "logs"))
+            .replace("/var/cache/nginx", str(tmp_path / "state"))
+            .replace("/var/run/nginx.pid", str(tmp_path / "nginx.pid"))
+            .replace(f"listen {head.ip}:{CACHE_AWARE.model_port};", f"listen 127.0.0.1:{front};")
+            .replace(f"listen {head.ip}:30001;", f"listen 127.0.0.1:{listener};")
+            .replace(f"server {head.ip}:30000 ", f"server 127.0.0.1:{router_port} ")
+            .replace(f"server 127.0.0.1:{CACHE_AWARE.model_port}", f"server 127.0.0.1:{vllm_port}")
+        )
+        assert f"127.0.0.1:{router_port}" in conf and f"listen 127.0.0.1:{front};" in conf
+        (tmp_path / "nginx.conf").write_text(conf)
+        process = subprocess.Popen(
+            ["nginx", "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            wait_until(
+                lambda: probes.tcp_connect("127.0.0.1", front, timeout=0.2).open,
+                what="the proxy listening on loopback",
+                timeout=10,
+            )
+            keyed = probes.ClientAccess(api_key=TEST_API_KEY)
+
+            def reached(server) -> dict[str, int]:
+                return {path: count for (path, _), count in server.stats.requests.items() if count}
+
+            assert [
+                probes.request("127.0.0.1", front, "GET", "/v1/models", access=keyed).status for _ in range(6)
+            ] == [200] * 6
+            # (The stand-in counts a request once its answer is sent.)
+            wait_until(lambda: reached(router_server) == {"/v1/models": 6}, what="6 on the router", timeout=5)
+            assert reached(vllm_server) == {}
+            # The NLB's health check: this node's vLLM, not the router.
+            assert probes.request("127.0.0.1", front, "GET", "/health").status == 200
+            wait_until(lambda: "/health" in reached(vllm_server), what="/health on this vLLM", timeout=5)
+            assert "/health" not in reached(router_server)
+            # The router's way in: no key, this vLLM only, never back to the router.
+            assert probes.request("127.0.0.1", listener, "GET", "/v1/models").status == 200
+            wait_until(lambda: reached(vllm_server).get("/v1/models") == 1, what="1 on this vLLM", timeout=5)
+            assert reached(router_server) == {"/v1/models": 6}
+            stack.close()  # the router is gone: refused connections from here on
+            statuses = [
+                probes.request("127.0.0.1", front, "GET", "/v1/models", access=keyed).status for _ in range(6)
+            ]
+            assert statuses == [200] * 6
+            wait_until(lambda: reached(vllm_server)["/v1/models"] == 7, what="6 more on this vLLM", timeout=5)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)

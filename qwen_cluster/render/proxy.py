@@ -128,6 +128,10 @@ def document() -> str:
     )
 
 
+# This node's vLLM alone (cache-aware routing): the router listener's and the health check's.
+LOCAL_UPSTREAM = "qwen_local"
+
+
 def router_listener(cluster: ClusterConfig, node_name: str) -> str:
     """With loadBalancer.routing cache-aware: where the router reaches this head's vLLM, on the
     node's address at the `router-worker` row (members only: scope cluster). No key (the router
@@ -140,7 +144,7 @@ def router_listener(cluster: ClusterConfig, node_name: str) -> str:
     timeout = f"{cluster.load_balancer.idle_timeout_seconds}s"
     return f"""
     # The router's way to this replica (docs/routing.md, "AWS"): members only, no key.
-    upstream qwen_local {{
+    upstream {LOCAL_UPSTREAM} {{
         server {vllm.LOOPBACK}:{cluster.model_port};
     }}
 
@@ -155,7 +159,7 @@ def router_listener(cluster: ClusterConfig, node_name: str) -> str:
         proxy_read_timeout {timeout};
         proxy_send_timeout {timeout};
         location / {{
-            proxy_pass http://qwen_local;
+            proxy_pass http://{LOCAL_UPSTREAM};
         }}
     }}
 """
@@ -179,6 +183,10 @@ def conf(cluster: ClusterConfig, node_name: str) -> str:
         tls=cluster.load_balancer.tls is not None,
         router_at=router.api_address(cluster) if routed else None,
         extra=router_listener(cluster, node_name) if routed else "",
+        # The NLB's health check asks this node's own vLLM, as without the router: a node whose
+        # vLLM is down leaves the target group (its proxy's fallback is that vLLM), and the
+        # rollout's `wait target-in-service` still means this replica serves.
+        health_upstream=LOCAL_UPSTREAM if routed else None,
     )
 
 
