@@ -31,13 +31,15 @@ _B64 = "^[A-Za-z0-9+/=]*$"
 PARAMETERS: dict[str, tuple[str, str]] = {
     "Image": ("^[A-Za-z0-9./:@_-]+$", "the pinned vllm-router image"),
     "Command": (_B64, "base64: the router's argv, one word a line (qwen_cluster/render/router.py)"),
-    "ConfigHash": ("^[0-9a-f]{64}$", "sha256 of the image and argv: equal means no restart"),
+    # Not the model server's ConfigHash: the change plan counts that name as a restarting model
+    # server (tooling/changes/impact.py).
+    "RouterHash": ("^[0-9a-f]{64}$", "sha256 of the image and argv: equal means no restart"),
 }
 
 _RUN = r"""#!/bin/bash
 set -euo pipefail
 IMAGE='{{ Image }}'
-HASH='{{ ConfigHash }}'
+HASH='{{ RouterHash }}'
 # (docker ps filters, not --format: SSM reads double braces as its own parameters.)
 if [ -n "$(docker ps --quiet --filter 'name=^__NAME__$' --filter "label=__LABEL__=$HASH")" ]; then
   echo "router: already runs configuration $HASH"
@@ -80,7 +82,7 @@ def parameters(cluster) -> dict[str, str]:
     return {
         "Image": router.IMAGE,
         "Command": base64.b64encode(("\n".join(argv) + "\n").encode()).decode(),
-        "ConfigHash": digest,
+        "RouterHash": digest,
     }
 
 
