@@ -83,7 +83,16 @@ def test_a_least_conn_proxy_and_model_server_render_no_router_at_all():
         if key in ("NginxConf",)
     ]
     assert not [t for t in texts + decoded if "router" in t.lower() or "30000" in t or "30001" in t]
-    assert proxy.conf(DEV, "master") == proxy.conf(DEV, "master").replace("backup", "")
+    # The proxy's conf is the one main rendered before routing: its own vLLM alone.
+    for head in DEV.topology.heads:
+        assert proxy.conf(DEV, head.name) == nginx.render(
+            [("127.0.0.1", DEV.model_port)],
+            listen_port=DEV.model_port,
+            listen_address=str(head.ip),
+            idle_timeout_seconds=DEV.load_balancer.idle_timeout_seconds,
+            api_keys=bool(DEV.access.api_keys),
+            tls=DEV.load_balancer.tls is not None,
+        )
 
 
 def test_the_model_server_runs_leave_the_router_before_the_drain_and_rejoin_after_the_gate(render):
@@ -275,3 +284,15 @@ def test_through_a_real_proxy_the_router_serves_and_a_dead_router_degrades_to_th
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+def test_the_routers_document_declares_its_parameters_and_the_values_fit_its_patterns():
+    import re
+
+    document = json.loads(router_ssm.document())
+    values = router_ssm.parameters(CACHE_AWARE)
+    assert set(values) == set(document["parameters"]) == set(router_ssm.PARAMETERS)
+    for name, value in values.items():
+        assert re.fullmatch(document["parameters"][name]["allowedPattern"].strip("^$"), value), name
+    # The change plan tells a model-server restart by this name; the router's run is not one.
+    assert ssm.CONFIG_HASH_PARAMETER not in values
