@@ -102,6 +102,8 @@ class Options:
     # The real vLLM (its CPU build serving the tiny Qwen3 model, labkit/realvllm.py) in the
     # lab's vLLM images instead of the stand-in (`lab.py up --real-model`).
     real_model: bool = False
+    # The real vLLM's KV cache in bytes (None: realvllm.KV_CACHE_BYTES); the routing benchmark's.
+    kv_cache_bytes: int | None = None
 
 
 @dataclass
@@ -496,6 +498,7 @@ def lab_knobs(plan: LabPlan, options: Options) -> standins.LabKnobs:
         nodes={member.ip: str(member.node) for member in plan.nodes},
         environment_trees=trees.environment,
         top_trees=trees.top,
+        kv_cache_bytes=options.kv_cache_bytes,
     )
 
 

@@ -163,14 +163,16 @@ class Result:
     error: str = ""
 
 
-def complete(endpoint: Endpoint, messages: list[dict[str, Any]], timeout: float = 300.0) -> Result:
+def complete(
+    endpoint: Endpoint, messages: list[dict[str, Any]], timeout: float = 300.0, max_tokens: int | None = None
+) -> Result:
     """One streamed chat completion: the time to its first token, its usage, its text."""
     body = {
         "model": MODEL,
         "messages": messages,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens or MAX_TOKENS,
         "ignore_eos": True,  # vLLM's sampling extension: every answer MAX_TOKENS long
         "temperature": 0,
         # Qwen3's template with thinking off: the text lands in `content` (with the qwen3

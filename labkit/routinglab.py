@@ -60,9 +60,9 @@ def _loopback_cluster(net: str):
 
 def replica_argv(cluster, node: str, kv_cache_bytes: int) -> list[str]:
     """The rendered line with CPU_CHANGES, and the benchmark's KV cache size."""
-    argv = realvllm.cpu_serve_argv(vllm_render.serve_argv(cluster, node), realvllm.ensure_model())
-    flag = "--kv-cache-memory-bytes"
-    argv = [word for word in argv if not word.startswith(f"{flag}=")] + [f"{flag}={kv_cache_bytes}"]
+    argv = realvllm.cpu_serve_argv(
+        vllm_render.serve_argv(cluster, node), realvllm.ensure_model(), kv_cache_bytes
+    )
     return [str(realvllm.ensure_venv() / "bin" / "vllm"), *argv[1:]]
 
 
