@@ -395,16 +395,23 @@ def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, An
 
 
 def routing(args: argparse.Namespace, console) -> dict[str, Any]:
-    """The routing benchmark (labkit/routinglab.py benchmark), its runs logged as they end."""
+    """The routing benchmark (labkit/routinglab.py), its runs logged as they end."""
     from labkit import routinglab
 
-    figures = routinglab.benchmark(
-        args.routing_rounds,
-        args.routing_workloads.split(","),
-        balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold,
-        log=lambda line: console.print(line, highlight=False),
-    )
+    log = lambda line: console.print(line, highlight=False)  # noqa: E731
+    where = args.routing_where or ("lab" if routinglab.program_thresholds(2)[0] is not None else "loopback")
+    if where == "lab":
+        figures = routinglab.benchmark_in_lab(
+            args.lab_stack, args.routing_rounds, args.routing_workloads.split(","), log=log
+        )
+    else:
+        figures = routinglab.benchmark(
+            args.routing_rounds,
+            args.routing_workloads.split(","),
+            balance_abs_threshold=args.balance_abs_threshold,
+            balance_rel_threshold=args.balance_rel_threshold,
+            log=log,
+        )
     if not args.json:
         print_routing(console, figures)
     return figures
@@ -472,6 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         "--routing-workloads",
         default="shared-prefix,multi-turn,no-reuse",
         help="routing workloads, comma-separated",
+    )
+    parser.add_argument(
+        "--routing-where",
+        choices=("lab", "loopback"),
+        help="through the lab's endpoint (nginx, key, TLS; the default once the program renders the "
+        "router) or on loopback addresses (nginx without TLS, the router started by the benchmark)",
     )
     parser.add_argument("--balance-abs-threshold", type=int, help="the router's (default: the program's)")
     parser.add_argument("--balance-rel-threshold", type=float, help="the router's (default: the program's)")

@@ -340,3 +340,112 @@ def benchmark(
         "routerPrefixDecisions": decisions,
         "goals": routingbench.verdicts(summary),
     }
+
+
+# ---------------------------------------------------------------- through the lab's endpoint
+
+
+def lab_config(raw: dict, routing: str) -> dict:
+    """The stack config with `loadBalancer.routing` and every replica's `--enable-scale-out`
+    (in both arms, so that switching the routing restarts no replica)."""
+    from qwen_cluster import config
+
+    namespace = f"{config.NAMESPACE}:"
+    model = dict(raw.get(f"{namespace}model") or {})
+    model["vllmFlags"] = {**(model.get("vllmFlags") or {}), SCALE_OUT_FLAG: True}
+    balancer = {**(raw.get(f"{namespace}loadBalancer") or {}), "routing": routing}
+    return {**raw, f"{namespace}model": model, f"{namespace}loadBalancer": balancer}
+
+
+def benchmark_in_lab(
+    stack: str = "onprem", rounds: int = 3, workloads: list[str] | None = None, *, log=print
+) -> dict:
+    """The same comparison through the lab's real endpoint: `lab up --real-model --nodes 2` (two
+    real replicas, their KV cache routingbench.KV_CACHE_BYTES), the client in the lab's client
+    vantage through nginx with the lab's key and CA, the routing switched between the arms by
+    `pulumi up` of `loadBalancer.routing` (the router container comes and goes; the replicas
+    stay). The program's own thresholds (it renders the router)."""
+    from labkit import blueprint, lifecycle, netns
+
+    workloads = workloads or list(routingbench.WORKLOADS)
+    label = "routing"
+    lifecycle.down(label)
+    options = lifecycle.Options(
+        clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True, kv_cache_bytes=routingbench.KV_CACHE_BYTES
+    )
+    base = blueprint.load(stack, nodes=2, label=label).stack_config
+    started = time.monotonic()
+    try:
+        current = routingbench.POLICIES[0]
+        plan = blueprint.from_stack_config(lab_config(base, current), label)
+        report = lifecycle.up(plan, options)
+        if not report.ok:
+            raise RuntimeError(f"lab up: {next(step for step in report.steps if not step.ok)}")
+        up_seconds = time.monotonic() - started
+        access = lifecycle.client_access(plan)
+        endpoint = routingbench.Endpoint(
+            f"https://{plan.load_balancer.ip}:{plan.cluster.load_balancer.port}",
+            access.api_key,
+            access.ca_file,
+        )
+        client = plan.vantage(blueprint.Vantage.CLIENT).namespace
+        heads = {str(head.node): f"http://{head.ip}:{plan.cluster.model_port}" for head in plan.heads}
+
+        def read_counters() -> dict[str, dict[str, float]]:
+            return netns.call_in(
+                plan.load_balancer.namespace,
+                lambda: {node: routingbench.counters(_get(f"{url}/metrics")) for node, url in heads.items()},
+            )
+
+        runs: dict[str, dict[str, list]] = {
+            name: {policy: [] for policy in routingbench.POLICIES} for name in workloads
+        }
+        switches = []
+        for round_index, policy, workload in routingbench.schedule(rounds, workloads):
+            if policy != current:
+                switch_started = time.monotonic()
+                config = lab_config(base, policy)
+                applied = lifecycle.apply(blueprint.from_stack_config(config, label), options, config=config)
+                if not applied.ok:
+                    raise RuntimeError(
+                        f"routing {policy}: {next(step for step in applied.steps if not step.ok)}"
+                    )
+                switches.append(round(time.monotonic() - switch_started, 1))
+                current = policy
+            seed = routingbench.seed_of(round_index, policy, workload)
+            figures = netns.call_in(client, routingbench.run, endpoint, workload, seed, read_counters)
+            runs[workload][policy].append(figures)
+            log(
+                f"round {round_index + 1} {workload:13} {policy:11} hit {figures['prefixCacheHitRate']:.3f} "
+                f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
+                f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
+                f"errors {figures['errors']} ({figures['seconds']} s)"
+            )
+    finally:
+        lifecycle.down(label)
+    summary = {
+        name: {policy: routingbench.summarize(each) for policy, each in by_policy.items()}
+        for name, by_policy in runs.items()
+    }
+    absolute, relative = program_thresholds(2)
+    return {
+        "setup": {
+            "replicas": 2,
+            "where": f"lab {stack} --real-model --nodes 2: nginx (TLS, key) -> vllm-router {router.VERSION} "
+            "(cache-aware) or least_conn",
+            "kvCacheBytesPerReplica": routingbench.KV_CACHE_BYTES,
+            "kvTokensPerReplica": routingbench.KV_TOKENS_PER_REPLICA,
+            "kvBytesPerToken": routingbench.KV_BYTES_PER_TOKEN,
+            "workingSetTokens": {name: routingbench.WORKLOADS[name].working_set_tokens for name in workloads},
+            "workloads": {name: routingbench.WORKLOADS[name].what for name in workloads},
+            "concurrency": routingbench.CONCURRENCY,
+            "maxTokens": routingbench.MAX_TOKENS,
+            "rounds": rounds,
+            "balanceAbsThreshold": absolute,
+            "balanceRelThreshold": relative,
+            "upSeconds": round(up_seconds, 1),
+            "switchSeconds": switches,
+        },
+        "workloads": summary,
+        "goals": routingbench.verdicts(summary),
+    }
