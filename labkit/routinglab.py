@@ -138,6 +138,7 @@ class Loopback:
         balance_rel_threshold: float | None,
         log_level: str = "warning",
         env: dict[str, str] | None = None,
+        policy: str = "cache_aware",
     ) -> None:
         argv = router.command(
             list(self.replicas.values()),
@@ -147,6 +148,7 @@ class Loopback:
             balance_abs_threshold=balance_abs_threshold,
             balance_rel_threshold=balance_rel_threshold,
             log_level=log_level,
+            policy=policy,
         )
         self._start("router", argv, {**os.environ, **(env or {})})
         _wait(lambda: _status(f"{self.router_url}/health") == 200, 60, "the router's /health", self, "router")
