@@ -66,9 +66,14 @@ def replica_argv(cluster, node: str, kv_cache_bytes: int) -> list[str]:
     return [str(realvllm.ensure_venv() / "bin" / "vllm"), *argv[1:]]
 
 
-def replica_environment() -> dict[str, str]:
+def replica_environment(index: int) -> dict[str, str]:
+    """The lab's CPU environment, and replica `index`'s engine on a core of its own: vLLM's CPU
+    build binds each engine's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND, default `auto`:
+    every server here picked core 0, keeping one core for the rest: vllm/utils/ompmultiprocessing.py),
+    so two replicas shared one core while a replica has accelerators of its own on a real host."""
     env = {key: value for key, value in os.environ.items() if key not in realvllm.CPU_ENVIRONMENT_REMOVED}
     env.update({key: value for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items()})
+    env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
     return env
 
 
@@ -222,8 +227,8 @@ def up(
         f"http://{net}.1:{ROUTER_METRICS_PORT}/metrics",
     )
     try:
-        for node in replicas:
-            lab._start(node, replica_argv(cluster, node, kv_cache_bytes), replica_environment())
+        for index, node in enumerate(replicas):
+            lab._start(node, replica_argv(cluster, node, kv_cache_bytes), replica_environment(index))
         for node, url in replicas.items():
             _wait(
                 lambda url=url: _status(f"{url}/health") == 200,
