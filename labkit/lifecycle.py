@@ -104,6 +104,9 @@ class Options:
     real_model: bool = False
     # The real vLLM's KV cache in bytes (None: realvllm.KV_CACHE_BYTES); the routing benchmark's.
     kv_cache_bytes: int | None = None
+    # Each replica head's real vLLM engine on a core of its own (round robin over the machine's
+    # cores) instead of vLLM's choice (core 0 for every engine on a 2-core machine).
+    engine_cores: bool = False
 
 
 @dataclass
@@ -499,6 +502,9 @@ def lab_knobs(plan: LabPlan, options: Options) -> standins.LabKnobs:
         environment_trees=trees.environment,
         top_trees=trees.top,
         kv_cache_bytes=options.kv_cache_bytes,
+        engine_cores={str(head.ip): index % (os.cpu_count() or 1) for index, head in enumerate(plan.heads)}
+        if options.engine_cores
+        else {},
     )
 
 

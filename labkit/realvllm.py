@@ -394,6 +394,10 @@ if sys.argv[1:2] != ["serve"]:
 # The image's lab file (labkit/standins.py LabKnobs) may size the KV cache for a benchmark.
 lab = json.loads(open(LAB_FILE).read()) if os.path.exists(LAB_FILE) else {{}}
 argv = realvllm.cpu_serve_argv(["vllm", *sys.argv[1:]], {model!r}, lab.get("kv_cache_bytes"))
+# ... and may give each replica's engine a core of its own (keyed by the rendered --host).
+host = next((word.split("=", 1)[1] for word in argv if word.startswith("--host=")), "")
+if host in lab.get("engine_cores", {{}}):
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(lab["engine_cores"][host])
 for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items():
     os.environ[key] = value
 for key in realvllm.CPU_ENVIRONMENT_REMOVED:

@@ -378,7 +378,10 @@ def benchmark_in_lab(
     label = "routing"
     lifecycle.down(label)
     options = lifecycle.Options(
-        clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True, kv_cache_bytes=routingbench.KV_CACHE_BYTES
+        clock_scale=realvllm.REAL_MODEL_CLOCK,
+        real_model=True,
+        kv_cache_bytes=routingbench.KV_CACHE_BYTES,
+        engine_cores=True,
     )
     base = blueprint.load(stack, nodes=2, label=label).stack_config
     started = time.monotonic()

@@ -128,6 +128,9 @@ class LabKnobs:
     # The real vLLM's KV cache in bytes instead of realvllm.KV_CACHE_BYTES (the routing
     # benchmark sizes it so that its working set fits the cluster's cache but not one replica's).
     kv_cache_bytes: int | None = None
+    # Node IP -> the core its real vLLM engine binds (VLLM_CPU_OMP_THREADS_BIND); empty: vLLM's own
+    # choice, which put every engine of a 2-core machine on core 0.
+    engine_cores: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- layers
@@ -306,6 +309,8 @@ def _vllm(image: str, knobs: LabKnobs) -> dockerd.ImageSpec:
     }
     if knobs.kv_cache_bytes is not None:
         lab["kv_cache_bytes"] = knobs.kv_cache_bytes
+    if knobs.engine_cores:
+        lab["engine_cores"] = dict(sorted(knobs.engine_cores.items()))
     base = app_layer()
     if knobs.environment_trees:
         # The real vLLM (labkit/realvllm.py), shared by every tag (a bump adds the few bytes
