@@ -57,6 +57,7 @@ LONG_MODULES = (
     "test_lab_monitoring",  # 47 s
     "test_lab_lockout",  # 39 s
     "test_lab_openai",  # 38 s
+    "test_real_router",  # 27-38 s alone (two real servers on loopback)
     "test_lab_endpoint",  # 28 s
 )
 
