@@ -54,7 +54,7 @@ MAX_TOKENS = 16
 ALPHABET = string.ascii_lowercase + "      "
 
 
-def _text(rng: random.Random, characters: int) -> str:
+def random_text(rng: random.Random, characters: int) -> str:
     return "".join(rng.choice(ALPHABET) for _ in range(characters)).strip() or "x"
 
 
@@ -75,11 +75,11 @@ def shared_prefix(rng: random.Random, tenants: int = 12, context: int = 4000, re
     """`tenants` long shared contexts (>= 3.5k tokens: on the tiny model a cold 7k-token prefill
     costs ~180 ms against ~13 ms cached; at 1.8k the difference drowns in noise), each asked short
     questions in random order; every request stands alone."""
-    contexts = [f"tenant {index}: " + _text(rng, context) for index in range(tenants)]
+    contexts = [f"tenant {index}: " + random_text(rng, context) for index in range(tenants)]
     chains = []
     for _ in range(requests):
         tenant = rng.randrange(tenants)
-        question = _text(rng, 40)
+        question = random_text(rng, 40)
         chains.append(
             [
                 {
@@ -101,9 +101,11 @@ def multi_turn(
     ~opening + (turns - 1) x turn tokens."""
     chains = []
     for index in range(sessions):
-        chain = [{"messages": [{"role": "user", "content": f"session {index}: " + _text(rng, opening)}]}]
+        chain = [
+            {"messages": [{"role": "user", "content": f"session {index}: " + random_text(rng, opening)}]}
+        ]
         chain += [
-            {"reply": True, "messages": [{"role": "user", "content": _text(rng, turn)}]}
+            {"reply": True, "messages": [{"role": "user", "content": random_text(rng, turn)}]}
             for _ in range(turns - 1)
         ]
         chains.append(chain)
@@ -113,7 +115,7 @@ def multi_turn(
 
 def no_reuse(rng: random.Random, requests: int = 48, length: int = 4000) -> list:
     """Prompts of ~`length` tokens that share nothing (each starts with its own random text)."""
-    return [[{"messages": [{"role": "user", "content": _text(rng, length)}]}] for _ in range(requests)]
+    return [[{"messages": [{"role": "user", "content": random_text(rng, length)}]}] for _ in range(requests)]
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -365,8 +367,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         {key: run[key] for key in (*MEDIAN_OF, "requests", "errors", "seconds")} for run in runs
     ]
     return summary
-
-
 
 
 def verdicts(workloads: dict[str, dict[str, Any]]) -> list[str]:

@@ -49,11 +49,11 @@ def lab(tmp_path_factory):
 
 def test_a_prefix_goes_to_the_replica_that_holds_it_even_when_it_is_busier(lab):
     rng = random.Random(11)
-    context = {"role": "system", "content": routingbench._text(rng, CONTEXT_CHARACTERS)}
+    context = {"role": "system", "content": routingbench.random_text(rng, CONTEXT_CHARACTERS)}
     router = routingbench.Endpoint(lab.router_url)
 
     def question(max_tokens: int | None = None):
-        messages = [context, {"role": "user", "content": routingbench._text(rng, 40)}]
+        messages = [context, {"role": "user", "content": routingbench.random_text(rng, 40)}]
         return routingbench.complete(router, messages, max_tokens=max_tokens)
 
     holder = _served_by(lab, question)
@@ -81,7 +81,9 @@ def test_a_killed_router_leaves_nginx_serving_every_request_from_the_replicas(la
     assert routingbench.complete(through_nginx, [{"role": "user", "content": "before"}]).ok
     lab.kill("router")
     results = [
-        routingbench.complete(through_nginx, [{"role": "user", "content": routingbench._text(rng, 200)}])
+        routingbench.complete(
+            through_nginx, [{"role": "user", "content": routingbench.random_text(rng, 200)}]
+        )
         for _ in range(8)
     ]
     failed = [f"{result.status} {result.error}" for result in results if not result.ok]
