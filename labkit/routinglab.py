@@ -6,9 +6,10 @@ suite's rehearsal run, before and beside the lab's namespaces.
   the lab's CPU changes (labkit/realvllm.py CPU_CHANGES), the KV cache sized by the benchmark
   (routingbench.KV_CACHE_BYTES) instead of the lab's 64M;
 - the router is vllm-router from PyPI (labkit/router.py), `cache_aware`, in front of both;
-- nginx has two listeners: `least_conn` over the replicas (today's balancing) and the router
-  with the replicas as `backup` servers (a dead router degrades to plain balancing; nginx's
-  proxy_next_upstream retries a refused connection on the next server).
+- nginx listens for each policy: `least_conn` over the replicas (today's balancing), and the
+  router with the replicas as `backup` servers (a dead router degrades to plain balancing;
+  nginx's proxy_next_upstream retries a refused connection on the next server), from the
+  program's own render (qwen_cluster/render/nginx.py) once it renders the router.
 """
 
 from __future__ import annotations
@@ -77,8 +78,53 @@ def replica_environment(index: int) -> dict[str, str]:
     return env
 
 
-NGINX_CONF = """daemon off;
-worker_processes 1;
+def nginx_confs(lab: Loopback) -> dict[str, str]:
+    """nginx's configuration per process: the program's own render (qwen_cluster/render/nginx.py:
+    its route allowlist, timeouts and upstream, without TLS and keys on loopback) for each
+    policy, once the program renders the router (`render(..., router_at=)`: the router the
+    primary server, the replicas its backups); before that NGINX_CONF, both listeners in one."""
+    import inspect
+
+    from qwen_cluster.render import nginx
+
+    servers = [tuple(url.removeprefix("http://").split(":")) for url in lab.replicas.values()]
+    servers = [(ip, int(port)) for ip, port in servers]
+    if "router_at" not in inspect.signature(nginx.render).parameters:
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (lab.workdir / sub).mkdir(exist_ok=True)
+        return {
+            "nginx": NGINX_CONF.format(
+                dir=lab.workdir,
+                host=lab.host,
+                least_conn=LEAST_CONN_PORT,
+                routed=ROUTED_PORT,
+                router=f"{lab.host}:{ROUTER_PORT}",
+                replicas="\n".join(f"        server {ip}:{port};" for ip, port in servers),
+                backups="\n".join(f"        server {ip}:{port} backup;" for ip, port in servers),
+            )
+        }
+    confs = {}
+    for name, port, router_at in (
+        ("nginx-least-conn", LEAST_CONN_PORT, None),
+        ("nginx", ROUTED_PORT, (lab.host, ROUTER_PORT)),
+    ):
+        runtime = lab.workdir / name
+        runtime.mkdir(exist_ok=True)
+        confs[name] = nginx.render(
+            servers,
+            listen_port=port,
+            idle_timeout_seconds=3600,
+            runtime_dir=str(runtime),
+            log_dir=str(runtime),
+            pid_file=str(runtime / "nginx.pid"),
+            user=None,
+            listen_address=lab.host,
+            router_at=router_at,
+        )
+    return confs
+
+
+NGINX_CONF = """worker_processes 1;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
 events {{ worker_connections 1024; }}
@@ -238,30 +284,14 @@ def up(
                 node,
             )
         lab.start_router(balance_abs_threshold, balance_rel_threshold)
-        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (directory / sub).mkdir(exist_ok=True)
-        conf = NGINX_CONF.format(
-            dir=directory,
-            host=lab.host,
-            least_conn=LEAST_CONN_PORT,
-            routed=ROUTED_PORT,
-            router=f"{lab.host}:{ROUTER_PORT}",
-            replicas="\n".join(f"        server {url.removeprefix('http://')};" for url in replicas.values()),
-            backups="\n".join(
-                f"        server {url.removeprefix('http://')} backup;" for url in replicas.values()
-            ),
-        )
-        (directory / "nginx.conf").write_text(conf)
-        lab._start(
-            "nginx", ["nginx", "-p", str(directory), "-c", str(directory / "nginx.conf")], os.environ.copy()
-        )
-        _wait(
-            lambda: _status(f"{lab.url('cache-aware')}/health") == 200,
-            30,
-            "nginx's routed listener",
-            lab,
-            "nginx",
-        )
+        for name, conf in nginx_confs(lab).items():
+            (directory / f"{name}.conf").write_text(conf)
+            argv = ["nginx", "-p", str(directory), "-c", str(directory / f"{name}.conf"), "-g", "daemon off;"]
+            lab._start(name, argv, os.environ.copy())
+        for policy in routingbench.POLICIES:
+            _wait(
+                lambda p=policy: _status(f"{lab.url(p)}/health") == 200, 30, f"nginx ({policy})", lab, "nginx"
+            )
         yield lab
     finally:
         for name in list(lab.processes):
