@@ -48,15 +48,36 @@ def _loopback_cluster(net: str):
     ]
     raw["network"] = {**raw["network"], "cidr": f"{net}.0/24"}
     raw.pop("monitoring", None)
-    # vllm-router's cache_aware policy asks each replica for the prompt's token ids
-    # (POST /v1/chat/completions/render), which vLLM serves only with --enable-scale-out
-    # (vllm/entrypoints/scale_out/factories.py; without it: 403, and the router routes by load
-    # alone, its prefix decisions all "missing_tokens").
-    raw["model"] = {**raw["model"], "vllmFlags": {**raw["model"].get("vllmFlags", {}), SCALE_OUT_FLAG: True}}
+    raw.update(_scale_out({key: raw[key] for key in ("model", "loadBalancer") if key in raw}, "cache-aware"))
     raw["bareMetal"] = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
     from qwen_cluster import config
 
     return config.validate(raw)
+
+
+def program_owns_scale_out() -> bool:
+    """Whether the program renders --enable-scale-out itself (with loadBalancer.routing
+    cache-aware) and refuses it in model.vllmFlags."""
+    from qwen_cluster.config import sections
+
+    return SCALE_OUT_FLAG in sections.OWNED_VLLM_FLAGS
+
+
+def _scale_out(keys: dict, routing: str) -> dict:
+    """`model` and `loadBalancer` (keys without the namespace) so that every replica runs
+    --enable-scale-out: vllm-router's cache_aware policy asks each replica for the prompt's
+    token ids (POST /v1/chat/completions/render), which vLLM serves only with that flag
+    (vllm/entrypoints/scale_out/factories.py; without it: 403, and the router routes by load
+    alone, its prefix decisions all "missing_tokens"). The program renders it with
+    `loadBalancer.routing: cache-aware` (switching the routing then restarts the replicas, lane
+    by lane); before it did, model.vllmFlags carried it in both arms."""
+    model = dict(keys.get("model") or {})
+    balancer = dict(keys.get("loadBalancer") or {})
+    if program_owns_scale_out():
+        balancer["routing"] = routing
+    else:
+        model["vllmFlags"] = {**(model.get("vllmFlags") or {}), SCALE_OUT_FLAG: True}
+    return {"model": model, "loadBalancer": balancer}
 
 
 def replica_argv(cluster, node: str, kv_cache_bytes: int) -> list[str]:
@@ -384,14 +405,12 @@ def benchmark(
 
 def lab_config(raw: dict, routing: str) -> dict:
     """The stack config with `loadBalancer.routing` and every replica's `--enable-scale-out`
-    (in both arms, so that switching the routing restarts no replica)."""
+    (`_scale_out`)."""
     from qwen_cluster import config
 
     namespace = f"{config.NAMESPACE}:"
-    model = dict(raw.get(f"{namespace}model") or {})
-    model["vllmFlags"] = {**(model.get("vllmFlags") or {}), SCALE_OUT_FLAG: True}
-    balancer = {**(raw.get(f"{namespace}loadBalancer") or {}), "routing": routing}
-    return {**raw, f"{namespace}model": model, f"{namespace}loadBalancer": balancer}
+    keys = {key: raw[f"{namespace}{key}"] for key in ("model", "loadBalancer") if f"{namespace}{key}" in raw}
+    return {**raw, **{f"{namespace}{key}": value for key, value in _scale_out(keys, routing).items()}}
 
 
 def benchmark_in_lab(
