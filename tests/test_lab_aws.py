@@ -116,7 +116,7 @@ def test_day0_staged_the_weights_from_s3_before_each_server_started(day0):
 
 def test_the_node_role_refuses_what_it_does_not_allow_and_imds_wants_a_token(day0):
     aws_plan, _, rendered = day0
-    _, machines = lab._context(aws_plan, rendered)
+    _, machines = lab.context(aws_plan, rendered)
     node = machines["master"]
     status, code, output = node.execute(
         "#!/bin/bash\nexport AWS_DEFAULT_REGION=us-west-2\n"
@@ -160,10 +160,10 @@ def _still_loading(aws_plan, rendered, node: str) -> threading.Thread:
     """`node`'s replica as one still loading after a day 0 that did not wait for it: registered
     anew (`initial`, the NLB sends it nothing until its checks pass), its server stopped until
     the master's model-server run of the next change begins, then started: it loads and rises."""
-    stack, _ = lab._context(aws_plan, rendered)
+    stack, _ = lab.context(aws_plan, rendered)
     group, instance = stack.target_group, stack.instances[node]
     for action in ("deregister_targets", "register_targets"):
-        lab._deployer_call(aws_plan, action, group.arn, instance.instance_id, group.port)
+        lab.deployer_call(aws_plan, action, group.arn, instance.instance_id, group.port)
     member = next(m for m in aws_plan.plan.nodes if m.node == node)
     daemon = lab.node_daemon(aws_plan, member)
     dockerd.docker(daemon, "stop", "--time", "1", ssm.CONTAINER_NAME)
@@ -191,7 +191,7 @@ def test_an_image_bump_begun_while_a_replica_loads_drains_none_before_it_serves_
     assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
     assert result["requests"] > 100
     assert result["maxReplicasDown"] == aws_plan.plan.cluster.max_unavailable == 1
-    stack, _ = lab._context(aws_plan, rendered)
+    stack, _ = lab.context(aws_plan, rendered)
     runs = sorted((aws_plan.root / "nodes" / "master" / "runs").glob("*-modelServer"))
     waited = f"waiting for {stack.instances['worker-1'].instance_id} to be in service"
     assert waited in (runs[-1] / "stdout").read_text()  # the master's run of this change
