@@ -257,9 +257,8 @@ def app_layer(base: dockerd.ImageSpec | None = None) -> dockerd.ImageSpec:
             trees.append((path, f"{SITE_DIR}/{Path(path).name}"))
             libraries += sorted(str(so) for so in Path(path).glob("*.so")) if Path(path).is_dir() else []
     # No Hub: the staging's weights fetch records what it would fetch (labkit/images/imagesite/).
-    trees.append(
-        (str(PROJECT_ROOT / "labkit" / "imagesite" / "huggingface_hub"), f"{SITE_DIR}/huggingface_hub")
-    )
+    site = Path(__file__).resolve().parent / "imagesite"
+    trees.append((str(site / "huggingface_hub"), f"{SITE_DIR}/huggingface_hub"))
     return dockerd.ImageSpec(
         programs=tuple(libraries),
         trees=tuple(trees),
