@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 from labkit.aws import elb, model, settings, ssmrun
-from labkit.aws.engine import apply, not_succeeded, record_runs
+from labkit.aws.engine import AwsUp, apply, delete, not_succeeded, record_runs, target_state
 from labkit.aws.machine import Machine
-from labkit.aws.nodes import context, engines, lab_options, machines_up, node_etc, pulled_images
-from labkit.aws.settings import DEPLOYER_KEY, AwsLabError, AwsPlan, build, lab_config, weights_bucket
+from labkit.aws.nodes import context, engines, lab_options, machines_up, node_etc, pulled_images, shut_down
+from labkit.aws.settings import DEPLOYER_KEY, AwsLabError, AwsPlan, build, lab_config, s3_uri, weights_bucket
 from labkit.aws.standins import api_add_nodes, lab_weights
 from labkit.cluster import endpoint, lifecycle
 from labkit.cluster.blueprint import Member
@@ -105,8 +105,22 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
         for name, association in stack.associations.items()
         if changed_arns & set(association.parameters.values())
     }
-    before = {m.node for m in build(stackfile.validate(state.config), label, state.config).plan.nodes}
+    old_plan = build(stackfile.validate(state.config), label, state.config, saved["stack"])
+    before = {m.node for m in old_plan.plan.nodes}
     added = [m for m in aws_plan.plan.nodes if m.node not in before]
+    staying = {m.node for m in aws_plan.plan.nodes}
+    leaving = {m.node: m for m in old_plan.plan.nodes if m.node not in staying}
+    removed = {name for name, change in diff.items() if change.action == "delete"}
+    old_stack = model.read(state.render, stack.region, s3_uri(old_plan.plan.cluster))
+    at_termination: dict[str, str] = {}
+
+    def terminate(instance: model.Instance) -> str:
+        seen = target_state(aws_plan, old_stack.target_group.arn, instance.instance_id)
+        at_termination[instance.node] = seen
+        return f"target {instance.instance_id}: {seen} at termination; " + shut_down(
+            old_plan, leaving[instance.node]
+        )
+
     prepared = _prepare(aws_plan, rendered, stack, machines, identity, added)
     # The replicas of the stack before the change: a node being added is not "out"; one still
     # loading after `up` is (clients have it no more than a drained one).
@@ -124,6 +138,8 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
         if parameters:
             _parameter_updates(aws_plan, stack, parameters)
         report = apply(aws_plan, rendered, stack, machines, only=acting - parameters)
+        if report.ok and removed:
+            report.steps += delete(aws_plan, state.render, old_stack, removed, terminate)
         time.sleep(0.3)
     seconds = time.monotonic() - started
     runs = record_runs(aws_plan, report, stack)
@@ -162,9 +178,16 @@ def upgrade(label: str, changes: list[str], *, max_requests: int = 300) -> dict[
             # This change's runs that did not succeed, with the end of their output (what
             # `get-command-invocation` shows): why a document is not Success above.
             "notSucceeded": not_succeeded(report, stack),
+            # Association -> node -> status of this change's runs, State Manager's own included
+            # (a tag-targeted association on an instance that came to match it).
+            "runs": _runs_by_association(report),
         },
         "parametersUpdated": sorted(stack.parameters[name]["name"] for name in parameters),
         "nodesAdded": [m.node for m in added],
+        "nodesRemoved": sorted(leaving),
+        # What DescribeTargetHealth said of each removed node's target as its instance was
+        # terminated: `unused` once drained and out of the group, `draining` while it drains.
+        "targetAtTermination": at_termination,
         "clientKey": key,  # the lab key the client load used: one the stack accepts after the change
         "prepared": prepared,
         # Where a failed rollout stopped, and the replicas whose model-server run never started
@@ -233,3 +256,10 @@ def _prepare(
 def _last_line(detail: str) -> str:
     lines = [line for line in detail.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
+
+
+def _runs_by_association(report: AwsUp) -> dict[str, dict[str, str]]:
+    table: dict[str, dict[str, str]] = {}
+    for name, run in report.all_runs():
+        table.setdefault(name, {}).update({i.instance: i.status for i in run.invocations})
+    return table

@@ -30,7 +30,7 @@ from labkit.cluster import endpoint, lifecycle
 from labkit.cluster.blueprint import BRIDGE, MEMBER_IF, Member
 from labkit.engine import substitutions
 from labkit.engine.executor import StepResult
-from labkit.hosts import netns
+from labkit.hosts import dockerd, netns
 from tooling import offline
 
 
@@ -190,13 +190,15 @@ def machines_up(aws_plan: AwsPlan) -> None:
 
 
 def node_etc(aws_plan: AwsPlan, region: str, bucket: str | None) -> None:
-    """Each node's /etc/hosts names the AWS endpoints at the API stand-in; IMDS on its lo."""
+    """Each node's /etc/hosts names the AWS endpoints at the API stand-in; IMDS on its lo. The
+    `aws` namespace's too: the deployer's own AWS CLI (a `command:local:Command`) runs there."""
     hosts = Path("/etc/hosts").read_text()
     extra = "".join(f"{aws_plan.api.ip} {name}\n" for name in api_names(region, bucket))
-    for member in aws_plan.plan.nodes:
+    for member in (*aws_plan.plan.nodes, aws_plan.api):
         folder = netns.NETNS_ETC / member.namespace
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "hosts").write_text(hosts + "# lab: the AWS endpoints (labkit/aws/nodes.py)\n" + extra)
+    for member in aws_plan.plan.nodes:
         netns.run(["ip", "-n", member.namespace, "addr", "replace", f"{IMDS_ADDRESS}/32", "dev", "lo"])
 
 
@@ -206,3 +208,13 @@ def context(aws_plan: AwsPlan, rendered: offline.Render) -> tuple[model.AwsStack
     stack = model.read(rendered, region, s3_uri(aws_plan.plan.cluster))
     pace_documents(stack, settings.clock)
     return stack, node_machines(aws_plan, stack, identity)
+
+
+def shut_down(aws_plan: AwsPlan, member: Member) -> str:
+    """An instance terminated: the machine shuts down (its Docker engine stops its containers,
+    as systemd stops docker.service, each with its stop timeout), then nothing of it is left (its
+    processes, its namespace)."""
+    stopped = dockerd.stop(node_daemon(aws_plan, member))
+    killed = netns.kill_marked(f"{aws_plan.plan.label}/{member.node}")
+    netns.delete(member.namespace)
+    return f"{stopped}; {killed} processes ended; namespace {member.namespace} deleted"
