@@ -121,6 +121,7 @@ def test_setting_aws_ami_id_replaces_every_node_one_at_a_time_delete_before_repl
         expected[f"gpu-nodes-{node}-template"] = ("update", None)  # a new version
         expected[f"gpu-nodes-{node}"] = ("replace", "delete-before-replace")
         expected[f"model-lb-{node}"] = ("replace", "create-before-delete")
+        expected[f"model-lb-{node}-drained"] = ("replace", "create-before-delete")  # its triggers
         expected[f"gpu-nodes-{node}-server"] = ("replace", "create-before-delete")
         expected[f"node-proxy-{node}"] = ("replace", "create-before-delete")  # the new instance's proxy
         expected[f"gpu-nodes-{node}-stage"] = ("replace", "create-before-delete")  # new targets
@@ -146,6 +147,7 @@ def test_adding_a_node_touches_only_that_node():
         "gpu-nodes-worker-2-template": ("create", None),
         "gpu-nodes-worker-2": ("create", None),
         "model-lb-worker-2": ("create", None),
+        "model-lb-worker-2-drained": ("create", None),
         "gpu-nodes-worker-2-server": ("create", None),
         "node-proxy-worker-2": ("create", None),
         "gpu-nodes-worker-2-stage": ("create", None),
@@ -164,6 +166,7 @@ def test_removing_a_node_touches_only_that_node():
         "gpu-nodes-worker-2-template": ("delete", None),
         "gpu-nodes-worker-2": ("delete", None),
         "model-lb-worker-2": ("delete", None),
+        "model-lb-worker-2-drained": ("delete", None),  # waits out the drain before the instance goes
         "gpu-nodes-worker-2-server": ("delete", None),
         "node-proxy-worker-2": ("delete", None),
         "gpu-nodes-worker-2-stage": ("delete", None),
@@ -386,3 +389,19 @@ def test_the_routed_document_declares_its_parameters_and_the_values_fit_its_patt
     assert set(values) == set(document["parameters"]) == set(ssm.PARAMETERS) | set(ssm.ROUTED_PARAMETERS)
     for name, value in values.items():
         assert re.fullmatch(document["parameters"][name]["allowedPattern"].strip("^$"), value), (name, value)
+
+
+def test_a_heads_instance_is_deleted_only_after_the_wait_for_its_drain():
+    """The attachment's delete only deregisters (terraform-provider-aws
+    internal/service/elbv2/target_group_attachment.go resourceAttachmentDelete); the engine deletes
+    dependents first, so the attachment -> drained -> instance chain puts the wait between them."""
+    dev = render_stack("dev")
+    deps = dev.dependencies()
+    for node in ("master", "worker-1"):
+        drained = dev.named(f"model-lb-{node}-drained")
+        assert f"model-lb-{node}-drained" in deps[f"model-lb-{node}"]
+        assert f"gpu-nodes-{node}" in deps[f"model-lb-{node}-drained"]
+        assert "create" not in drained.inputs  # nothing to do until the node leaves
+        assert drained.inputs["delete"].startswith("aws elbv2 wait target-deregistered ")
+        assert f"Id=gpu-nodes-{node}-id,Port=5000" in drained.inputs["delete"]
+        assert drained.inputs["triggers"] == [f"gpu-nodes-{node}-id"]
