@@ -89,7 +89,15 @@ def print_lanes(console, count: int, runs: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(
-        "rehearsal", "ok", "requests", "failed", "cut", "most down", "s", "stopped at", "not reached",
+        "rehearsal",
+        "ok",
+        "requests",
+        "failed",
+        "cut",
+        "most down",
+        "s",
+        "stopped at",
+        "not reached",
         title=f"lab.py upgrade at {count} nodes ({runs[0]['lanes'] if runs else '?'} lanes)",
     )
     for run in runs:
@@ -387,6 +395,65 @@ def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, An
         aws_lab.down(label)
 
 
+def routing(args: argparse.Namespace, console) -> dict[str, Any]:
+    """The routing benchmark (labkit/cluster/routinglab.py), its runs logged as they end."""
+    from labkit.cluster import routinglab
+
+    log = lambda line: console.print(line, highlight=False)  # noqa: E731
+    where = args.routing_where or "lab"
+    if where == "lab":
+        figures = routinglab.benchmark_in_lab(
+            args.lab_stack, args.routing_rounds, args.routing_workloads.split(","), log=log
+        )
+    else:
+        figures = routinglab.benchmark(
+            args.routing_rounds,
+            args.routing_workloads.split(","),
+            balance_abs_threshold=args.balance_abs_threshold,
+            balance_rel_threshold=args.balance_rel_threshold,
+            log=log,
+        )
+    if not args.json:
+        print_routing(console, figures)
+    return figures
+
+
+def print_routing(console, figures: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    setup = figures["setup"]
+    table = Table(
+        "workload",
+        "policy",
+        "requests",
+        "errors",
+        "hit rate",
+        "TTFT p50 s",
+        "TTFT p90 s",
+        "out tok/s",
+        "busiest/mean",
+        title=(
+            f"routing: {setup['where']}; KV {setup['kvTokensPerReplica']} tokens per replica; "
+            f"thresholds {setup['balanceAbsThreshold']}/{setup['balanceRelThreshold']}; "
+            f"median of {setup['rounds']}"
+        ),
+    )
+    for name, by_policy in figures["workloads"].items():
+        for policy, row in by_policy.items():
+            table.add_row(
+                name,
+                policy,
+                *(str(row[key]) for key in ("requests", "errors", "prefixCacheHitRate", "ttftP50Seconds")),
+                *(
+                    str(row[key])
+                    for key in ("ttftP90Seconds", "outputTokensPerSecond", "busiestReplicaRatio")
+                ),
+            )
+    console.print(table)
+    for line in figures["goals"]:
+        console.print(f"  {line}", highlight=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -402,8 +469,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--aws-stack", default="prod", help="the AWS stack whose node side is rehearsed ('': none)"
     )
+    parser.add_argument(
+        "--only",
+        choices=("routing",),
+        help="one section alone: routing (least-conn against vLLM's router on two real vLLM replicas)",
+    )
+    parser.add_argument("--no-routing", action="store_true", help="leave the routing benchmark out")
+    parser.add_argument("--routing-rounds", type=int, default=3, help="routing runs per policy; medians")
+    parser.add_argument(
+        "--routing-workloads",
+        default="shared-prefix,multi-turn,no-reuse",
+        help="routing workloads, comma-separated",
+    )
+    parser.add_argument(
+        "--routing-where",
+        choices=("lab", "loopback"),
+        help="through the lab's endpoint (nginx, key, TLS; the default) "
+        "or on loopback addresses (nginx without TLS, the router started by the benchmark)",
+    )
+    parser.add_argument("--balance-abs-threshold", type=int, help="the router's (default: the program's)")
+    parser.add_argument("--balance-rel-threshold", type=float, help="the router's (default: the program's)")
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 200, stderr=args.json)
+    if args.only == "routing":
+        figures = {"machine": render_bench.machine(), "routing": routing(args, console)}
+        if args.json:
+            print(json.dumps(figures, indent=2))
+        return 0
     figures = render_bench.run(args, console)
     skipped = "--no-lab given" if args.no_lab else lab_available()
     if skipped:
@@ -425,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             figures["lab"]["realModel"] = lab_real_model(args.lab_stack, args.real_model_nodes)
             if not args.json:
                 print_real_model(console, figures["lab"]["realModel"])
+        if not args.no_routing:
+            figures["routing"] = routing(args, console)
         if args.aws_stack:
             figures["lab"]["aws"] = aws_rehearsal(args.aws_stack)
             if not args.json:

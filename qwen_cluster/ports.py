@@ -117,9 +117,16 @@ MONITORING_LOOPBACK_PORTS = {
 # an admin route to it. 30000 is the router's own default (`--port`, vllm_router/router_args.py
 # RouterArgs.port in the 0.1.17 wheel). The row is added to the table only with cache-aware
 # routing (config/rules.py complete_ports); on bare metal the router binds loopback on the
-# load-balancer host, on AWS the router node's address (members only, the cluster-all rule).
+# load-balancer host, on AWS the master's address (members only, the cluster-all rule).
 ROUTER = "router"
 ROUTER_ROW = PortEntry(name=ROUTER, port=30000, scope=Scope.CLUSTER, required=False)
+# AWS only: where each replica head's proxy listens for the router (render/proxy.py
+# router_listener): no key check, forwarding to its own vLLM on loopback only. The router's
+# workers cannot be the proxies' client listeners (they send to the router: a loop) nor vLLM
+# itself (it binds loopback behind the proxy on AWS), so this row is the router's way to each
+# replica. Members only, like the router's: scope cluster.
+ROUTER_WORKER = "router-worker"
+ROUTER_WORKER_ROW = PortEntry(name=ROUTER_WORKER, port=30001, scope=Scope.CLUSTER, required=False)
 # Its Prometheus listener: loopback only (`--prometheus-host 127.0.0.1`, the router's default, and
 # `--prometheus-port`, default 29000: router_args.py), read by the node's monitoring endpoint like
 # the exporters above, so not in the table; the table must stay clear of it.

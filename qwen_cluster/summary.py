@@ -73,13 +73,13 @@ def summary(cluster: ClusterConfig) -> dict[str, Any]:
 
 
 def _router(cluster) -> dict | None:
-    server = nginx.router_server(cluster)
-    if server is None:
+    if not router.needs_router(cluster):
         return None
+    server = router.api_address(cluster)
     absolute, relative = router.balance_thresholds(len(cluster.topology.heads))
     return {
         "image": router.IMAGE,
-        "node": cluster.load_balancer_node.name,
+        "node": cluster.router_node.name,
         "listen": f"{server[0]}:{server[1]}",
         "balanceThresholds": {"absolute": absolute, "relative": relative},
     }

@@ -42,7 +42,7 @@ def bare_metal_raw() -> dict:
 # https://github.com/pytest-dev/pytest-xdist/issues/1386), so the suite brings its scheduler
 # through xdist's pytest_xdist_make_scheduler hook.
 SERIAL_GROUPS = {
-    "real-vllm": ("test_lab_real_vllm", "test_real_vllm", "test_realvllm_setup"),
+    "real-vllm": ("test_lab_real_vllm", "test_real_vllm", "test_realvllm_setup", "test_real_router"),
 }
 # Seconds per module in a clean-clone run (`PYTEST_ADDOPTS=--durations=0 .ci/run`, summed per
 # module, one lab up each); a module that becomes long belongs here.
@@ -57,6 +57,7 @@ LONG_MODULES = (
     "test_lab_monitoring",  # 47 s
     "test_lab_lockout",  # 39 s
     "test_lab_openai",  # 38 s
+    "test_real_router",  # 27-38 s alone (two real servers on loopback)
     "test_lab_endpoint",  # 28 s
 )
 

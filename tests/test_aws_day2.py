@@ -121,6 +121,7 @@ def test_setting_aws_ami_id_replaces_every_node_one_at_a_time_delete_before_repl
         expected[f"gpu-nodes-{node}-template"] = ("update", None)  # a new version
         expected[f"gpu-nodes-{node}"] = ("replace", "delete-before-replace")
         expected[f"model-lb-{node}"] = ("replace", "create-before-delete")
+        expected[f"model-lb-{node}-drained"] = ("replace", "create-before-delete")  # its triggers
         expected[f"gpu-nodes-{node}-server"] = ("replace", "create-before-delete")
         expected[f"node-proxy-{node}"] = ("replace", "create-before-delete")  # the new instance's proxy
         expected[f"gpu-nodes-{node}-stage"] = ("replace", "create-before-delete")  # new targets
@@ -146,6 +147,7 @@ def test_adding_a_node_touches_only_that_node():
         "gpu-nodes-worker-2-template": ("create", None),
         "gpu-nodes-worker-2": ("create", None),
         "model-lb-worker-2": ("create", None),
+        "model-lb-worker-2-drained": ("create", None),
         "gpu-nodes-worker-2-server": ("create", None),
         "node-proxy-worker-2": ("create", None),
         "gpu-nodes-worker-2-stage": ("create", None),
@@ -164,6 +166,7 @@ def test_removing_a_node_touches_only_that_node():
         "gpu-nodes-worker-2-template": ("delete", None),
         "gpu-nodes-worker-2": ("delete", None),
         "model-lb-worker-2": ("delete", None),
+        "model-lb-worker-2-drained": ("delete", None),  # waits out the drain before the instance goes
         "gpu-nodes-worker-2-server": ("delete", None),
         "node-proxy-worker-2": ("delete", None),
         "gpu-nodes-worker-2-stage": ("delete", None),
@@ -323,3 +326,82 @@ def test_a_model_change_never_touches_the_machine():
         "gpu-nodes-worker-1-server",
     }
     assert summary.nodes_replaced == [] and summary.max_replicas_out_of_service == 1
+
+
+# --- loadBalancer.routing cache-aware (docs/routing.md, "AWS", day 2) ----------------------
+
+
+def test_switching_to_cache_aware_routing_rolls_the_replicas_and_adds_the_router():
+    found, summary = plan("dev", "loadBalancer.routing=cache-aware")
+    assert touched(found) == {
+        # The routed run (the router calls): a new document version, in place.
+        "model-server-document": ("update", None),
+        "router-document": ("create", None),
+        "router-master": ("create", None),
+        # The master's endpoint scrapes the router (source `router`).
+        "monitoring-master": ("update", None),
+        # Each proxy's new nginx.conf (router upstream, backup, router listener): a reload.
+        "node-proxy-master": ("replace", "create-before-delete"),
+        "node-proxy-worker-1": ("replace", "create-before-delete"),
+        # --enable-scale-out and the routed run: each replica drained, restarted and gated.
+        "gpu-nodes-master-server": ("replace", "create-before-delete"),
+        "gpu-nodes-worker-1-server": ("replace", "create-before-delete"),
+    }
+    assert summary.nodes_replaced == [] and summary.servers_restarted == ["master", "worker-1"]
+    assert summary.max_replicas_out_of_service == 1 and summary.endpoint_stays_up
+
+
+def _cache_aware(*change: str):
+    base = changes.apply_changes(stackfile.read("dev"), ("loadBalancer.routing=cache-aware",))
+    old = render(base, "dev")
+    new = render(changes.apply_changes(base, change), "dev")
+    found = changes.diff(old, new)
+    return found, changes.rollout(old, new, found)
+
+
+def test_a_new_router_setting_updates_its_association_in_place_and_restarts_no_model_server():
+    """The router's association keeps the in-place update (association.go: parameters update
+    with UpdateAssociation, which runs it again): nothing waits for the router's run."""
+    render_cache_aware = render(
+        changes.apply_changes(stackfile.read("dev"), ("loadBalancer.routing=cache-aware",)), "dev"
+    )
+    assert not render_cache_aware.named("router-master").replace_on_changes
+    # A new balance bound (the replica count) or worker set changes the router's argv: here, a
+    # longer idle timeout moves --request-timeout-secs.
+    found, summary = _cache_aware("loadBalancer.idleTimeoutSeconds=4000")
+    assert touched(found)["router-master"] == ("update", None)
+    assert summary.servers_restarted == []
+
+
+def test_the_routed_document_declares_its_parameters_and_the_values_fit_its_patterns():
+    import re
+
+    from qwen_cluster import config
+    from tests.helpers.aws_stacks import variant
+
+    document = json.loads(ssm.document(routed=True))
+    cluster = config.validate(
+        stackfile.cluster_keys(variant("prod", loadBalancer={"routing": "cache-aware"}))
+    )
+    values = ssm.parameters(
+        cluster, "worker-1", target_group_arn="arn:aws:elasticloadbalancing:x", target_id="i-0"
+    )
+    assert set(values) == set(document["parameters"]) == set(ssm.PARAMETERS) | set(ssm.ROUTED_PARAMETERS)
+    for name, value in values.items():
+        assert re.fullmatch(document["parameters"][name]["allowedPattern"].strip("^$"), value), (name, value)
+
+
+def test_a_heads_instance_is_deleted_only_after_the_wait_for_its_drain():
+    """The attachment's delete only deregisters (terraform-provider-aws
+    internal/service/elbv2/target_group_attachment.go resourceAttachmentDelete); the engine deletes
+    dependents first, so the attachment -> drained -> instance chain puts the wait between them."""
+    dev = render_stack("dev")
+    deps = dev.dependencies()
+    for node in ("master", "worker-1"):
+        drained = dev.named(f"model-lb-{node}-drained")
+        assert f"model-lb-{node}-drained" in deps[f"model-lb-{node}"]
+        assert f"gpu-nodes-{node}" in deps[f"model-lb-{node}-drained"]
+        assert "create" not in drained.inputs  # nothing to do until the node leaves
+        assert drained.inputs["delete"].startswith("aws elbv2 wait target-deregistered ")
+        assert f"Id=gpu-nodes-{node}-id,Port=5000" in drained.inputs["delete"]
+        assert drained.inputs["triggers"] == [f"gpu-nodes-{node}-id"]

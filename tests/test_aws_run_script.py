@@ -6,6 +6,12 @@ restarts."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from qwen_cluster.render import ssm
@@ -111,3 +117,106 @@ def test_a_pipeline_worker_drains_its_replicas_head_before_it_restarts(node):
 
 def test_a_replicas_members_share_one_hash_so_a_worker_change_restarts_its_head():
     assert parameters("worker-1", pipeline=2)["ConfigHash"] == parameters("master", pipeline=2)["ConfigHash"]
+
+
+# --- with vLLM's router (loadBalancer.routing cache-aware) ----------------------------------
+
+
+class _Router(http.server.BaseHTTPRequestHandler):
+    """A stand-in for vllm-router 0.1.17's admin routes: POST /remove_worker?url= and
+    /add_worker?url= answer 200 "Successfully ..." (as measured with the wheel), or the status
+    in `status`; each call is logged in the node's call log, in order with the run's own."""
+
+    calls: Path
+    status = 200
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        with self.calls.open("a") as log:
+            log.write(f"router POST {self.path}\n")
+        body = f"Successfully handled {self.path}".encode() if self.status == 200 else b"boom"
+        self.send_response(self.status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def router_at(node: Node, status: int = 200) -> Iterator[str]:
+    handler = type("Handler", (_Router,), {"calls": node.root / "calls", "status": status})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def routed_parameters(address: str, node_name: str = "master", pipeline: int = 1) -> dict[str, str]:
+    from qwen_cluster import config
+    from tests.helpers.aws_stacks import variant
+
+    raw = variant("prod", model={"pipelineParallel": pipeline}, loadBalancer={"routing": "cache-aware"})
+    cluster = config.validate(stackfile.cluster_keys(raw))
+    values = ssm.parameters(cluster, node_name, target_group_arn=TARGET_GROUP, target_id="i-0head")
+    return {**{name: str(value) for name, value in values.items()}, "RouterAddress": address}
+
+
+def test_a_routed_head_leaves_the_router_before_it_drains_and_rejoins_after_its_gate(node):
+    node.runs("an-older-configuration")
+    node.healthy_targets(1)
+    node.serving()
+    with router_at(node) as address:
+        parameters = routed_parameters(address)
+        run = node.run(parameters, health_seconds=5, routed=True)
+    assert run.returncode == 0, run.output
+    worker = parameters["RouterWorker"]
+    remove, add = f"router POST /remove_worker?url={worker}", f"router POST /add_worker?url={worker}"
+    assert run.index(remove) < run.index("deregister-targets") < run.index("docker rm")
+    assert run.index("docker run") < run.index("curl") < run.index(add) < run.index("elbv2 register-targets")
+    assert f"router: remove {worker}: ok" in run.output and f"router: add {worker}: ok" in run.output
+
+
+def test_a_routed_pipeline_worker_takes_its_heads_url_out_of_the_router(node):
+    node.runs("an-older-configuration")
+    with router_at(node) as address:
+        parameters = routed_parameters(address, "worker-1", pipeline=2)
+        run = node.run(parameters, routed=True)
+    assert run.returncode == 0, run.output
+    head_url = routed_parameters(address, "master", pipeline=2)["RouterWorker"]
+    assert parameters["RouterWorker"] == head_url
+    assert run.index(f"router POST /remove_worker?url={head_url}") < run.index("deregister-targets")
+    assert not run.called("/add_worker")
+
+
+def test_a_router_that_is_not_running_is_passed_over(node):
+    """Nothing listens at the router's address: each proxy sends to its own vLLM meanwhile, and
+    a router that starts takes its workers from its command line."""
+    node.runs("an-older-configuration")
+    node.healthy_targets(1)
+    node.serving()
+    with router_at(node) as address:
+        pass  # closed: its port refuses now
+    run = node.run(routed_parameters(address), health_seconds=5, routed=True)
+    assert run.returncode == 0, run.output
+    assert run.called("deregister-targets") and run.called("elbv2 register-targets")
+    assert f"router: {address} does not answer (not running, or its node is gone); skipping leave" in (
+        run.output
+    )
+    assert "skipping join" in run.output
+
+
+def test_a_router_that_refuses_the_removal_stops_the_run_before_the_drain(node):
+    """The replica is never stopped while the router may still send it requests."""
+    node.runs("an-older-configuration")
+    node.healthy_targets(1)
+    node.serving()
+    with router_at(node, status=500) as address:
+        run = node.run(routed_parameters(address), health_seconds=5, routed=True)
+    assert run.returncode != 0
+    assert run.called("/remove_worker")
+    assert not run.called("deregister-targets") and not run.called("docker rm")

@@ -87,11 +87,39 @@ def test_least_conn_leaves_the_router_ports_free(bare_metal_raw):
     assert validate(bare_metal_raw).router_port is None
 
 
-def test_cache_aware_routing_is_refused_on_aws_until_it_is_built(aws_raw):
+def test_cache_aware_routing_is_accepted_on_aws_with_the_router_and_its_workers_rows(aws_raw):
     aws_raw["loadBalancer"] = {"routing": "cache-aware"}
+    cluster = validate(aws_raw)
+    assert (cluster.router_port, cluster.router_worker_port) == (30000, 30001)
+    rows = {entry.name: entry for entry in cluster.ports}
+    assert rows[ports.ROUTER].scope is rows[ports.ROUTER_WORKER].scope is ports.Scope.CLUSTER
+    # The router on the master, for every node's proxy.
+    assert cluster.router_node == cluster.master
+
+
+def test_bare_metal_has_no_router_worker_row(bare_metal_raw):
+    bare_metal_raw["loadBalancer"] = {"routing": "cache-aware"}
+    cluster = validate(bare_metal_raw)
+    assert cluster.router_worker_port is None
+    assert ports.ROUTER_WORKER not in {entry.name for entry in cluster.ports}
+
+
+def test_a_router_worker_row_clients_may_reach_is_refused_on_aws(aws_raw):
+    aws_raw["loadBalancer"] = {"routing": "cache-aware"}
+    aws_raw["ports"] = [*BASE_ROWS, {"name": "router-worker", "port": "30001-30002", "scope": "admin"}]
     assert errors_of(aws_raw) == [
-        "loadBalancer.routing cache-aware is built for target bare-metal only so far; on aws keep "
-        "least-conn (docs/routing.md says what the aws side needs)"
+        "ports entry router-worker (30001-30002, scope admin) must be a single port with scope cluster "
+        "for loadBalancer.routing cache-aware: the proxies check no key there, so no client may reach it"
+    ]
+
+
+def test_a_taken_router_worker_port_asks_for_its_row_on_aws(aws_raw):
+    aws_raw["loadBalancer"] = {"routing": "cache-aware"}
+    aws_raw["ports"] = [*BASE_ROWS, {"name": "other", "port": 30001, "scope": "cluster"}]
+    assert errors_of(aws_raw) == [
+        "loadBalancer.routing cache-aware needs a ports entry named router-worker, and its default "
+        "port 30001 is taken by other; add {name: router-worker, port: <free port>, scope: cluster, "
+        "required: false}"
     ]
 
 

@@ -209,3 +209,15 @@ def test_a_grants_file_that_does_not_hold_is_refused_naming_what(tmp_path, chang
     with pytest.raises(ValueError, match="deploy_grants.yaml is not valid") as refused:
         deploy_grants.load(_grants_file(tmp_path, change))
     assert message in str(refused.value)
+
+
+def test_a_cache_aware_stacks_router_is_covered(committed_policy):
+    """loadBalancer.routing cache-aware registers the router's SSM document and association on
+    aws (components/aws/router.py): the deploy role may create them."""
+    from tests.helpers import aws_stacks
+
+    config = deploy_policy.variant_config("dev", {"loadBalancer": {"routing": "cache-aware"}})
+    render = aws_stacks.render(config)
+    assert render.named("router-document")
+    extra = deploy_policy.Registered({"dev": [render]}, {"dev": "us-west-2"})
+    assert deploy_policy.uncovered(extra, committed_policy) == []

@@ -17,11 +17,12 @@ import pytest
 
 from labkit.aws import lab, ssmrun
 from labkit.cluster import lifecycle, probes
+from labkit.engine import executor
 from labkit.hosts import dockerd, netns
 from qwen_cluster.ports import Vantage
 from qwen_cluster.render import ssm
 from tests.helpers.wait import wait_until
-from tooling import stackfile
+from tooling import changes, stackfile
 
 LABEL = f"aws{os.getpid() % 100000}"
 S3_URI = "s3://qwen-cluster-lab-weights/Qwen/Qwen3-32B/"
@@ -116,7 +117,7 @@ def test_day0_staged_the_weights_from_s3_before_each_server_started(day0):
 
 def test_the_node_role_refuses_what_it_does_not_allow_and_imds_wants_a_token(day0):
     aws_plan, _, rendered = day0
-    _, machines = lab._context(aws_plan, rendered)
+    _, machines = lab.context(aws_plan, rendered)
     node = machines["master"]
     status, code, output = node.execute(
         "#!/bin/bash\nexport AWS_DEFAULT_REGION=us-west-2\n"
@@ -160,10 +161,10 @@ def _still_loading(aws_plan, rendered, node: str) -> threading.Thread:
     """`node`'s replica as one still loading after a day 0 that did not wait for it: registered
     anew (`initial`, the NLB sends it nothing until its checks pass), its server stopped until
     the master's model-server run of the next change begins, then started: it loads and rises."""
-    stack, _ = lab._context(aws_plan, rendered)
+    stack, _ = lab.context(aws_plan, rendered)
     group, instance = stack.target_group, stack.instances[node]
     for action in ("deregister_targets", "register_targets"):
-        lab._deployer_call(aws_plan, action, group.arn, instance.instance_id, group.port)
+        lab.deployer_call(aws_plan, action, group.arn, instance.instance_id, group.port)
     member = next(m for m in aws_plan.plan.nodes if m.node == node)
     daemon = lab.node_daemon(aws_plan, member)
     dockerd.docker(daemon, "stop", "--time", "1", ssm.CONTAINER_NAME)
@@ -191,7 +192,7 @@ def test_an_image_bump_begun_while_a_replica_loads_drains_none_before_it_serves_
     assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
     assert result["requests"] > 100
     assert result["maxReplicasDown"] == aws_plan.plan.cluster.max_unavailable == 1
-    stack, _ = lab._context(aws_plan, rendered)
+    stack, _ = lab.context(aws_plan, rendered)
     runs = sorted((aws_plan.root / "nodes" / "master" / "runs").glob("*-modelServer"))
     waited = f"waiting for {stack.instances['worker-1'].instance_id} to be in service"
     assert waited in (runs[-1] / "stdout").read_text()  # the master's run of this change
@@ -246,6 +247,42 @@ def test_a_node_added_boots_gets_every_association_registers_and_serves(day0):
     assert result["ssm"]["everyDocumentOnEveryNode"], documents
     # The key the stack accepts now (a key rotation may or may not have run before this test).
     _until_served_by(aws_plan, {"master", "worker-1", "worker-2"}, key_index=result["clientKey"])
+    # The stack-wide staging targets the GPU nodes by tag and is not changed: State Manager runs it
+    # on the instance that came to match its targets, as on every node before.
+    assert result["ssm"]["runs"]["gpu-nodes-stage"] == {"worker-2": ssmrun.SUCCESS}, result["ssm"]["runs"]
+
+
+def test_a_node_removed_drains_its_target_before_its_instance_goes_and_fails_nothing(day0):
+    """Runs after the node-added test (dev keeps its two nodes)."""
+    aws_plan, _, _ = day0
+    before = executor.load_state(lifecycle.state_file_for(LABEL))
+    assert "gpu-nodes-worker-2" in {r.name for r in before.render.custom_resources}, "needs worker-2 added"
+    nodes = stackfile.read("dev")["qwen-cluster:nodes"]
+    result = lab.upgrade(LABEL, [f"nodes={json.dumps(nodes)}"], max_requests=2000)
+    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["nodesRemoved"] == ["worker-2"]
+    assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
+    assert result["requests"] > 50 and result["maxReplicasDown"] == 0
+    # Out of the target group, drained, before the instance is terminated.
+    assert result["targetAtTermination"] == {"worker-2": "unused"}, result["targetAtTermination"]
+    # What the plan says: that node's resources deleted, the other nodes' monitoring updated.
+    after = executor.load_state(lifecycle.state_file_for(LABEL))
+    planned = {c.name: c.action for c in changes.diff(before.render, after.render) if c.action != "same"}
+    deleted = [s["resource"] for s in result["steps"] if s["op"] == "delete"]
+    assert sorted(deleted) == sorted(name for name, action in planned.items() if action == "delete")
+    assert {name for name, action in planned.items() if action != "delete"} == {
+        "monitoring-master",
+        "monitoring-worker-1",
+    }
+    assert {"gpu-nodes-worker-2", "model-lb-worker-2", "gpu-nodes-worker-2-server"} <= set(deleted)
+    # Dependents first: its registration, then the wait for its drain, then its instance.
+    assert (
+        deleted.index("model-lb-worker-2")
+        < deleted.index("model-lb-worker-2-drained")  # the program's wait for the drain
+        < deleted.index("gpu-nodes-worker-2")
+    )
+    assert not [name for name in netns.listed() if name.endswith("node-worker-2")]
+    _until_served_by(aws_plan, {"master", "worker-1"}, key_index=result["clientKey"])
 
 
 def test_down_leaves_nothing_behind(day0):

@@ -88,6 +88,7 @@ def test_plain_string_values_and_whole_node_lists(capsys):
         "gpu-nodes-worker-2-stage",
         "gpu-nodes-worker-2-template",
         "model-lb-worker-2",
+        "model-lb-worker-2-drained",
         "monitoring-worker-2",
         "node-proxy-worker-2",
     ]

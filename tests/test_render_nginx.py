@@ -67,17 +67,22 @@ def test_needs_an_upstream():
 
 
 @tools.needs("nginx")
+def nginx_t(prefix, conf: str) -> subprocess.CompletedProcess:
+    """`nginx -t` of `conf` with the test key, under the prefix `prefix`."""
+    (prefix / "nginx.conf").write_text(conf)
+    (prefix / nginx.KEYS_FILE).write_text(nginx.keys_conf([TEST_API_KEY]))
+    return subprocess.run(
+        ["nginx", "-t", "-e", "stderr", "-p", f"{prefix}/", "-c", str(prefix / "nginx.conf")],
+        capture_output=True,
+        text=True,
+    )
+
+
 def test_passes_nginx_t_under_a_temporary_prefix(tmp_path):
     for directory in ("logs", "state"):
         (tmp_path / directory).mkdir()
     conf = nginx.for_cluster(ONPREM, runtime_dir="state", log_dir="logs", pid_file="nginx.pid", user=None)
-    (tmp_path / "nginx.conf").write_text(conf)
-    (tmp_path / nginx.KEYS_FILE).write_text(nginx.keys_conf([TEST_API_KEY]))
-    result = subprocess.run(
-        ["nginx", "-t", "-e", "stderr", "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf")],
-        capture_output=True,
-        text=True,
-    )
+    result = nginx_t(tmp_path, conf)
     assert result.returncode == 0, result.stderr
     assert "test is successful" in result.stderr
 
@@ -309,11 +314,5 @@ def test_nginx_takes_a_drained_backup_beside_the_router(tmp_path):
     upstream = nginx.upstream_conf(servers, down=frozenset({"192.168.1.101:5000"}), router_at=router_at)
     assert "server 192.168.1.101:5000 max_fails=3 fail_timeout=30s backup down;" in upstream
     (tmp_path / nginx.UPSTREAM_FILE).write_text(upstream)
-    (tmp_path / "nginx.conf").write_text(conf)
-    (tmp_path / nginx.KEYS_FILE).write_text(nginx.keys_conf([TEST_API_KEY]))
-    result = subprocess.run(
-        ["nginx", "-t", "-e", "stderr", "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf")],
-        capture_output=True,
-        text=True,
-    )
+    result = nginx_t(tmp_path, conf)
     assert result.returncode == 0, result.stderr

@@ -62,6 +62,8 @@ VARIANTS: tuple[dict[str, dict[str, Any]], ...] = (
     # Ray (an image that carries it): its token in Parameter Store. The image name only has to be
     # one the config accepts for Ray (not the official image, which ships no Ray).
     {"model": {"pipelineParallel": 2, "distributedBackend": "ray", "image": "example.com/vllm-ray:v0.33.0"}},
+    # vLLM's router on the master: its own SSM document and association (components/aws/router.py).
+    {"loadBalancer": {"routing": "cache-aware"}},
     {
         "loadBalancer": {
             "tls": {"certificate": {"secure": _PEM_CERTIFICATE}, "privateKey": {"secure": _PEM_KEY}}

@@ -259,8 +259,9 @@ CHECKS: dict[str, Check] = {
     "router": Check(
         "connectivity",
         "warning",
-        "vLLM's router (loadBalancer.routing cache-aware) is not running on the load-balancer node: "
-        "nginx sends to the replicas directly, without cache-aware routing (no request fails)",
+        "vLLM's router (loadBalancer.routing cache-aware) is not running on its node (bare metal: the "
+        "load-balancer node; AWS: the master): nginx, or each node's proxy, sends to the replicas "
+        "directly, without cache-aware routing (no request fails)",
         "docker logs qwen-router on {node}; it listens only once every replica answers /health "
         "(docs/routing.md); docker start qwen-router, or pulumi up",
     ),

@@ -9,6 +9,7 @@ import pulumi_aws as aws
 
 from qwen_cluster import summary
 from qwen_cluster.config import ClusterConfig, EndpointSecrets
+from qwen_cluster.render import router as router_render
 from qwen_cluster.render import sg_rules, ssm, vpc_plan
 from qwen_cluster.render.monitoring import containers as monitoring_containers
 from qwen_cluster.render.sg_rules import Group
@@ -20,6 +21,7 @@ from .monitoring import Monitoring, MonitoringArgs
 from .network import Network, NetworkArgs
 from .nodes import GpuNodeGroup, GpuNodeGroupArgs
 from .proxy import NodeProxy, NodeProxyArgs
+from .router import Router, RouterArgs
 from .security import SecurityGroups, SecurityGroupsArgs
 from .serving import ModelServerDocument, ModelServerDocumentArgs, NodeRole, NodeRoleArgs
 
@@ -97,6 +99,7 @@ def build(
             tags=tags,
             weights=cluster.model.weights,
             ray_auth_token=ray_auth_token,
+            routed=router_render.needs_router(cluster),
         ),
     )
     node_proxy = NodeProxy(
@@ -124,6 +127,10 @@ def build(
             front=node_proxy.front,
         ),
     )
+    if router_render.needs_router(cluster):
+        # One router for every node's proxy, on the master (docs/routing.md, "AWS").
+        master_id = nodes.instance_ids[cluster.master.name]
+        Router("router", RouterArgs(cluster=cluster, instance_id=master_id, tags=tags))
     if cluster.monitoring.exporters or cluster.monitoring.prometheus:
         Monitoring("monitoring", MonitoringArgs(cluster=cluster, instance_ids=nodes.instance_ids, tags=tags))
     data = summary.summary(cluster)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+from pulumi_command import local
 
 from qwen_cluster.config import NLB_IDLE_TIMEOUT_SECONDS
 from qwen_cluster.render import vllm
@@ -113,11 +115,41 @@ class ModelLoadBalancer(pulumi.ComponentResource):
     def attach(self, node_name: str, instance_id: pulumi.Input[str]) -> aws.lb.TargetGroupAttachment:
         """Register a replica head. Called by the node group as each head's instance is
         declared (the nodes' rollout chain needs the target group first). Every attachment
-        field is ForceNew (elbv2/target_group_attachment.go): a new instance, a new attachment."""
+        field is ForceNew (elbv2/target_group_attachment.go): a new instance, a new attachment.
+
+        The attachment's delete is DeregisterTargets and returns at once (elbv2/
+        target_group_attachment.go resourceAttachmentDelete: no wait for the drain), and the
+        engine deletes the instance next, which would end the streams the NLB still drains to
+        it. `<lb>-<node>-drained` stands between them: it depends on the instance and the
+        attachment on it, so its delete runs after the attachment's and before the instance's
+        (the engine deletes dependents first): it waits until the target has left the group,
+        i.e. the deregistration delay ran out or its connections closed. Its create does
+        nothing; `triggers` replaces it with the instance (a machine change), so the old
+        instance's drain is waited for too."""
+        drained = local.Command(
+            f"{self._name}-{node_name}-drained",
+            delete=pulumi.Output.all(self.target_group_arn, instance_id).apply(
+                lambda values: _drained_command(values[0], values[1], self._model_port)
+            ),
+            triggers=[instance_id],
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         return aws.lb.TargetGroupAttachment(
             f"{self._name}-{node_name}",
             target_group_arn=self.target_group_arn,
             target_id=instance_id,
             port=self._model_port,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[drained]),
         )
+
+
+def _drained_command(target_group_arn: str, instance_id: str, port: int) -> str:
+    """The deployer's AWS CLI waits for the target to leave the group (the waiter polls
+    DescribeTargetHealth every 15 s, at most 40 times: a delay over 10 min is cut there)."""
+    region = target_group_arn.split(":")[3] if target_group_arn.count(":") >= 3 else ""
+    where = f"--region {shlex.quote(region)} " if region else ""
+    return (
+        f"aws elbv2 wait target-deregistered {where}--target-group-arn {shlex.quote(target_group_arn)} "
+        f"--targets Id={shlex.quote(instance_id)},Port={port} "
+        f'|| echo "{instance_id}: not out of the target group after the waiter; terminating anyway"'
+    )

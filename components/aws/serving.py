@@ -101,6 +101,8 @@ class ModelServerDocumentArgs:
     weights: Weights = field(default_factory=Weights)
     # qwen-cluster:rayAuthToken (an Output secret) when replicas span nodes, else None.
     ray_auth_token: pulumi.Input[str] | None = None
+    # loadBalancer.routing cache-aware: the runs call vLLM's router's admin routes (render/ssm.py).
+    routed: bool = False
 
 
 class ModelServerDocument(pulumi.ComponentResource):
@@ -123,7 +125,7 @@ class ModelServerDocument(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelServerDocumentArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:aws:ModelServerDocument", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        document = command_document(f"{name}-document", ssm.document(), args.tags, child)
+        document = command_document(f"{name}-document", ssm.document(args.routed), args.tags, child)
         self.drain_policy = aws.iam.RolePolicy(
             f"{name}-drain",
             role=args.role_name,

@@ -87,10 +87,10 @@ def load_balancer(aws_plan: lab.AwsPlan, config: dict, options: lifecycle.Option
     lb, port = plan.load_balancer, plan.cluster.load_balancer.port
     client = plan.vantage(Vantage.CLIENT).namespace
     identity = lifecycle.endpoint_identity(plan)
-    access = lifecycle.client_access(plan, lab._client_key(identity, config, config))
+    access = lifecycle.client_access(plan, lab.client_key(identity, config, config))
     results = []
     status = elb.haproxy_status(str(aws_plan.root / "haproxy.sock"))
-    stack, _ = lab._context(aws_plan, executor.load_state(lifecycle.state_file(plan)).render)
+    stack, _ = lab.context(aws_plan, executor.load_state(lifecycle.state_file(plan)).render)
     for head in plan.heads:
         seen = status.get(stack.instances[head.node].instance_id, "absent")
         results.append(Result("load balancer", lb.node, head.node, "target in service", "UP", seen,

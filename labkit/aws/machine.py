@@ -10,7 +10,7 @@ whose upper layer is the node's lab directory (the host's files stay untouched, 
 persist from run to run), /run/lock is the node's, and `ip netns exec`'s /etc/netns/<ns>/ files
 (the node's /etc/hosts) are bound again on top. So the scripts run unmodified.
 
-Containers: the node's dockerd (labkit/hosts/dockerd.py, started by labkit/aws/lab.py as the bare-metal
+Containers: the node's dockerd (labkit/hosts/dockerd.py, started by labkit/aws/nodes.py as the bare-metal
 lab starts its own, `mount_pidfile` = this holder) runs in a copy of that disk, so `docker run
 --volume=/var/cache/qwen-cluster/...` mounts the node's files, as on the instance. The scripts'
 `docker` is the real CLI, reaching that daemon as DOCKER_HOST (on EC2: /var/run/docker.sock);

@@ -10,7 +10,7 @@
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instance-metadata-v2-how-it-works.html).
 
 Signatures are not verified (moto does not either): the access key names the caller, which is
-what IAM decides on. Run as `python -m labkit.aws.service CONFIG.json` (labkit/aws/lab.py). On
+what IAM decides on. Run as `python -m labkit.aws.service CONFIG.json` (labkit/aws/standins.py). On
 SIGHUP it reads CONFIG.json again for nodes added since (a node added to the stack: its IMDS and
 its role's credentials), then writes its ready file again.
 """

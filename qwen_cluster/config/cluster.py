@@ -130,6 +130,22 @@ class ClusterConfig(Section):
         return port_table.port_of(self.ports, port_table.ROUTER)
 
     @property
+    def router_worker_port(self) -> int | None:
+        """Where each head's proxy listens for the router (the `router-worker` row): AWS with
+        loadBalancer.routing cache-aware, else None."""
+        if self.router_port is None or self.aws is None:
+            return None
+        return port_table.port_of(self.ports, port_table.ROUTER_WORKER)
+
+    @property
+    def router_node(self) -> Node | None:
+        """Where vLLM's router runs (cache-aware): the load-balancer node on bare metal, the
+        master on AWS (one router for every node's proxy, docs/routing.md); else None."""
+        if self.router_port is None:
+            return None
+        return self.load_balancer_node if self.aws is None else self.master
+
+    @property
     def load_balancer_node(self) -> Node | None:
         """The node nginx runs on (bare metal); None on AWS, where the NLB is managed."""
         if self.bare_metal is None:

@@ -49,7 +49,9 @@ def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> Cluste
     if sections.get("ports") is not None and sections.get("monitoring") is not None:
         # The default table already holds every monitoring row; the router's comes with routing.
         before = sections["ports"]
-        sections["ports"] = complete_ports(before, sections["monitoring"], sections.get("load_balancer"))
+        sections["ports"] = complete_ports(
+            before, sections["monitoring"], sections.get("load_balancer"), sections.get("target")
+        )
         completed = sections["ports"] != list(before)
     errors += cross_errors(sections, given)
     chosen = sections.get("aws") if sections.get("target") is Target.AWS else None

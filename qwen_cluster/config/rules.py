@@ -285,17 +285,23 @@ def _default_row(name: str) -> port_table.PortEntry:
 
 
 def complete_ports(
-    table: list[port_table.PortEntry], monitoring: Monitoring, load_balancer: LoadBalancer | None = None
+    table: list[port_table.PortEntry],
+    monitoring: Monitoring,
+    load_balancer: LoadBalancer | None = None,
+    target: Target | None = None,
 ) -> list[port_table.PortEntry]:
     """A written table that lacks a row monitoring needs gets it with the default port, unless
     that port is taken (then _monitoring_errors says which row to write). The guide's table has
     8000 only; Prometheus and Alertmanager are this project's, so a stack that copied the guide
     keeps working. To move one, write its row; to have none, turn the piece off. Likewise the
-    router's row (ports.ROUTER_ROW) with loadBalancer.routing cache-aware, the table given or not."""
+    router's row (ports.ROUTER_ROW) with loadBalancer.routing cache-aware, the table given or not,
+    and on aws the row of the node proxies' listener for the router (ports.ROUTER_WORKER_ROW)."""
     result = list(table)
     wanted = [_default_row(name) for _, name in monitoring_rows(monitoring)]
     if load_balancer is not None and load_balancer.routing == "cache-aware":
         wanted.append(port_table.ROUTER_ROW)
+        if target is Target.AWS:
+            wanted.append(port_table.ROUTER_WORKER_ROW)
     for default in wanted:
         if not _has_row(result, default.name) and not any(e.port.overlaps(default.port) for e in result):
             result.append(default)
@@ -306,34 +312,36 @@ def _routing_errors(
     load_balancer: LoadBalancer, table: list[port_table.PortEntry] | None, target: Target | None
 ) -> list[str]:
     """cache-aware routing needs the router's row (single port, scope cluster: its listener also
-    serves the admin routes) and its loopback metrics port clear of the table. It is built for
-    bare metal only so far (docs/routing.md, "AWS")."""
-    if load_balancer.routing != "cache-aware":
+    serves the admin routes) and its loopback metrics port clear of the table; on aws also the
+    row where each node's proxy listens for the router (single port, scope cluster: no key is
+    checked there), docs/routing.md."""
+    if load_balancer.routing != "cache-aware" or table is None:
         return []
     errors: list[str] = []
+    rows = [port_table.ROUTER_ROW]
     if target is Target.AWS:
-        errors.append(
-            "loadBalancer.routing cache-aware is built for target bare-metal only so far; on aws "
-            "keep least-conn (docs/routing.md says what the aws side needs)"
-        )
-    if table is None:
-        return errors
-    name = port_table.ROUTER
-    found = next((entry for entry in table if entry.name == name), None)
-    if found is None:
-        default = port_table.ROUTER_ROW
-        clash = next((entry for entry in table if entry.port.overlaps(default.port)), None)
-        errors.append(
-            f"loadBalancer.routing cache-aware needs a ports entry named {name}, and its default port "
-            f"{default.port} is taken by {clash.name if clash else '?'}; add "
-            f"{{name: {name}, port: <free port>, scope: cluster, required: false}}"
-        )
-    elif found.scope is not port_table.Scope.CLUSTER or found.port.size != 1:
-        errors.append(
-            f"ports entry {name} ({found.port}, scope {found.scope.value}) must be a single port with "
-            "scope cluster for loadBalancer.routing cache-aware: the router's admin routes share its "
-            "listener, so no client may reach it"
-        )
+        rows.append(port_table.ROUTER_WORKER_ROW)
+    for default in rows:
+        name = default.name
+        found = next((entry for entry in table if entry.name == name), None)
+        if found is None:
+            clash = next((entry for entry in table if entry.port.overlaps(default.port)), None)
+            errors.append(
+                f"loadBalancer.routing cache-aware needs a ports entry named {name}, and its default "
+                f"port {default.port} is taken by {clash.name if clash else '?'}; add "
+                f"{{name: {name}, port: <free port>, scope: cluster, required: false}}"
+            )
+        elif found.scope is not port_table.Scope.CLUSTER or found.port.size != 1:
+            why = (
+                "the router's admin routes share its listener"
+                if name == port_table.ROUTER
+                else "the proxies check no key there"
+            )
+            errors.append(
+                f"ports entry {name} ({found.port}, scope {found.scope.value}) must be a single port "
+                f"with scope cluster for loadBalancer.routing cache-aware: {why}, so no client may "
+                "reach it"
+            )
     for index, entry in enumerate(table):
         if port_table.ROUTER_METRICS_PORT in entry.port:
             errors.append(

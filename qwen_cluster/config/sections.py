@@ -280,7 +280,9 @@ class LoadBalancer(Section):
         f"(`vllm-router`, `--policy cache_aware`; port row `{port_table.ROUTER}`), which sends a prompt "
         "to the replica that already holds its prefix in its KV cache, with a load bound; the balancer "
         "keeps TLS, the keys and the route allowlist, and falls back to the replicas themselves when the "
-        "router is down. Bare metal only so far (refused on aws). The default stays `least-conn` "
+        "router is down. On aws one router runs on the master, and each node's proxy sends to it "
+        f"and falls back to its own vLLM (port row `{port_table.ROUTER_WORKER}` too). The default "
+        "stays `least-conn` "
         "until the routing benchmark shows `cache-aware` better on every workload (docs/routing.md).",
     )
 

@@ -243,10 +243,12 @@ def server_block(
     api_keys: bool,
     tls: bool,
     secrets_dir: str = CONTAINER_CONF_DIR,
+    health_upstream: str | None = None,
 ) -> str:
     """The client-facing `server`, shared by the bare-metal load balancer and each AWS node's
     proxy: TLS (optional), the API key check, the route allowlist, streaming-safe proxying.
-    The proxy settings are the server's, inherited by every location."""
+    The proxy settings are the server's, inherited by every location. `health_upstream`: where
+    HEALTH_PATH goes, when not `upstream` (an AWS proxy behind the router: its own vLLM)."""
     timeout = f"{idle_timeout_seconds}s"
     locations = "".join(_api_location(route, upstream=upstream, auth=api_keys) for route in API_ROUTES)
     return f"""
@@ -285,7 +287,7 @@ def server_block(
             limit_except GET {{
                 deny all;
             }}
-            proxy_pass http://{upstream}{HEALTH_PATH};
+            proxy_pass http://{health_upstream or upstream}{HEALTH_PATH};
             proxy_read_timeout 10s;
             proxy_next_upstream error timeout http_502 http_503;
             access_log off;
@@ -321,11 +323,15 @@ def render(
     secrets_dir: str = CONTAINER_CONF_DIR,
     listen_address: str | None = None,
     router_at: tuple[str, int] | None = None,
+    extra: str = "",
+    health_upstream: str | None = None,
 ) -> str:
     """`api_keys`: check the client keys of KEYS_FILE (beside nginx.conf); `tls`: serve HTTPS with
     the certificate and key in `secrets_dir` (where the container sees CONF_DIR);
     `listen_address`: one address instead of every one (an AWS node's proxy); `router_at`:
-    vLLM's router as the primary server, the replicas its backups (router_server)."""
+    vLLM's router as the primary server, the replicas its backups (router_server); `extra`:
+    more of the `http` block after the client-facing server (an AWS proxy's router listener);
+    `health_upstream`: an upstream of `extra` that answers HEALTH_PATH instead (server_block)."""
     if not servers:
         raise ValueError("nginx needs at least one upstream server")
     if upstream_file is None:
@@ -345,6 +351,7 @@ def render(
         api_keys=api_keys,
         tls=tls,
         secrets_dir=secrets_dir,
+        health_upstream=health_upstream,
     )
     return f"""# Managed by qwen-cluster: load balancer over the replica heads' model port.
 {user_line}worker_processes auto;
@@ -377,7 +384,7 @@ http {{
         # proxy_connect_timeout; nginx cannot tell a dead link from a thinking pause
         # (found by the lab's link-cut test). A handshake per generation costs nothing.
     }}
-{server}}}
+{server}{extra}}}
 """
 
 

@@ -48,20 +48,25 @@ def container_name(cluster: ClusterConfig, node_name: str) -> str:
 
 
 def router_section(cluster: ClusterConfig, node_name: str) -> str:
-    """vLLM's router's container on the load-balancer node (loadBalancer.routing cache-aware): a
-    warning when it is not running, since nginx then sends to the replicas directly (a
-    degradation, not an outage: the deploy goes on, doctor names it). Empty elsewhere."""
-    lb = cluster.load_balancer_node
-    if cluster.router_port is None or lb is None or lb.name != node_name:
+    """vLLM's router's container on its node (loadBalancer.routing cache-aware: the load-balancer
+    node on bare metal, the master on AWS): a warning when it is not running, since nginx (bare
+    metal) or every node's proxy (AWS) then sends to the replicas directly (a degradation, not an
+    outage: the deploy goes on, doctor names it). Empty elsewhere."""
+    where = cluster.router_node
+    if where is None or where.name != node_name:
         return ""
     name = router.CONTAINER_NAME
+    sender = "nginx on this node sends" if cluster.aws is None else "every node's proxy sends"
+    fallback = (
+        "nginx sends to the replicas directly" if cluster.aws is None else "each proxy sends to its own vLLM"
+    )
     return f"""
-# 5. vLLM's router, which nginx on this node sends to (docs/routing.md).
+# 5. vLLM's router, which {sender} to (docs/routing.md).
 if ! router_state=$(docker inspect --type container -f '{{{{.State.Status}}}}' {name} 2>&1); then
   router_state="absent (${{router_state:0:120}})"
 fi
 if [ "$router_state" != running ]; then
-  warn router "$node" - "vLLM's router ({name}) is $router_state: nginx sends to the replicas directly"
+  warn router "$node" - "vLLM's router ({name}) is $router_state: {fallback}"
 fi
 """
 

@@ -24,7 +24,7 @@ import base64
 
 from qwen_cluster import hostpaths
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import nginx
+from qwen_cluster.render import nginx, router, vllm
 from qwen_cluster.render.ssm import command_document
 
 CONTAINER_NAME = "qwen-proxy"
@@ -128,18 +128,65 @@ def document() -> str:
     )
 
 
+# This node's vLLM alone (cache-aware routing): the router listener's and the health check's.
+LOCAL_UPSTREAM = "qwen_local"
+
+
+def router_listener(cluster: ClusterConfig, node_name: str) -> str:
+    """With loadBalancer.routing cache-aware: where the router reaches this head's vLLM, on the
+    node's address at the `router-worker` row (members only: scope cluster). No key (the router
+    holds none, vLLM checks none) and no TLS (the router's worker URLs are http). Every path
+    passes, to this node's vLLM only: the router sends the OpenAI routes, its health checks
+    and, for the cache_aware policy, the scale-out render routes (render/vllm.py
+    scale_out_flags); the same reach the router has to vLLM's port on bare metal. Never to the
+    router: its workers are these listeners, so a request the router sent ends here."""
+    node = next(node for node in cluster.nodes if node.name == node_name)
+    timeout = f"{cluster.load_balancer.idle_timeout_seconds}s"
+    return f"""
+    # The router's way to this replica (docs/routing.md, "AWS"): members only, no key.
+    upstream {LOCAL_UPSTREAM} {{
+        server {vllm.LOOPBACK}:{cluster.model_port};
+    }}
+
+    server {{
+        listen {node.ip}:{cluster.router_worker_port};
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_buffering off;
+        proxy_cache off;
+        proxy_connect_timeout {nginx.CONNECT_TIMEOUT_SECONDS}s;
+        proxy_read_timeout {timeout};
+        proxy_send_timeout {timeout};
+        location / {{
+            proxy_pass http://{LOCAL_UPSTREAM};
+        }}
+    }}
+"""
+
+
 def conf(cluster: ClusterConfig, node_name: str) -> str:
     """The proxy's nginx.conf on one head: the node address and the model port, in front of
-    vLLM on loopback (one upstream: nothing to retry elsewhere)."""
+    vLLM on loopback (one upstream: nothing to retry elsewhere). With loadBalancer.routing
+    cache-aware the upstream's primary server is the router on the master and this vLLM its
+    `backup` (render/nginx.py router_server: a dead router degrades this node to its own vLLM),
+    and a second listener lets the router reach this vLLM (router_listener)."""
     node = next(node for node in cluster.nodes if node.name == node_name)
     port = cluster.model_port
+    routed = cluster.router_worker_port is not None
     return nginx.render(
-        [("127.0.0.1", port)],
+        [(vllm.LOOPBACK, port)],
         listen_port=port,
         listen_address=str(node.ip),
         idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
         api_keys=bool(cluster.access.api_keys),
         tls=cluster.load_balancer.tls is not None,
+        router_at=router.api_address(cluster) if routed else None,
+        extra=router_listener(cluster, node_name) if routed else "",
+        # The NLB's health check asks this node's own vLLM, as without the router: a node whose
+        # vLLM is down leaves the target group (its proxy's fallback is that vLLM), and the
+        # rollout's `wait target-in-service` still means this replica serves.
+        health_upstream=LOCAL_UPSTREAM if routed else None,
     )
 
 

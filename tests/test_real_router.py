@@ -1,0 +1,90 @@
+"""vLLM's real router (vllm-router from PyPI, labkit/models/router.py) in front of two real vLLM CPU
+replicas on loopback (labkit/cluster/routinglab.py), behind nginx with the replicas as backup servers.
+
+One rehearsal per run (module fixture: two real servers, ~40 s to healthy on a quiet machine):
+a prompt whose prefix one replica holds goes to that replica even while it is the busier one,
+and with the router killed nginx serves every request from the replicas.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from labkit.cluster import routingbench, routinglab
+from tests.helpers.wait import wait_until
+
+# A shared context long enough that its cached blocks decide (>= 3.5k tokens; the tiny model's
+# tokenizer gives ~0.93 tokens a character) and a question.
+CONTEXT_CHARACTERS = 4000
+
+
+def _prompt_tokens(lab: routinglab.Loopback) -> dict[str, float]:
+    return {node: counters["vllm:prompt_tokens_total"] for node, counters in lab.read_counters().items()}
+
+
+def _served_by(lab: routinglab.Loopback, send) -> str:
+    """The replica whose prompt tokens grew while `send()` ran (one request at a time here)."""
+    before = _prompt_tokens(lab)
+    result = send()
+    assert result.ok, f"{result.status} {result.error}"
+    after = _prompt_tokens(lab)
+    grew = [node for node in after if after[node] > before[node]]
+    assert len(grew) == 1, f"prompt tokens grew on {grew}"
+    return grew[0]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    absolute, relative = routinglab.program_thresholds(2)
+    with routinglab.up(
+        balance_abs_threshold=absolute,
+        balance_rel_threshold=relative,
+        workdir=tmp_path_factory.mktemp("routing"),
+    ) as started:
+        yield started
+
+
+def test_a_prefix_goes_to_the_replica_that_holds_it_even_when_it_is_busier(lab):
+    rng = random.Random(11)
+    context = {"role": "system", "content": routingbench.random_text(rng, CONTEXT_CHARACTERS)}
+    router = routingbench.Endpoint(lab.router_url)
+
+    def question(max_tokens: int | None = None):
+        messages = [context, {"role": "user", "content": routingbench.random_text(rng, 40)}]
+        return routingbench.complete(router, messages, max_tokens=max_tokens)
+
+    holder = _served_by(lab, question)
+    # A long answer keeps one request in flight on the holder: it is now the busier replica, and
+    # a router that spreads by load alone would send the next question to the other one.
+    before = _prompt_tokens(lab)
+    long_answer: dict = {}
+    streaming = threading.Thread(target=lambda: long_answer.update(result=question(max_tokens=4000)))
+    streaming.start()
+    try:
+        wait_until(
+            lambda: _prompt_tokens(lab)[holder] > before[holder],
+            what="the long answer started on the holder",
+            timeout=120,
+        )
+        assert _served_by(lab, question) == holder
+    finally:
+        streaming.join(timeout=300)
+    assert long_answer["result"].ok
+
+
+def test_a_killed_router_leaves_nginx_serving_every_request_from_the_replicas(lab):
+    rng = random.Random(12)
+    through_nginx = routingbench.Endpoint(lab.url("cache-aware"))
+    assert routingbench.complete(through_nginx, [{"role": "user", "content": "before"}]).ok
+    lab.kill("router")
+    results = [
+        routingbench.complete(
+            through_nginx, [{"role": "user", "content": routingbench.random_text(rng, 200)}]
+        )
+        for _ in range(8)
+    ]
+    failed = [f"{result.status} {result.error}" for result in results if not result.ok]
+    assert not failed
