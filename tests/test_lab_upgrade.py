@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import urllib.request
 
 import pytest
 
 from labkit import cli as lab_cli
 from labkit.cluster import blueprint, lifecycle, upgrade
 from labkit.engine import executor
-from labkit.hosts import netns
+from labkit.hosts import dockerd, netns
 from labkit.images import standins
+from qwen_cluster import ports as port_table
 
 LABEL = f"u{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "ufw")
@@ -185,3 +188,57 @@ def test_a_container_that_cannot_start_stops_its_lane_and_the_next_change_conver
     assert fixed.images == {head.node: "vllm/vllm-openai:v0.33.4" for head in lab_plan.heads}
     running_models = lifecycle.containers(lab_plan, lab_plan.node("master"), "model")
     assert [c["State"]["Running"] for c in running_models.values()] == [True]
+
+
+def _router_requests(lab_plan) -> float:
+    """vllm_router_requests_total, summed, from the router's own metrics listener (loopback on
+    the load-balancer node, src/metrics.rs)."""
+    where = lab_plan.node(lab_plan.cluster.load_balancer_node.name)
+    url = f"http://127.0.0.1:{port_table.ROUTER_METRICS_PORT}/metrics"
+    text = netns.call_in(where.namespace, lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm_router_requests_total")
+    )
+
+
+def test_with_cache_aware_routing_an_image_bump_takes_each_replica_out_of_the_router_first(running):
+    """The rollout and the router agree: the real router (vllm-router 0.1.17, the program's
+    container) in front of the replicas; each lane's drain removes its head from the router's
+    worker set before the replica stops, its ready step adds it back after the health gate, and
+    the requests through the router all answer."""
+    lab_plan, options = running
+    switched = upgrade.run(LABEL, ["loadBalancer.routing=cache-aware"], options)
+    assert switched.ok, [(s.resource, s.detail[-300:]) for s in switched.steps if not s.ok]
+    assert switched.failed == 0 and switched.streams_cut == 0, switched.failures
+    assert {"router-router"} <= {s.resource for s in switched.steps if s.op == "create"}
+    lb = lab_plan.node(lab_plan.cluster.load_balancer_node.name)
+    engine = lifecycle.daemon(lab_plan, lb)
+    since = dockerd.docker(
+        engine, "inspect", "--format", "{{.State.StartedAt}}", "qwen-router"
+    ).stdout.strip()
+    before = _router_requests(lab_plan)
+
+    result = upgrade.run(LABEL, ["model.image=vllm/vllm-openai:v0.33.5"], options)
+    assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
+    assert result.failed == 0 and result.streams_cut == 0, result.failures
+    assert result.max_replicas_down == 1, result.down_at_max
+    assert result.images == {head.node: "vllm/vllm-openai:v0.33.5" for head in lab_plan.heads}
+    # The router sent the load (nginx's backup servers would have answered too, router or not).
+    assert _router_requests(lab_plan) - before >= result.requests / 2
+    # Its own log (src/routers/http/router.rs): each head out, then in again, one lane at a time.
+    logs = dockerd.docker(engine, "logs", "--since", since, "qwen-router").stdout
+    logs += dockerd.docker(engine, "logs", "--since", since, "qwen-router").stderr
+    events = re.findall(r"(Removed|Added) worker: http://([\d.]+):", logs)
+    assert events == [
+        (verb, head.ip) for head in _in_lane_order(lab_plan, result) for verb in ("Removed", "Added")
+    ], events
+
+
+def _in_lane_order(lab_plan, result):
+    """The heads in the order their replacement ran."""
+    order = [
+        s.resource.removesuffix("-model-vllm") for s in result.steps if s.resource.endswith("-model-vllm")
+    ]
+    return [lab_plan.node(name) for name in dict.fromkeys(order)]
