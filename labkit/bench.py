@@ -471,8 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("routing",),
-        help="one section alone: routing (least-conn against vLLM's router on two real vLLM replicas)",
+        choices=("routing", "aws"),
+        help="one section alone: routing (least-conn against vLLM's router on two real vLLM "
+        "replicas), or aws (the --aws-stack node side: up, image bump, node added, never healthy)",
     )
     parser.add_argument("--no-routing", action="store_true", help="leave the routing benchmark out")
     parser.add_argument("--routing-rounds", type=int, default=3, help="routing runs per policy; medians")
@@ -493,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 200, stderr=args.json)
     if args.only == "routing":
         figures = {"machine": render_bench.machine(), "routing": routing(args, console)}
+        if args.json:
+            print(json.dumps(figures, indent=2))
+        return 0
+    if args.only == "aws":
+        figures = {"machine": render_bench.machine(), "lab": {"aws": aws_rehearsal(args.aws_stack or "prod")}}
+        console.print(f"AWS node side ({args.aws_stack}): {json.dumps(figures['lab']['aws'])}")
         if args.json:
             print(json.dumps(figures, indent=2))
         return 0
