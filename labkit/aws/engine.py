@@ -36,18 +36,25 @@ class AwsUp:
         return all(step.ok for step in self.steps)
 
 
-def deployer_call(aws_plan: AwsPlan, action: str, target_group: str, target: str, port: int) -> str:
-    """An ELBv2 call as `pulumi up` makes it (the deployer's credentials), from the admin side."""
+def _deployer_elbv2(aws_plan: AwsPlan):
+    """An ELBv2 client with the deployer's credentials, to the lab's API stand-in (call it inside
+    the API's namespace)."""
     import boto3
 
+    session = boto3.session.Session(aws_access_key_id=DEPLOYER_KEY, aws_secret_access_key="lab",
+                                    region_name=aws_plan.plan.cluster.aws.region)  # fmt: skip
+    return session.client(
+        "elbv2",
+        endpoint_url=f"https://{aws_plan.api.ip}",
+        verify=str(aws_plan.root / "endpoint" / "tls" / "ca.pem"),
+    )
+
+
+def deployer_call(aws_plan: AwsPlan, action: str, target_group: str, target: str, port: int) -> str:
+    """An ELBv2 call as `pulumi up` makes it (the deployer's credentials), from the admin side."""
+
     def call() -> str:
-        session = boto3.session.Session(aws_access_key_id=DEPLOYER_KEY, aws_secret_access_key="lab",
-                                        region_name=aws_plan.plan.cluster.aws.region)  # fmt: skip
-        client = session.client(
-            "elbv2",
-            endpoint_url=f"https://{aws_plan.api.ip}",
-            verify=str(aws_plan.root / "endpoint" / "tls" / "ca.pem"),
-        )
+        client = _deployer_elbv2(aws_plan)
         getattr(client, action)(TargetGroupArn=target_group, Targets=[{"Id": target, "Port": port}])
         return f"{action} {target}"
 
@@ -187,16 +194,9 @@ def document_role(stack: model.AwsStack, name: str) -> str:
 def target_state(aws_plan: AwsPlan, target_group: str, target: str) -> str:
     """What DescribeTargetHealth says of `target` (`unused` once it is out of the group), asked
     as the deployer: what the lab saw the moment something acted on the target."""
-    import boto3
 
     def call() -> str:
-        session = boto3.session.Session(aws_access_key_id=DEPLOYER_KEY, aws_secret_access_key="lab",
-                                        region_name=aws_plan.plan.cluster.aws.region)  # fmt: skip
-        client = session.client(
-            "elbv2",
-            endpoint_url=f"https://{aws_plan.api.ip}",
-            verify=str(aws_plan.root / "endpoint" / "tls" / "ca.pem"),
-        )
+        client = _deployer_elbv2(aws_plan)
         found = client.describe_target_health(TargetGroupArn=target_group, Targets=[{"Id": target}])
         states = [d["TargetHealth"]["State"] for d in found["TargetHealthDescriptions"]]
         return states[0] if states else "unused"
