@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from qwen_cluster.render import ssm
+from tests.helpers.http_thread import in_thread
 from tests.helpers.ssm_run import Node
 from tooling import stackfile
 
@@ -146,14 +146,8 @@ class _Router(http.server.BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def router_at(node: Node, status: int = 200) -> Iterator[str]:
     handler = type("Handler", (_Router,), {"calls": node.root / "calls", "status": status})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with in_thread(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)) as port:
+        yield f"127.0.0.1:{port}"
 
 
 def routed_parameters(address: str, node_name: str = "master", pipeline: int = 1) -> dict[str, str]:

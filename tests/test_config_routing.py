@@ -69,7 +69,7 @@ def test_a_taken_router_port_asks_for_a_router_row(bare_metal_raw):
     bare_metal_raw["ports"] = [*BASE_ROWS, {"name": "other", "port": 30000, "scope": "cluster"}]
     assert errors_of(bare_metal_raw) == [
         "loadBalancer.routing cache-aware needs a ports entry named router, and its default port 30000 "
-        "is taken by other; add {name: router, port: <free port>, scope: cluster, required: false}"
+        "is taken by other (30000); add {name: router, port: <free port>, scope: cluster, required: false}"
     ]
 
 
@@ -118,7 +118,7 @@ def test_a_taken_router_worker_port_asks_for_its_row_on_aws(aws_raw):
     aws_raw["ports"] = [*BASE_ROWS, {"name": "other", "port": 30001, "scope": "cluster"}]
     assert errors_of(aws_raw) == [
         "loadBalancer.routing cache-aware needs a ports entry named router-worker, and its default "
-        "port 30001 is taken by other; add {name: router-worker, port: <free port>, scope: cluster, "
+        "port 30001 is taken by other (30001); add {name: router-worker, port: <free port>, scope: cluster, "
         "required: false}"
     ]
 

@@ -51,8 +51,9 @@ def test_a_taken_default_port_asks_for_a_row(bare_metal_raw):
     bare_metal_raw["ports"] = [*guide_table(), {"name": "ops", "port": "9000-9095", "scope": "admin"}]
     errors = errors_of(bare_metal_raw)
     assert any(
-        "monitoring.prometheus is true but ports has no entry named prometheus and its default port 9090 "
-        "is taken by ops (9000-9095)" in error
+        "monitoring.prometheus is true but needs a ports entry named prometheus, and its default port "
+        "9090 is taken by ops (9000-9095); add {name: prometheus, port: <free port>, scope: monitoring, "
+        "required: false}" in error
         for error in errors
     ), errors
 

@@ -140,25 +140,16 @@ def servers(tmp_path_factory):
     )
     (tmp / "alertmanager.yml").write_text(alertmanager.alertmanager_config(cluster))
     web = str(tmp / "web.yml")
+    servers = (
+        ("prometheus", "prometheus", prometheus.prometheus_args, "prometheus.yml", "tsdb"),
+        ("alertmanager", "prometheus-alertmanager", alertmanager.alertmanager_args, "alertmanager.yml", "am"),
+    )
     commands = {
-        "prometheus": [
-            "prometheus",
-            *prometheus.prometheus_args(
-                cluster,
-                config_path=str(tmp / "prometheus.yml"),
-                data_path=str(tmp / "tsdb"),
-                web_config_path=web,
-            ),
-        ],
-        "alertmanager": [
-            "prometheus-alertmanager",
-            *alertmanager.alertmanager_args(
-                cluster,
-                config_path=str(tmp / "alertmanager.yml"),
-                data_path=str(tmp / "am"),
-                web_config_path=web,
-            ),
-        ],
+        name: [
+            program,
+            *args(cluster, config_path=str(tmp / config), data_path=str(tmp / data), web_config_path=web),
+        ]
+        for name, program, args, config, data in servers
     }
     running = {}
     for name, argv in commands.items():

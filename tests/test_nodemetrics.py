@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from qwen_cluster.node import nodemetrics
 from qwen_cluster.render.monitoring import endpoint as monitoring_endpoint
 from tests.helpers import tools
+from tests.helpers.http_thread import in_thread
 from tests.helpers.wait import wait_until
 from tooling import stackfile
 
@@ -74,26 +75,14 @@ def fake_exporter(routes: dict[str, str]) -> Iterator[int]:
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+    with in_thread(ThreadingHTTPServer(("127.0.0.1", 0), Handler)) as port:
+        yield port
 
 
 @contextlib.contextmanager
 def endpoint(config: dict) -> Iterator[str]:
-    server = nodemetrics.serve({**config, "listen": "127.0.0.1:0"})
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with in_thread(nodemetrics.serve({**config, "listen": "127.0.0.1:0"})) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def get(url: str) -> str:

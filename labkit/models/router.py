@@ -16,11 +16,8 @@ The command line: `python -m labkit.models.router install|paths`.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,36 +52,26 @@ def executable(venv: Path | None = None) -> Path:
 
 def ensure_venv(log: Callable[[str], None] = print) -> Path:
     """The cached environment, built first when missing (seconds from pip's cache, 24 MB of
-    wheel from PyPI otherwise); only a finished build gets its `.complete` mark."""
+    wheel from PyPI otherwise; realvllm.build_once)."""
     target = venv_dir()
-    if (target / realvllm.COMPLETE).exists():
-        return target
-    with realvllm._locked(target.name):
-        if (target / realvllm.COMPLETE).exists():
-            return target
-        started = time.monotonic()
-        shutil.rmtree(target, ignore_errors=True)
-        try:
-            subprocess.run([realvllm.interpreter(), "-m", "venv", str(target)], check=True)
-            python = target / "bin" / "python"
-            subprocess.run(
-                [
-                    str(python), "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--disable-pip-version-check", "-r", str(REQUIREMENTS),
-                ],
-                check=True,
-            )  # fmt: skip
-            checked = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
-            if checked.returncode != 0:
-                raise RuntimeError(f"the pinned list is incomplete: {checked.stdout.strip()}")
-            if not executable(target).exists():
-                raise RuntimeError(f"{SCRIPT} missing from {target}/bin")
-            (target / realvllm.COMPLETE).write_text(f"{time.monotonic() - started:.0f} s\n")
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
-        log(f"vllm-router environment ready in {time.monotonic() - started:.0f} s: {target}")
-        return target
+
+    def build() -> None:
+        subprocess.run([realvllm.interpreter(), "-m", "venv", str(target)], check=True)
+        python = target / "bin" / "python"
+        subprocess.run(
+            [
+                str(python), "-m", "pip", "install", "--quiet", "--no-deps",
+                "--disable-pip-version-check", "-r", str(REQUIREMENTS),
+            ],
+            check=True,
+        )  # fmt: skip
+        checked = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
+        if checked.returncode != 0:
+            raise RuntimeError(f"the pinned list is incomplete: {checked.stdout.strip()}")
+        if not executable(target).exists():
+            raise RuntimeError(f"{SCRIPT} missing from {target}/bin")
+
+    return realvllm.build_once(target, "vllm-router environment", build, log)
 
 
 def command(
@@ -132,18 +119,13 @@ def image_trees() -> tuple[tuple[str, str], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit.models.router", description=__doc__.split("\n\n")[0]
+    return realvllm.cache_cli(
+        argv,
+        "python -m labkit.models.router",
+        __doc__,
+        {"install": ("build (or find) the cached vllm-router environment; print its path", ensure_venv)},
+        lambda: {"venv": venv_dir()},
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install", help="build (or find) the cached vllm-router environment; print its path")
-    sub.add_parser("paths", help="print where the environment is (built or not)")
-    args = parser.parse_args(argv)
-    if args.command == "install":
-        print(ensure_venv(lambda line: print(line, file=sys.stderr, flush=True)))
-    else:
-        print(f"venv {venv_dir()}{'' if (venv_dir() / realvllm.COMPLETE).exists() else ' (not built)'}")
-    return 0
 
 
 if __name__ == "__main__":

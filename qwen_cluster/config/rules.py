@@ -325,12 +325,7 @@ def _routing_errors(
         name = default.name
         found = next((entry for entry in table if entry.name == name), None)
         if found is None:
-            clash = next((entry for entry in table if entry.port.overlaps(default.port)), None)
-            errors.append(
-                f"loadBalancer.routing cache-aware needs a ports entry named {name}, and its default "
-                f"port {default.port} is taken by {clash.name if clash else '?'}; add "
-                f"{{name: {name}, port: <free port>, scope: cluster, required: false}}"
-            )
+            errors.append(_missing_row("loadBalancer.routing cache-aware needs", default, table))
         elif found.scope is not port_table.Scope.CLUSTER or found.port.size != 1:
             why = (
                 "the router's admin routes share its listener"
@@ -352,6 +347,18 @@ def _routing_errors(
     return errors
 
 
+def _missing_row(who: str, default: port_table.PortEntry, table: list[port_table.PortEntry]) -> str:
+    """A feature's row is absent from a custom table because another row took its default port
+    (an absent row is otherwise filled in with its default): name both, and the row to add."""
+    clash = next((entry for entry in table if entry.port.overlaps(default.port)), None)
+    taken = f"{clash.name} ({clash.port})" if clash else "?"
+    return (
+        f"{who} a ports entry named {default.name}, and its default port {default.port} is taken by "
+        f"{taken}; add {{name: {default.name}, port: <free port>, scope: {default.scope.value}, "
+        "required: false}"
+    )
+
+
 def _monitoring_errors(
     monitoring: Monitoring, nodes: list[Node] | None, table: list[port_table.PortEntry] | None
 ) -> list[str]:
@@ -363,13 +370,7 @@ def _monitoring_errors(
     for key, name in monitoring_rows(monitoring):
         found = next(entry for entry in table if entry.name == name) if _has_row(table, name) else None
         if found is None:
-            default = _default_row(name)
-            clash = next((entry for entry in table if entry.port.overlaps(default.port)), None)
-            errors.append(
-                f"monitoring.{key} is true but ports has no entry named {name} and its default port "
-                f"{default.port} is taken by {clash.name if clash else '?'} ({clash.port if clash else ''}); "
-                f"add {{name: {name}, port: <free port>, scope: monitoring, required: false}}"
-            )
+            errors.append(_missing_row(f"monitoring.{key} is true but needs", _default_row(name), table))
         elif found.scope is not port_table.Scope.MONITORING or found.port.size != 1:
             errors.append(
                 f"ports entry {name} ({found.port}, scope {found.scope.value}) must be a single "

@@ -318,10 +318,11 @@ def _gpu_nodes(resources: list[RecordedResource]) -> list[RecordedResource]:
     return [r for r in resources if net.is_gpu_node(r.type, r.inputs)]
 
 
-def open_to_world(
-    resources: list[RecordedResource], ports: str, protocol: str = "tcp"
+def opened_by_hand(
+    resources: list[RecordedResource], ports: str, source: str, protocol: str = "tcp"
 ) -> list[RecordedResource]:
-    """A hand-added rule opening `ports` to 0.0.0.0/0 on the nodes."""
+    """A hand-added rule admitting `source` to `ports` on every node: its security group's
+    ingress and every host's firewall document."""
     resources = copy.deepcopy(resources)
     low, _, high = ports.partition("-")
     for group in _node_groups(resources):
@@ -330,7 +331,7 @@ def open_to_world(
                 f"hand-added-{ports}",
                 group.name,
                 description="opened by hand",
-                cidrIpv4="0.0.0.0/0",
+                cidrIpv4=source,
                 ipProtocol=protocol,
                 fromPort=int(low),
                 toPort=int(high or low),
@@ -343,45 +344,27 @@ def open_to_world(
                 "action": "allow",
                 "protocol": protocol,
                 "ports": ports,
-                "sources": ["0.0.0.0/0"],
+                "sources": [source],
                 "description": "opened by hand",
             }
         ),
     )
     return resources
+
+
+def open_to_world(
+    resources: list[RecordedResource], ports: str, protocol: str = "tcp"
+) -> list[RecordedResource]:
+    """A hand-added rule opening `ports` to 0.0.0.0/0 on the nodes."""
+    return opened_by_hand(resources, ports, "0.0.0.0/0", protocol)
 
 
 def monitoring_port_on_every_node(
     resources: list[RecordedResource], port: int = 9090
 ) -> list[RecordedResource]:
-    """Prometheus's port opened to monitoringCidrs on every node (the node security group, every
-    host's firewall), not only on `monitoring.node` where it runs."""
-    resources = copy.deepcopy(resources)
-    for group in _node_groups(resources):
-        resources.append(
-            ingress(
-                f"hand-added-{port}",
-                group.name,
-                description="opened by hand",
-                cidrIpv4="10.20.0.0/16",
-                ipProtocol="tcp",
-                fromPort=port,
-                toPort=port,
-            )
-        )
-    _rewrite_documents(
-        resources,
-        lambda doc: doc["rules"].append(
-            {
-                "action": "allow",
-                "protocol": "tcp",
-                "ports": str(port),
-                "sources": ["10.20.0.0/16"],
-                "description": "opened by hand",
-            }
-        ),
-    )
-    return resources
+    """Prometheus's port opened to monitoringCidrs (10.20.0.0/16) on every node (the node security
+    group, every host's firewall), not only on `monitoring.node` where it runs."""
+    return opened_by_hand(resources, str(port), "10.20.0.0/16")
 
 
 def instance_type(resources: list[RecordedResource], kind: str) -> list[RecordedResource]:
