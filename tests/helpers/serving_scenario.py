@@ -271,8 +271,8 @@ class Draining:
     new_chat_during: object = None
     models_during: object = None
     stream_status: int = 0
-    # "open"; "error" (an error event, then [DONE]); "done" ([DONE], no error); "cut" (closed
-    # without [DONE])
+    # "open"; "error" (an error event, then [DONE]); "aborted" (finish_reason abort, then [DONE]);
+    # "done" ([DONE] after any other finish, no error); "cut" (closed without [DONE])
     stream_after_timeout: str = ""
     stream_finish: str = ""  # the long stream's finish_reason, if it got one
     stream_error: str = ""  # an error event the long stream carried, if any
@@ -336,6 +336,8 @@ def observe_draining(host: str, port: int, process: subprocess.Popen, shutdown_t
         record.stream_done_after = stream.done_at - termed if stream.done else 0.0
         if stream.error:
             record.stream_after_timeout = "error"
+        elif stream.done and stream.finish == "abort":
+            record.stream_after_timeout = "aborted"
         elif stream.done:
             record.stream_after_timeout = "done"
         elif stream.ended:
