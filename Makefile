@@ -23,9 +23,10 @@ system:
 demo: venv system
 	$(PY) scripts/demo.py
 
+# --durations: the slowest tests in every run's log (CI's included), where the 15-minute budget goes.
 test: venv system
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20
 
 # make plan STACK=prod DIAGRAM=out/prod.svg  (no STACK: every stack)
 plan: venv system
