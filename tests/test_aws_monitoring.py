@@ -3,6 +3,8 @@ ContainerSpecs as bare metal; a new alert bound updates the monitoring node's as
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 
 from qwen_cluster.node import NODEMETRICS_SCRIPT
@@ -75,3 +77,189 @@ def test_an_unchanged_container_is_kept_a_changed_one_replaced():
     same = {s.name: monitoring_ssm.spec_hash(s) for s in specs}
     assert changed["qwen-node-exporter"] == same["qwen-node-exporter"]  # nothing of the stack in it
     assert changed["qwen-nodemetrics"] != same["qwen-nodemetrics"]  # other peers to probe
+
+
+# --- monitoring.password on AWS -----------------------------------------------------------------
+
+PASSWORD = "aws-monitoring-password-0123456789"
+ROTATED = "aws-monitoring-password-rotated-9876"
+PARAMETER = "aws:ssm/parameter:Parameter"
+CREDENTIAL_NAMES = {"/qwen-cluster/dev/monitoring/web-config", "/qwen-cluster/dev/monitoring/password"}
+CREDENTIAL_KEYS = {"Region", "WebConfigParameter", "PasswordParameter", "SecretsVersion"}
+READ_ACTIONS = ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetParameterHistory")
+
+
+def with_password(password: str = PASSWORD, stack: str = "dev") -> dict:
+    config = stackfile.read(stack)
+    key = "qwen-cluster:monitoring"
+    config[key] = {**config.get(key, {}), "password": {"secure": password}}
+    return config
+
+
+def _render(config: dict, stack: str = "dev") -> offline.Render:
+    result = offline.render(config, stack)
+    assert result.error is None, result.error
+    return result
+
+
+def _credentials(result: offline.Render) -> dict[str, offline.RecordedResource]:
+    return {
+        r.inputs["name"]: r
+        for r in result.of_type(PARAMETER)
+        if str(r.inputs.get("name", "")).startswith("/qwen-cluster/dev/monitoring/")
+    }
+
+
+def _secret(value):
+    from tests.helpers.secrets import SECRET_SIG
+
+    assert isinstance(value, dict) and SECRET_SIG in value, "not a secret"
+    return value["value"]
+
+
+def test_without_a_password_there_are_no_credential_parameters_and_no_read_grant():
+    dev = render("dev")
+    assert _credentials(dev) == {}
+    assert [r.name for r in dev.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "monitoring-read"] == []
+    for association in dev.of_type(ASSOCIATION):
+        if association.name.startswith("monitoring-"):
+            assert not CREDENTIAL_KEYS & set(association.inputs["parameters"]), association.name
+
+
+def test_with_a_password_the_web_config_and_password_are_securestring_parameters_bare_metal_would_write():
+    import bcrypt
+    import yaml
+
+    from qwen_cluster.render.monitoring import webconfig
+
+    parameters = _credentials(_render(with_password()))
+    assert set(parameters) == CREDENTIAL_NAMES
+    assert {p.inputs["type"] for p in parameters.values()} == {"SecureString"}
+    web = _secret(parameters["/qwen-cluster/dev/monitoring/web-config"].inputs["value"])
+    password = _secret(parameters["/qwen-cluster/dev/monitoring/password"].inputs["value"])
+    # The same files, from the same function, as bare metal writes (containers.credential_files).
+    files = containers.credential_files(PASSWORD, "dev")
+    assert (web, password) == (files["web.yml"].rstrip(), PASSWORD)
+    hashed = yaml.safe_load(web)["basic_auth_users"][webconfig.USER]
+    assert bcrypt.checkpw(PASSWORD.encode(), hashed.encode())
+
+
+def test_the_association_names_the_parameters_and_holds_no_secret():
+    from tests.helpers.secrets import shown_in_clear
+
+    result = _render(with_password())
+    parameters = _credentials(result)
+    master = result.named("monitoring-master").inputs["parameters"]
+    arn = {name.rsplit("/", 1)[1]: p.outputs["arn"] for name, p in parameters.items()}
+    assert (master["WebConfigParameter"], master["PasswordParameter"]) == (arn["web-config"], arn["password"])
+    assert master["Region"] == "us-west-2"
+    hashed = containers.credential_files(PASSWORD, "dev")["web.yml"].split(": ")[-1].strip()
+    texts = [str(value) for value in master.values()]
+    texts += [monitoring_ssm.unpack(master[name]) for name in ("Containers", "ServerFiles")]
+    assert not [text for text in texts if PASSWORD in text or hashed in text]
+    assert "--web.config.file=/etc/qwen-monitoring/web.yml" in monitoring_ssm.unpack(master["Containers"])
+    assert shown_in_clear(result.resources, PASSWORD) == [] and shown_in_clear(result.resources, hashed) == []
+    for document in result.of_type("aws:ssm/document:Document"):
+        assert PASSWORD not in document.inputs["content"] and hashed not in document.inputs["content"]
+    # The other nodes' associations know nothing of the credentials.
+    assert not CREDENTIAL_KEYS & set(result.named("monitoring-worker-1").inputs["parameters"])
+
+
+def test_only_the_monitoring_nodes_instance_may_read_the_credentials():
+    """The GPU nodes share one role, whose managed AmazonSSMManagedInstanceCore allows
+    GetParameter on "*": the read policy allows the monitoring node's instance and denies every
+    other. Evaluated with every policy of the role (tooling/iampolicy.py, as AWS does), with the
+    ARNs AWS would answer in place of the mocks' (labkit/aws/model.py, as the AWS lab reads it)."""
+    from labkit.aws import iam, model
+    from tooling import iampolicy
+
+    result = _render(with_password())
+    policy = result.named("monitoring-read")
+    (role,) = [r for r in result.of_type("aws:iam/role:Role") if r.name == "gpu-node-role-role"]
+    assert policy.inputs["role"] == role.outputs["name"]  # the nodes' role, the only one they have
+    document = json.loads(policy.inputs["policy"])
+    mock_arns = sorted(p.outputs["arn"] for p in _credentials(result).values())
+    for statement in document["Statement"]:
+        assert sorted(statement["Resource"]) == mock_arns
+        master_arn = result.named("gpu-nodes-master").outputs["arn"]
+        assert list(statement["Condition"].values()) == [{"ec2:SourceInstanceARN": master_arn}]
+
+    stack = model.read(result, "us-west-2")
+    name = stack.role_of_instance(stack.instances["master"])
+    arns = sorted(p["arn"] for p in stack.parameters.values() if p["name"] in CREDENTIAL_NAMES)
+    assert arns[0].startswith("arn:aws:ssm:us-west-2:")
+
+    def reads(documents, node: str, action: str = "ssm:GetParameter") -> bool:
+        instance = stack.instances[node].instance_id
+        context = {"ec2:SourceInstanceARN": f"arn:aws:ec2:us-west-2:{model.ACCOUNT}:instance/{instance}"}
+        principal = iampolicy.Principal(node, documents)
+        return all(principal.evaluate(iampolicy.Request(action, (arn,), context)).allowed for arn in arns)
+
+    documents = iam.documents_of_role(name, stack.role_policies[name], stack.role_attachments[name])
+    assert reads(documents, "master")
+    for action in READ_ACTIONS:
+        assert not reads(documents, "worker-1", action), action
+    # Without the monitoring policy the managed policy alone would let worker-1 read them.
+    others = [text for text in stack.role_policies[name] if "MonitoringNodeReadsItsCredentials" not in text]
+    assert reads(iam.documents_of_role(name, others, stack.role_attachments[name]), "worker-1")
+
+
+def test_the_monitoring_nodes_first_run_waits_for_its_read_grant():
+    result = _render(with_password())
+    assert "monitoring-read" in result.named("monitoring-master").depends_on
+
+
+class _VersionedMocks(offline.RecordingMocks):
+    """The mocks, with a Parameter's `version` computed from its value as AWS raises it on a new
+    value (a stand-in number: another value, another version)."""
+
+    def new_resource(self, args):
+        answer = super().new_resource(args)
+        if args.typ == PARAMETER:
+            value = json.dumps(args.inputs.get("value"), sort_keys=True, default=str)
+            version = int(hashlib.sha256(value.encode()).hexdigest()[:6], 16) + 1
+            answer[1]["version"] = self.resources[-1].outputs["version"] = version
+        return answer
+
+
+def test_a_new_password_is_a_new_version_in_the_association_and_updates_it_in_place(monkeypatch):
+    monkeypatch.setattr(offline, "RecordingMocks", _VersionedMocks)
+    before, after = _render(with_password(PASSWORD)), _render(with_password(ROTATED))
+
+    def carried(result):
+        versions = [str(int(p.outputs["version"])) for p in _credentials(result).values()]
+        return result.named("monitoring-master").inputs["parameters"]["SecretsVersion"], versions
+
+    (old, old_versions), (new, new_versions) = carried(before), carried(after)
+    assert sorted(old.split(",")) == sorted(old_versions) and sorted(new.split(",")) == sorted(new_versions)
+    assert old != new
+    assert carried(_render(with_password(PASSWORD)))[0] == old  # the same password: the same version
+    moved = {c.name: c.action for c in changes.diff(before, after) if c.action != "same"}
+    assert moved == {
+        "monitoring-web-config": "update",
+        "monitoring-password": "update",
+        "monitoring-master": "update",  # in place: UpdateAssociation runs it again
+    }
+    summary = changes.rollout(before, after)
+    assert summary.servers_restarted == [] and summary.nodes_replaced == []
+
+
+def test_turning_the_password_on_touches_the_monitoring_node_only():
+    before, after = render("dev"), _render(with_password())
+    moved = {c.name: c.action for c in changes.diff(before, after) if c.action != "same"}
+    assert moved == {
+        "monitoring-web-config": "create",
+        "monitoring-password": "create",
+        "monitoring-read": "create",
+        "monitoring-master": "update",
+    }
+
+
+def test_the_server_files_script_with_credentials_passes_shellcheck(tmp_path):
+    cluster = stackfile.validate(with_password(stack="prod"))
+    text = monitoring_ssm.unpack(monitoring_ssm.parameters(cluster, "master", NODEMETRICS)["ServerFiles"])
+    assert "aws ssm get-parameter" in text
+    path = tmp_path / "files.sh"
+    path.write_text(text)
+    checked = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout

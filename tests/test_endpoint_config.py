@@ -121,8 +121,7 @@ def test_a_monitoring_password_in_plain_text_stops_the_program_without_showing_i
     assert MONITORING_PASSWORD not in result.error and not result.resources
 
 
-def test_a_monitoring_password_is_refused_on_aws_until_it_reaches_the_node():
+def test_a_monitoring_password_is_accepted_on_aws_too():
     raw = stackfile.cluster_keys(stackfile.read("dev"))
     raw["monitoring"] = {**raw.get("monitoring", {}), "password": MONITORING_PASSWORD}
-    with pytest.raises(ConfigError, match="monitoring.password applies to target bare-metal only"):
-        config.validate(raw)
+    assert config.validate(raw).monitoring.password is not None  # kept, shown redacted

@@ -2,15 +2,22 @@
 the lab's S3 bucket. Day 0: first boot and every SSM association in the engine's order, every
 replica serving through the load balancer (HAProxy) with the lab's key over TLS; the node role's
 policy holds on the nodes' own AWS CLI; then an image bump rolled under client load, begun while
-a replica still loads; `down` leaves nothing.
+a replica still loads; Prometheus and Alertmanager behind the lab's monitoring password, which
+a rotation changes in place; `down` leaves nothing.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 import shutil
 import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,8 +26,9 @@ from labkit.aws import lab, ssmrun
 from labkit.cluster import lifecycle, probes
 from labkit.engine import executor
 from labkit.hosts import dockerd, netns
-from qwen_cluster.ports import Vantage
+from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, Vantage, port_of
 from qwen_cluster.render import ssm
+from qwen_cluster.render.monitoring import webconfig
 from tests.helpers.wait import wait_until
 from tooling import changes, stackfile
 
@@ -140,6 +148,17 @@ def test_the_node_role_refuses_what_it_does_not_allow_and_imds_wants_a_token(day
         60,
     )
     assert status == ssmrun.FAILED and "AccessDenied" in output, output
+    # The monitoring credentials: the nodes share one role (whose managed policy allows
+    # GetParameter on "*"), yet only the monitoring node's instance reads them.
+    for name in ("password", "web-config"):
+        read = (
+            "#!/bin/bash\nexport AWS_DEFAULT_REGION=us-west-2\n"
+            f"aws ssm get-parameter --name /qwen-cluster/dev/monitoring/{name} --with-decryption >/dev/null\n"
+        )
+        status, _, output = machines["worker-1"].execute(read, f"deny-monitoring-{name}", 60)
+        assert status == ssmrun.FAILED and "AccessDenied" in output, output
+        status, _, output = node.execute(read, f"allow-monitoring-{name}", 60)
+        assert status == ssmrun.SUCCESS, output
     _, _, output = node.execute(
         "#!/bin/bash\ncurl -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/instance-id\n",
         "imds-v1",
@@ -225,6 +244,116 @@ def test_a_key_rotation_reloads_the_proxies_and_restarts_no_model_server(day0):
     assert _model_pids(aws_plan) == pids and len(pids) == 2
     assert _chat(aws_plan, key_index=1).ok
     assert _chat(aws_plan, key_index=0).status == 401
+
+
+def _http(namespace: str, url: str, login: str | None, method: str = "GET", body: bytes | None = None):
+    """(status, body) of one request from inside `namespace`, with basic auth `user:password`."""
+
+    def send() -> tuple[int, bytes]:
+        request = urllib.request.Request(url, data=body, method=method)
+        if login is not None:
+            request.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+        if body is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    return netns.call_in(namespace, send)
+
+
+def _monitoring_pids(aws_plan) -> dict[str, int]:
+    master = next(m for m in aws_plan.plan.nodes if m.node == "master")
+    found = lifecycle.containers(aws_plan.plan, master)
+    return {name: found[name]["State"]["Pid"] for name in ("qwen-prometheus", "qwen-alertmanager")}
+
+
+def test_prometheus_and_alertmanager_ask_for_the_password_and_a_rotation_keeps_their_state(day0):
+    """monitoring.password on AWS (the lab's own, as on bare metal): the monitoring node's run read
+    the web config and password from SecureString parameters. Without the password, or with a
+    wrong one, both servers answer 401 from a member and from their own node; with it, 200. A new
+    password is one run of the monitoring node's association: the old one is refused at once, the
+    new one accepted, and the same processes keep Alertmanager's silence and Prometheus's data
+    from before (its own scrapes log in with the new password)."""
+    aws_plan, _, _ = day0
+    cluster = aws_plan.plan.cluster
+    where = cluster.monitoring_node
+    password = lifecycle.endpoint_identity(aws_plan.plan).monitoring_password
+    login = f"{webconfig.USER}:{password}"
+    prometheus = f"http://{where.ip}:{port_of(cluster.ports, PROMETHEUS)}"
+    alertmanager = f"http://{where.ip}:{port_of(cluster.ports, ALERTMANAGER)}"
+    urls = [
+        *(prometheus + path for path in ("/-/healthy", "/-/ready", "/api/v1/query?query=up")),
+        *(alertmanager + path for path in ("/-/healthy", "/-/ready", "/api/v2/silences")),
+    ]
+    namespaces = [m.namespace for m in aws_plan.plan.nodes if m.node in ("master", "worker-1")]
+
+    def statuses(current: str) -> dict[str, tuple[int, ...]]:
+        return {
+            f"{namespace} {url}": tuple(
+                _http(namespace, url, auth)[0] for auth in (None, f"{webconfig.USER}:wrong-password", current)
+            )
+            for namespace in namespaces
+            for url in urls
+        }
+
+    for url in (prometheus, alertmanager):  # up since day 0; ready once their storage is open
+        wait_until(lambda url=url: _http(namespaces[0], f"{url}/-/ready", login)[0] == 200,
+                   what=f"{url} ready", timeout=60)  # fmt: skip
+    seen = statuses(login)
+    assert set(seen.values()) == {(401, 401, 200)}, seen
+    silence = {
+        "matchers": [{"name": "alertname", "value": "QwenReplicaDown", "isRegex": False}],
+        "startsAt": "2026-01-01T00:00:00Z",
+        "endsAt": "2099-01-01T00:00:00Z",
+        "createdBy": "test_lab_aws",
+        "comment": "kept across the rotation",
+    }
+    master_ns = namespaces[0]
+    silences, body = f"{alertmanager}/api/v2/silences", json.dumps(silence).encode()
+    assert _http(master_ns, silences, None, "POST", body)[0] == 401
+    posted = _http(master_ns, silences, login, "POST", body)
+    assert posted[0] == 200, posted
+    before_rotation = time.time()
+    pids = _monitoring_pids(aws_plan)
+    model_pids = _model_pids(aws_plan)
+
+    rotated = "rotated-" + secrets.token_hex(20)
+    result = lab.upgrade(LABEL, [f"monitoring.password={rotated}"], max_requests=0)
+    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["parametersUpdated"] == [
+        "/qwen-cluster/dev/monitoring/password",
+        "/qwen-cluster/dev/monitoring/web-config",
+    ]
+    assert [s["resource"] for s in result["steps"]] == ["monitoring-master"]  # one run, in place
+    assert result["ssm"]["notSucceeded"] == [], result["ssm"]["notSucceeded"]
+    new_login = f"{webconfig.USER}:{rotated}"
+    seen = statuses(new_login)
+    assert set(seen.values()) == {(401, 401, 200)}, seen
+    assert _http(master_ns, f"{prometheus}/-/healthy", login)[0] == 401  # the old one is refused
+    # The same processes: no restart, so the silence and the data from before are there.
+    assert _monitoring_pids(aws_plan) == pids and _model_pids(aws_plan) == model_pids
+    status, body = _http(master_ns, silences, new_login)
+    assert status == 200 and [s for s in json.loads(body) if s["comment"] == silence["comment"]], body
+    status, body = _http(master_ns, f"{prometheus}/api/v1/query?query=up&time={before_rotation}", new_login)
+    assert status == 200 and json.loads(body)["data"]["result"], body
+
+    rotated_at = time.time()  # after the run that wrote the new files
+
+    def scraped_since() -> dict[str, str]:
+        since = urllib.parse.quote(f"up and timestamp(up) > {rotated_at}")
+        answer = _http(master_ns, f"{prometheus}/api/v1/query?query={since}", new_login)[1]
+        return {r["metric"]["job"]: r["value"][1] for r in json.loads(answer)["data"]["result"]}
+
+    up = wait_until(
+        scraped_since,
+        what="Prometheus's scrapes of itself and Alertmanager with the new password",
+        timeout=60,
+        done=lambda up: "prometheus" in up and "alertmanager" in up,
+    )
+    assert (up["prometheus"], up["alertmanager"]) == ("1", "1"), up
 
 
 def test_a_node_added_boots_gets_every_association_registers_and_serves(day0):

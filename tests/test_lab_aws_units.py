@@ -247,6 +247,32 @@ def test_policies_and_parameters_name_the_same_arns(dev):
     assert "arn:aws:mock" not in json.dumps(dev.role_policies)
 
 
+def test_the_lab_sets_a_monitoring_password_that_only_the_monitoring_instance_reads(dev):
+    """The lab's dev has Prometheus behind the lab's monitoring password, as its bare-metal labs:
+    the monitoring node's association names the two SecureString parameters, and the role (one
+    for every node) lets that instance read them and no other, with the context the lab's API
+    stand-in gives each node's credentials (labkit/aws/standins.py)."""
+    master = dev.associations["monitoring-master"].parameters
+    wanted = {master["WebConfigParameter"], master["PasswordParameter"]}
+    names = {p["arn"]: p["name"] for p in dev.parameters.values()}
+    assert {names[arn] for arn in wanted} == {
+        "/qwen-cluster/dev/monitoring/web-config",
+        "/qwen-cluster/dev/monitoring/password",
+    }
+    assert "WebConfigParameter" not in dev.associations["monitoring-worker-1"].parameters
+    principal = _node_role(dev)
+
+    def reads(node: str) -> bool:
+        arn = model.instance_arn(dev.region, dev.instances[node].instance_id)
+        context = {"ec2:SourceInstanceARN": arn}
+        return all(
+            principal.evaluate(iampolicy.Request("ssm:GetParameter", (parameter,), context)).allowed
+            for parameter in wanted
+        )
+
+    assert reads("master") and not reads("worker-1")
+
+
 # ------------------------------------------------------------------ the load balancer
 
 

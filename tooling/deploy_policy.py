@@ -51,6 +51,7 @@ PROVIDER_CALLS = ("sts:GetCallerIdentity",)
 # Placeholders with the shape the config accepts (the render only carries them into parameters).
 _PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nMIIB-placeholder\n-----END CERTIFICATE-----\n"
 _PEM_KEY = "-----BEGIN PRIVATE KEY-----\nMIIE-placeholder\n-----END PRIVATE KEY-----\n"
+_MONITORING_PASSWORD = "placeholder-monitoring-password"
 
 # Variants of every AWS stack whose registrations differ (what each switches on), rendered with
 # it so that the policy covers what a user can switch on: a change to its config sections.
@@ -69,6 +70,9 @@ VARIANTS: tuple[dict[str, dict[str, Any]], ...] = (
             "tls": {"certificate": {"secure": _PEM_CERTIFICATE}, "privateKey": {"secure": _PEM_KEY}}
         }
     },
+    # monitoring.password: its web config and password in Parameter Store, and the monitoring
+    # node's read policy (components/aws/monitoring.py).
+    {"monitoring": {"password": {"secure": _MONITORING_PASSWORD}}},
 )
 
 

@@ -132,7 +132,17 @@ def build(
         master_id = nodes.instance_ids[cluster.master.name]
         Router("router", RouterArgs(cluster=cluster, instance_id=master_id, tags=tags))
     if cluster.monitoring.exporters or cluster.monitoring.prometheus:
-        Monitoring("monitoring", MonitoringArgs(cluster=cluster, instance_ids=nodes.instance_ids, tags=tags))
+        Monitoring(
+            "monitoring",
+            MonitoringArgs(
+                cluster=cluster,
+                instance_ids=nodes.instance_ids,
+                tags=tags,
+                password=(secrets or EndpointSecrets()).monitoring_password,
+                role_name=role.role_name,
+                instance_arns=nodes.instance_arns,
+            ),
+        )
     data = summary.summary(cluster)
     outputs: dict[str, Any] = {
         "endpoint": load_balancer.endpoint,

@@ -11,11 +11,30 @@ model server's associations these need no wait gate (nothing drains), so they ke
 in-place update: a new alert bound changes the monitoring node's parameters only, its run
 rewrites the files and sends SIGHUP, and no model server association or instance changes. A
 new instance (its id in `targets`) gets its monitoring by the same update.
+
+With monitoring.password (components/aws/proxy.py's way for the endpoint's secrets): the web
+config and Prometheus's password file (containers.credential_files, the files bare metal writes)
+are SecureString parameters under /qwen-cluster/<stack>/monitoring/. The monitoring node's
+association holds their ARNs and versions, never a value, and its run reads them with the node's
+role (render/monitoring_ssm.py). A new password updates the parameters in place with a new
+version (internal/service/ssm/parameter.go), so the association's parameters change and it is
+updated in place: resourceAssociationUpdate sends every parameter with UpdateAssociation
+(internal/service/ssm/association.go), and "when you update an association, the association
+immediately runs against the specified targets" (SSM API Reference, UpdateAssociation). That run
+rewrites the two files; both servers read them on the next request: no restart, so Prometheus's
+data and Alertmanager's silences stay. No other node's association and no container changes.
+
+Who may read them: every GPU node has the one role (serving.py NodeRole), whose managed
+AmazonSSMManagedInstanceCore allows ssm:GetParameter on every parameter. So the read policy
+allows the monitoring node's instance and denies every other: the condition key
+ec2:SourceInstanceARN is the ARN of the instance the role's credentials were delivered to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -24,6 +43,41 @@ from components.aws.documents import command_document
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render import monitoring_ssm
+from qwen_cluster.render.monitoring import containers
+
+from .serving import PARAMETER_PREFIX
+
+# The credential files (containers.credential_files) -> the last part of their parameter's name.
+CREDENTIAL_PARAMETERS = {containers.WEB_CONFIG_FILE: "web-config", containers.PASSWORD_FILE: "password"}
+# What reads a parameter's value: GetParameter (the run), GetParameters, GetParameterHistory
+# (every version's value). GetParametersByPath names the path, not these ARNs; no policy of the
+# node role allows it.
+READ_ACTIONS = ["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParameterHistory"]
+SOURCE_INSTANCE_KEY = "ec2:SourceInstanceARN"
+
+
+def read_policy(parameter_arns: list[str], instance_arn: str) -> dict[str, Any]:
+    """The node role's policy on the monitoring credentials: read by the monitoring node's
+    instance only. The deny matters: the role's managed policy allows GetParameter on "*"."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "MonitoringNodeReadsItsCredentials",
+                "Effect": "Allow",
+                "Action": "ssm:GetParameter",
+                "Resource": parameter_arns,
+                "Condition": {"StringEquals": {SOURCE_INSTANCE_KEY: instance_arn}},
+            },
+            {
+                "Sid": "NoOtherNodeReadsThem",
+                "Effect": "Deny",
+                "Action": READ_ACTIONS,
+                "Resource": parameter_arns,
+                "Condition": {"StringNotEquals": {SOURCE_INSTANCE_KEY: instance_arn}},
+            },
+        ],
+    }
 
 
 @dataclass
@@ -31,6 +85,10 @@ class MonitoringArgs:
     cluster: ClusterConfig
     instance_ids: dict[str, pulumi.Input[str]]  # node name -> instance id
     tags: dict[str, str]
+    # monitoring.password, an Output secret (None: Prometheus and Alertmanager ask for nothing).
+    password: pulumi.Input[str] | None = None
+    role_name: pulumi.Input[str] | None = None  # the GPU nodes' role (with the password)
+    instance_arns: dict[str, pulumi.Input[str]] = field(default_factory=dict)  # node name -> ARN
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -40,16 +98,66 @@ class Monitoring(pulumi.ComponentResource):
         cluster = args.cluster
         document = command_document(f"{name}-document", monitoring_ssm.document(), args.tags, child)
         source = NODEMETRICS_SCRIPT.read_text()
-        self.associations = {
-            node.name: aws.ssm.Association(
+        self.parameters: dict[str, aws.ssm.Parameter] = {}
+        self.read_policy: aws.iam.RolePolicy | None = None
+        credentials: dict[str, Any] = {}
+        if monitoring_ssm.with_credentials(cluster) and args.password is not None:
+            credentials = self._credentials(name, args, child)
+        self.associations = {}
+        for node in cluster.nodes:
+            servers = monitoring_ssm.runs_servers(cluster, node.name)
+            self.associations[node.name] = aws.ssm.Association(
                 f"{name}-{node.name}",
                 name=document.name,
                 targets=[{"key": "InstanceIds", "values": [args.instance_ids[node.name]]}],
-                parameters=monitoring_ssm.parameters(cluster, node.name, source),
+                parameters=monitoring_ssm.parameters(
+                    cluster, node.name, source, **(credentials if servers else {})
+                ),
                 max_concurrency="1",
                 max_errors="0",
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    # Its first run reads the parameters: the grant is in place before it.
+                    depends_on=[self.read_policy] if servers and self.read_policy is not None else [],
+                ),
+            )
+        self.register_outputs({"document": document.name})
+
+    def _credentials(self, name: str, args: MonitoringArgs, child: pulumi.ResourceOptions) -> dict[str, Any]:
+        """The credential files as SecureString parameters, the monitoring node's read on them,
+        and what its association carries: their ARNs and versions."""
+        where = args.cluster.monitoring_node
+        if args.role_name is None or where is None or where.name not in args.instance_arns:
+            raise ValueError("monitoring.password on AWS needs the node role and the monitoring instance")
+        stack = pulumi.get_stack()
+        prefix = f"{PARAMETER_PREFIX.format(stack=stack)}monitoring"
+        # The same files bare metal writes, from the same function: one source of truth.
+        files = pulumi.Output.secret(args.password).apply(lambda p: containers.credential_files(p, stack))
+        for file_name, role in CREDENTIAL_PARAMETERS.items():
+            self.parameters[file_name] = aws.ssm.Parameter(
+                f"{name}-{role}",
+                name=f"{prefix}/{role}",
+                type="SecureString",  # encrypted with the account's aws/ssm key
+                value=pulumi.Output.secret(
+                    files.apply(lambda texts, f=file_name: monitoring_ssm.parameter_value(texts[f]))
+                ),
+                tags={**args.tags, "Name": f"{name}-{role}"},
                 opts=child,
             )
-            for node in cluster.nodes
+        arns = [parameter.arn for parameter in self.parameters.values()]
+        self.read_policy = aws.iam.RolePolicy(
+            f"{name}-read",
+            role=args.role_name,
+            policy=pulumi.Output.all(args.instance_arns[where.name], *arns).apply(
+                lambda resolved: json.dumps(read_policy(list(resolved[1:]), resolved[0]))
+            ),
+            opts=child,
+        )
+        versions = [parameter.version for parameter in self.parameters.values()]
+        return {
+            "web_config_parameter": self.parameters[containers.WEB_CONFIG_FILE].arn,
+            "password_parameter": self.parameters[containers.PASSWORD_FILE].arn,
+            "secrets_version": pulumi.Output.all(*versions).apply(
+                lambda resolved: ",".join(str(int(v)) for v in resolved if v is not None)
+            ),
         }
-        self.register_outputs({"document": document.name})

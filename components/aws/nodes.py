@@ -83,6 +83,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
     """
 
     instance_ids: dict[str, pulumi.Output[str]]
+    instance_arns: dict[str, pulumi.Output[str]]  # what ec2:SourceInstanceARN names in a policy
     image_ids: dict[str, pulumi.Output[str]]
     placement_group_name: pulumi.Output[str]
     rollout_order: list[str]
@@ -108,6 +109,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._keep_image = [] if aws_target.ami_id else ["imageId"]
 
         self.instance_ids, self.image_ids, self.rollout_order = {}, {}, []
+        self.instance_arns = {}
         self.stage_resources = {}
         self._nodes = {node.name: node for node in cluster.nodes}
         self._interfaces = self._interface_layout()
@@ -329,6 +331,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, depends_on=gate),
         )
         self.instance_ids[node.name] = instance.id
+        self.instance_arns[node.name] = instance.arn
         self.image_ids[node.name] = template.image_id
         monitoring = cluster.monitoring_node
         if args.monitoring_security_group_id is not None and monitoring and monitoring.name == node.name:

@@ -41,12 +41,16 @@ def _hex(text: str, length: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def instance_arn(region: str, instance_id: str) -> str:
+    return f"arn:aws:ec2:{region}:{ACCOUNT}:instance/{instance_id}"
+
+
 def lab_value(resource: RecordedResource, kind: str, region: str) -> str:
     """What AWS answers for `kind` ("id" or "arn") of `resource`."""
     name = str(resource.outputs.get("name") or resource.inputs.get("name") or resource.name)
     if resource.type == INSTANCE:
         instance_id = f"i-0{_hex(resource.name, 16)}"
-        return instance_id if kind == "id" else f"arn:aws:ec2:{region}:{ACCOUNT}:instance/{instance_id}"
+        return instance_id if kind == "id" else instance_arn(region, instance_id)
     if resource.type == PARAMETER:
         # GetParameter takes the name; the ARN of a name with a leading slash keeps one slash.
         path = name if name.startswith("/") else f"/{name}"

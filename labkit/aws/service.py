@@ -10,7 +10,10 @@
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instance-metadata-v2-how-it-works.html).
 
 Signatures are not verified (moto does not either): the access key names the caller, which is
-what IAM decides on. Run as `python -m labkit.aws.service CONFIG.json` (labkit/aws/standins.py). On
+what IAM decides on, with the request context its credentials carry: a node's role credentials
+name the instance they were delivered to (`ec2:SourceInstanceARN`, which the monitoring
+credentials' read policy conditions on, components/aws/monitoring.py).
+Run as `python -m labkit.aws.service CONFIG.json` (labkit/aws/standins.py). On
 SIGHUP it reads CONFIG.json again for nodes added since (a node added to the stack: its IMDS and
 its role's credentials), then writes its ready file again.
 """
@@ -49,6 +52,11 @@ def principals_of(config: dict[str, Any]) -> dict[str, iampolicy.Principal]:
     return {key: iampolicy.Principal(entry["arn"], entry["documents"]) for key, entry in principals}
 
 
+def contexts_of(config: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Access key -> the condition keys its credentials carry into every request."""
+    return {key: dict(entry.get("context") or {}) for key, entry in config["principals"].items()}
+
+
 class Gateway:
     def __init__(self, config: dict[str, Any]):
         self.config = config
@@ -56,6 +64,7 @@ class Gateway:
         self.moto = config["moto"]  # http://127.0.0.1:PORT
         # access key -> (principal name, its policy documents)
         self.principals = principals_of(config)
+        self.contexts = contexts_of(config)
         self.calls: list[dict[str, Any]] = []
         self.calls_lock = threading.Lock()
         group = config.get("targetGroup")
@@ -70,6 +79,7 @@ class Gateway:
     def add_nodes(self, config: dict[str, Any]) -> None:
         """The principals of nodes added since (every access key of `config`)."""
         self.principals.update(principals_of(config))
+        self.contexts.update(contexts_of(config))
 
     def record(self, **entry: Any) -> None:
         with self.calls_lock:
@@ -177,6 +187,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                 service, "InvalidClientTokenId", "The security token included in the request is invalid."
             )
             return
+        context = gateway.contexts.get(key) or {}
+        if context:
+            request = iampolicy.Request(request.action, request.resources, {**context, **request.context})
         decision = principal.evaluate(request)
         gateway.record(caller=principal.name, action=request.action, resources=list(request.resources),
                        allowed=decision.allowed, context=request.context)  # fmt: skip

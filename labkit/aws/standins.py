@@ -99,6 +99,8 @@ def _write_service_config(
         principals[access_key(member.node)] = {
             "arn": f"arn:aws:sts::{model.ACCOUNT}:assumed-role/{role}/{instance.instance_id}",
             "documents": documents,
+            # Role credentials delivered to an instance carry its ARN (ec2:SourceInstanceARN).
+            "context": {"ec2:SourceInstanceARN": model.instance_arn(stack.region, instance.instance_id)},
         }
         nodes.append(
             {

@@ -34,10 +34,11 @@ def lab_fetch(stack: str, label: str | None) -> tuple[doctor.Fetch, str]:
 
 
 def monitoring_password(lab_plan: blueprint.LabPlan) -> str | None:
-    """The password the lab's Prometheus asks for: the lab gives every bare-metal stack with
-    Prometheus its own (labkit/engine/substitutions.py endpoint_secrets); None elsewhere."""
+    """The password the lab's Prometheus asks for: the lab gives every stack with Prometheus its
+    own, on both targets (labkit/engine/substitutions.py endpoint_secrets); None without one.
+    A rotation test's password is its own to know."""
     cluster = lab_plan.cluster
-    if cluster.aws is not None or cluster.monitoring_node is None:
+    if cluster.monitoring_node is None:
         return None
     return lifecycle.endpoint_identity(lab_plan).monitoring_password or None
 

@@ -24,7 +24,7 @@ class Identity:
     certificate: str = field(repr=False)
     private_key: str = field(repr=False)
     ca_file: str
-    # monitoring.password: what Prometheus and Alertmanager ask for (bare-metal labs).
+    # monitoring.password: what Prometheus and Alertmanager ask for (every lab with Prometheus).
     monitoring_password: str = field(default="", repr=False)
 
     def client(self, key_index: int | None = 0) -> ClientAccess:

@@ -118,13 +118,21 @@ def endpoint_secrets(config: dict[str, Any], endpoint: Any) -> list[str]:
             chosen = [endpoint.api_keys[0]]
             made.append("access.apiKeys: the lab's own key")
         access["apiKeys"] = [{"secure": key} for key in chosen]
-    monitoring = config.get(f"{NAMESPACE}:monitoring")
-    bare_metal = config.get(f"{NAMESPACE}:target") == "bare-metal"
+    # Every stack with Prometheus gets the lab's monitoring password (bare metal's web config,
+    # AWS's SecureString parameters); a password the lab already wrote (a rotation test's) is kept,
+    # handed over as a secret like the keys.
     password = getattr(endpoint, "monitoring_password", "")
-    wanted = bare_metal and password and isinstance(monitoring, dict) and monitoring.get("prometheus", True)
-    if wanted and not _is_lab_secret(monitoring.get("password")):
-        monitoring["password"] = {"secure": password}
-        made.append("monitoring.password: the lab's own")
+    monitoring = config.get(f"{NAMESPACE}:monitoring")
+    if password and monitoring is None:
+        monitoring = config[f"{NAMESPACE}:monitoring"] = {}
+    if password and isinstance(monitoring, dict) and monitoring.get("prometheus", True):
+        current = monitoring.get("password")
+        if _is_lab_secret(current):
+            text = current.get("secure") if isinstance(current, dict) else current
+            monitoring["password"] = {"secure": text}
+        else:
+            monitoring["password"] = {"secure": password}
+            made.append("monitoring.password: the lab's own")
     balancer = config.setdefault(f"{NAMESPACE}:loadBalancer", {})
     if isinstance(balancer, dict):
         balancer["tls"] = {

@@ -118,11 +118,6 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
             "role reads the prefix through the VPC's S3 endpoint. On bare metal use source mirror "
             "(an HF-compatible endpoint in reach) or hub; bareMetal.weightsCache keeps what was fetched"
         )
-    if target is Target.AWS and monitoring is not None and monitoring.password is not None:
-        errors.append(
-            "monitoring.password applies to target bare-metal only for now: on AWS the web config "
-            "is not yet delivered to the node (remove it, and keep access.monitoringCidrs narrow)"
-        )
     if target is Target.AWS and aws is not None:
         errors += _aws_errors(aws, network, access)
     if target is Target.BARE_METAL and bare_metal is not None:

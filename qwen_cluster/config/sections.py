@@ -597,7 +597,8 @@ class Monitoring(Section):
         "HTTP basic auth, a bcrypt hash in their web config); without it they answer anyone in "
         "`access.monitoringCidrs`. Set it with `pulumi config set --secret --path "
         "'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\"`; "
-        f"{MONITORING_PASSWORD_RULE}. A new one takes effect without a restart. Bare metal only for now.",
+        f"{MONITORING_PASSWORD_RULE}. A new one takes effect without a restart. On AWS the monitoring "
+        "node reads it from SecureString parameters with its role.",
     )
     scrape_interval_seconds: float = Field(
         default=DEFAULT_SCRAPE_INTERVAL_SECONDS,

@@ -9,6 +9,15 @@ node touches nothing. On the monitoring node the run also writes Prometheus's an
 Alertmanager's files and sends SIGHUP (server_files_script): a new alert bound changes that
 node's parameters only, and the servers re-read their files without a restart. Parameters
 are gzip + base64: a spec holds whole files (the endpoint's script and config).
+
+With monitoring.password the credential files (containers.credential_files: the web config with
+its bcrypt hash, Prometheus's password file) are SecureString parameters
+(components/aws/monitoring.py). The monitoring node's association names them by ARN and carries
+their versions, never a value: its run reads them with the node's role, as the proxy reads the
+endpoint's keys (render/proxy.py), and writes them with the same server_files_script as bare
+metal. A new password is a new version, so new association parameters and a new run
+(UpdateAssociation runs an association again), which rewrites the two files; both servers read
+them on the next request, so nothing restarts (webconfig.py).
 """
 
 from __future__ import annotations
@@ -28,10 +37,19 @@ from qwen_cluster.render.shell import script
 FILES_DIR = f"{containers.HOST_CONFIG_DIR}/files"
 CONFIG_LABEL = "qwen-cluster.monitoring-config"
 _PACKED = "^[A-Za-z0-9+/=]*$"
+# A parameter's ARN (GetParameter takes a name or an ARN), as the proxy's document holds them.
+_SSM_ARN = "^(arn:[A-Za-z0-9:/._-]+)?$"
 PARAMETERS: dict[str, tuple[str, str]] = {
     "Containers": (_PACKED, "gzip+base64: the bash script that runs this node's monitoring containers"),
     "ServerFiles": (_PACKED, "gzip+base64: Prometheus/Alertmanager files (monitoring node; else empty)"),
+    "Region": ("^[a-z0-9-]*$", "the AWS region (for the aws CLI); with monitoring.password only"),
+    "WebConfigParameter": (_SSM_ARN, "SecureString: the servers' web config; empty: no password"),
+    "PasswordParameter": (_SSM_ARN, "SecureString: the password Prometheus logs in with; empty: none"),
+    "SecretsVersion": ("^[0-9,]*$", "the two parameters' versions: a new password is a new run"),
 }
+# Where server-files.sh finds the credentials' parameters (the run sets them from the above).
+_WEB_CONFIG_VARIABLE = "QWEN_WEB_CONFIG_PARAMETER"
+_PASSWORD_VARIABLE = "QWEN_PASSWORD_PARAMETER"
 # One monitoring run: pulling the images (Prometheus, dcgm-exporter: a few hundred MB) and
 # starting them. Not rollout.healthTimeoutSeconds, though equal to its default: that bounds a
 # model server loading its weights, and no replica waits for this run (nothing drains).
@@ -43,7 +61,11 @@ unpack() { printf '%s' "$1" | base64 -d | gunzip; }
 install -d -m 0755 __DIR__
 if [ -n '{{ ServerFiles }}' ]; then
   unpack '{{ ServerFiles }}' > __DIR__/server-files.sh
-  bash __DIR__/server-files.sh
+  # The credentials' parameters by ARN (empty without monitoring.password): server-files.sh
+  # reads them with the node's role. Their values are never in this document or its parameters.
+  AWS_DEFAULT_REGION='{{ Region }}' __WEB__='{{ WebConfigParameter }}' \
+    __PASSWORD__='{{ PasswordParameter }}' bash __DIR__/server-files.sh
+  echo "monitoring: server files written (credentials version '{{ SecretsVersion }}')"
 fi
 unpack '{{ Containers }}' > __DIR__/containers.sh
 bash __DIR__/containers.sh
@@ -59,7 +81,34 @@ def unpack(value: str) -> str:
 
 
 def run_script() -> str:
-    return _RUN.replace("__DIR__", containers.HOST_CONFIG_DIR)
+    return (
+        _RUN.replace("__DIR__", containers.HOST_CONFIG_DIR)
+        .replace("__WEB__", _WEB_CONFIG_VARIABLE)
+        .replace("__PASSWORD__", _PASSWORD_VARIABLE)
+    )
+
+
+def _read_parameter(variable: str) -> str:
+    """The shell command that prints the SecureString parameter named by $variable (an ARN),
+    read with the node's role: never on a command line, in a log or in the document."""
+    return (
+        f'aws ssm get-parameter --name "${variable}" --with-decryption '
+        "--query Parameter.Value --output text"
+    )
+
+
+def credential_sources() -> dict[str, str]:
+    """The credential files (containers.credential_files' names) and how the run reads each."""
+    return {
+        containers.WEB_CONFIG_FILE: _read_parameter(_WEB_CONFIG_VARIABLE),
+        containers.PASSWORD_FILE: _read_parameter(_PASSWORD_VARIABLE),
+    }
+
+
+def parameter_value(text: str) -> str:
+    """A credential file as its parameter holds it: `--output text` prints the value and one
+    newline, so the file on the node is the bytes bare metal writes (text.rstrip() + newline)."""
+    return text.rstrip()
 
 
 def document() -> str:
@@ -132,19 +181,48 @@ fi
     return script("monitoring containers (replaced only when their spec changed)", "".join(parts))
 
 
-def parameters(cluster, node_name: str, nodemetrics_source: str) -> dict[str, str]:
-    """One node's association parameters."""
+def runs_servers(cluster, node_name: str) -> bool:
+    where = cluster.monitoring_node
+    return where is not None and where.name == node_name
+
+
+def with_credentials(cluster) -> bool:
+    """Does the monitoring node's run read the credential files (monitoring.password set)?"""
+    return cluster.monitoring_node is not None and containers.credentials(cluster)
+
+
+def parameters(
+    cluster,
+    node_name: str,
+    nodemetrics_source: str,
+    *,
+    web_config_parameter: object = "",
+    password_parameter: object = "",
+    secrets_version: object = "",
+) -> dict[str, object]:
+    """One node's association parameters. With monitoring.password the monitoring node's also
+    name the credentials' parameters (ARNs) and carry their versions (both may be Outputs); the
+    other nodes' and a stack's without the password have none of these keys, so turning the
+    password on changes the monitoring node's association only."""
     specs = (
         containers.node_containers(cluster, node_name, nodemetrics_source)
         if cluster.monitoring.exporters
         else []
     )
-    server_files = ""
-    where = cluster.monitoring_node
-    if where is not None and where.name == node_name:
+    result: dict[str, object] = {"ServerFiles": ""}
+    if runs_servers(cluster, node_name):
         specs += containers.server_containers(cluster)
-        server_files = pack(containers.server_files_script(containers.server_files(cluster)))
-    return {"Containers": pack(containers_script(specs)), "ServerFiles": server_files}
+        sources = credential_sources() if with_credentials(cluster) else None
+        files = containers.server_files_script(containers.server_files(cluster), secret_sources=sources)
+        result["ServerFiles"] = pack(files)
+        if sources:
+            result |= {
+                "Region": cluster.aws.region if cluster.aws else "",
+                "WebConfigParameter": web_config_parameter,
+                "PasswordParameter": password_parameter,
+                "SecretsVersion": secrets_version,
+            }
+    return {"Containers": pack(containers_script(specs)), **result}
 
 
 def shell_check_text() -> str:

@@ -86,6 +86,7 @@ def server_files_script(
     *,
     config_dir: str = HOST_CONFIG_DIR,
     secret_files: Mapping[str, str] | None = None,
+    secret_sources: Mapping[str, str] | None = None,
 ) -> str:
     """Write the Prometheus/Alertmanager files atomically (temp file + rename in the same
     directory), then ask the running servers to re-read them: SIGHUP reloads Prometheus's
@@ -93,7 +94,9 @@ def server_files_script(
     On the first run the containers do not exist yet and read the files when they start.
     `secret_files` (credential_files) are written the same way, mode 0640 for the servers'
     group only; both servers read them again on every request, so a new password needs no
-    signal (webconfig.py)."""
+    signal (webconfig.py). `secret_sources` are the same files where the text is not in the
+    script: name -> a shell command that prints it on the node (AWS: the node reads a
+    SecureString parameter with its role, render/monitoring_ssm.py), written the same way."""
     writes = []
     for name, text in sorted(files.items()):
         marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
@@ -101,12 +104,18 @@ def server_files_script(
             f"cat >{quote(config_dir)}/.{name}.new <<'{marker}'\n{text.rstrip()}\n{marker}\n"
             f"mv -f {quote(config_dir)}/.{name}.new {quote(config_dir)}/{name}\n"
         )
-    for name, text in sorted((secret_files or {}).items()):
+    secrets = {name: ("text", text) for name, text in (secret_files or {}).items()}
+    secrets.update({name: ("command", command) for name, command in (secret_sources or {}).items()})
+    for name, (kind, value) in sorted(secrets.items()):
         marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
         temporary = f"{quote(config_dir)}/.{name}.new"
+        written = (
+            f"(umask 077 && cat >{temporary} <<'{marker}'\n{value.rstrip()}\n{marker}\n)\n"
+            if kind == "text"
+            else f"(umask 077 && {value} >{temporary})\n"
+        )
         writes.append(
-            f"(umask 077 && cat >{temporary} <<'{marker}'\n{text.rstrip()}\n{marker}\n)\n"
-            f"chgrp {CONTAINER_UID} {temporary} && chmod 0640 {temporary}\n"
+            written + f"chgrp {CONTAINER_UID} {temporary} && chmod 0640 {temporary}\n"
             f"mv -f {temporary} {quote(config_dir)}/{name}\n"
         )
     body = f"""
