@@ -27,7 +27,10 @@ data and Alertmanager's silences stay. No other node's association and no contai
 Who may read them: every GPU node has the one role (serving.py NodeRole), whose managed
 AmazonSSMManagedInstanceCore allows ssm:GetParameter on every parameter. So the read policy
 allows the monitoring node's instance and denies every other: the condition key
-ec2:SourceInstanceARN is the ARN of the instance the role's credentials were delivered to.
+ec2:SourceInstanceARN is the ARN of the instance the role's credentials were delivered to, and
+"an AWS global condition key, which means that you can use it with services other than Amazon
+EC2" (Amazon EC2 User Guide, "Identity-based policies for Amazon EC2", Condition keys), SSM's
+GetParameter among them.
 """
 
 from __future__ import annotations
