@@ -3,7 +3,9 @@ replicas on loopback (labkit/cluster/routinglab.py), behind nginx with the repli
 
 One rehearsal per run (module fixture: two real servers, ~40 s to healthy on a quiet machine):
 a prompt whose prefix one replica holds goes to that replica even while it is the busier one,
-and with the router killed nginx serves every request from the replicas.
+the kv_aware router (the same replicas' KV-cache events) counts a hit for every repeat the
+replica itself counts as cached, and with the router killed nginx serves every request from the
+replicas.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def lab(tmp_path_factory):
         balance_rel_threshold=relative,
         workdir=tmp_path_factory.mktemp("routing"),
     ) as started:
+        started.start_kv_router()
         yield started
 
 
@@ -114,3 +117,37 @@ def test_a_killed_router_leaves_nginx_serving_every_request_from_the_replicas(la
     ]
     failed = [f"{result.status} {result.error}" for result in results if not result.ok]
     assert not failed
+
+
+def _prefix_hits(lab: routinglab.Loopback) -> dict[str, float]:
+    return {node: counters["vllm:prefix_cache_hits_total"] for node, counters in lab.read_counters().items()}
+
+
+def test_the_kv_aware_router_hits_on_every_repeat_the_replica_caches(lab):
+    # The context goes first straight to the second replica, so only its events announce the
+    # blocks: a router that knows nothing sends the repeats by load, to the first worker (ties:
+    # the first), and counts misses. Each repeat that replica counts as cached (its own prefix
+    # cache hits grow) must be a hit in the router's placement lookups, and go there. Without
+    # the replicas' publishers bound (an endpoint without a wildcard: vLLM connects instead) or
+    # with another block size, every lookup is a miss.
+    rng = random.Random(21)
+    messages = [
+        {"role": "system", "content": routingbench.random_text(rng, CONTEXT_CHARACTERS)},
+        {"role": "user", "content": "repeat"},
+    ]
+    holder, holder_url = list(lab.replicas.items())[1]
+    # Several tokens: the answer's decode steps run well after the prefill step that stored the
+    # blocks, whose events the engine publishes as that step ends.
+    first = routingbench.complete(routingbench.Endpoint(holder_url), messages, max_tokens=16)
+    assert first.ok, f"{first.status} {first.error}"
+    kv_router = routingbench.Endpoint(lab.kv_router_url)
+    lookups, repeats_cached = lab.read_kv_lookups(), 0
+    for _ in range(3):
+        before = _prefix_hits(lab)
+        served = _served_by(lab, lambda: routingbench.complete(kv_router, messages, max_tokens=4))
+        assert served == holder
+        repeats_cached += _prefix_hits(lab)[holder] > before[holder]
+    after = lab.read_kv_lookups()
+    delta = {key: after[key] - lookups.get(key, 0) for key in after if after[key] > lookups.get(key, 0)}
+    assert repeats_cached == 3
+    assert delta == {"hit": 3}, f"the kv router's lookups: {delta}; log: {lab.log_tail('router-kv')}"

@@ -15,6 +15,7 @@ suite's rehearsal run, before and beside the lab's namespaces.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -33,6 +34,10 @@ from qwen_cluster.render import vllm as vllm_render
 MODEL_PORT = 5000
 ROUTER_PORT = 30000
 ROUTER_METRICS_PORT = 29000
+# The kv_aware router beside the cache_aware one (same replicas).
+KV_ROUTER_PORT = 30002
+KV_ROUTER_METRICS_PORT = 29002
+CPU_BLOCK_SIZE = 128
 LEAST_CONN_PORT = 8080
 ROUTED_PORT = 8081
 
@@ -48,7 +53,11 @@ def _loopback_cluster(net: str):
     ]
     raw["network"] = {**raw["network"], "cidr": f"{net}.0/24"}
     raw.pop("monitoring", None)
-    raw.update(_scale_out({key: raw[key] for key in ("model", "loadBalancer") if key in raw}, "cache-aware"))
+    # kv-aware: the replicas rendered with --enable-scale-out and their KV-event publishers, which
+    # serve the cache_aware router as they serve the kv_aware one. The block size the CPU build
+    # picks itself (vllm/platforms/cpu.py: 128), given so that the router's is the same.
+    raw.update(_scale_out({key: raw[key] for key in ("model", "loadBalancer") if key in raw}, "kv-aware"))
+    raw["model"]["vllmFlags"] = {**raw["model"].get("vllmFlags", {}), "--block-size": CPU_BLOCK_SIZE}
     raw["bareMetal"] = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
     from qwen_cluster import config
 
@@ -69,21 +78,35 @@ def _scale_out(keys: dict, routing: str) -> dict:
 
 
 def replica_argv(cluster, node: str, kv_cache_bytes: int) -> list[str]:
-    """The rendered line with CPU_CHANGES, and the benchmark's KV cache size."""
+    """The rendered line with CPU_CHANGES, and the benchmark's KV cache size. The KV-event
+    publisher's endpoint becomes `tcp://*:0`: the rendered `tcp://*:<kv-events row>` binds every
+    interface, which the lab's namespaces give each replica alone, while here the replicas share
+    this host's; vLLM binds `tcp://*:0` on VLLM_HOST_IP (replica_environment) at a port the kernel
+    picks and reports it at GET /kv_event_sources (vllm/distributed/kv_events.py
+    ZmqEventPublisher._bind)."""
     argv = realvllm.cpu_serve_argv(
         vllm_render.serve_argv(cluster, node), realvllm.ensure_model(), kv_cache_bytes
     )
+    rendered = vllm_render.kv_events_config(cluster.kv_events_port) if cluster.kv_events_port else None
+    loopback = rendered.replace(f"tcp://*:{cluster.kv_events_port}", "tcp://*:0") if rendered else None
+    argv = [
+        f"--kv-events-config={loopback}" if word == f"--kv-events-config={rendered}" else word
+        for word in argv
+    ]
     return [str(realvllm.ensure_venv() / "bin" / "vllm"), *argv[1:]]
 
 
-def replica_environment(index: int) -> dict[str, str]:
+def replica_environment(index: int, host: str | None = None) -> dict[str, str]:
     """The lab's CPU environment, and replica `index`'s engine on a core of its own: vLLM's CPU
     build binds each engine's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND, default `auto`:
     every server here picked core 0, keeping one core for the rest: vllm/utils/ompmultiprocessing.py),
-    so two replicas shared one core while a replica has accelerators of its own on a real host."""
+    so two replicas shared one core while a replica has accelerators of its own on a real host.
+    VLLM_HOST_IP: the replica's own loopback address, where its KV-event publisher binds."""
     env = {key: value for key, value in os.environ.items() if key not in realvllm.CPU_ENVIRONMENT_REMOVED}
     env.update({key: value for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items()})
     env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
+    if host is not None:
+        env["VLLM_HOST_IP"] = host
     return env
 
 
@@ -127,6 +150,8 @@ class Loopback:
     router_url: str
     router_metrics_url: str
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    kv_block_size: int = CPU_BLOCK_SIZE
+    model: str = ""
 
     @property
     def host(self) -> str:
@@ -148,6 +173,57 @@ class Loopback:
                 re.M,
             )
         }
+
+    @property
+    def kv_router_url(self) -> str:
+        return f"http://{self.host}:{KV_ROUTER_PORT}"
+
+    @property
+    def kv_router_metrics_url(self) -> str:
+        return f"http://{self.host}:{KV_ROUTER_METRICS_PORT}/metrics"
+
+    def kv_event_sources(self) -> dict[str, str]:
+        """Each replica's URL and its KV-event publisher, as it reports it (GET /kv_event_sources:
+        {rank: KVEventsConfig}, the bound endpoint; one rank here)."""
+        sources = {}
+        for url in self.replicas.values():
+            ranks = json.loads(_get(f"{url}/kv_event_sources"))
+            sources[url] = ranks["0"]["endpoint"]
+        return sources
+
+    def read_kv_lookups(self) -> dict[str, int]:
+        """The kv_aware router's placement lookups so far by result (`hit`, `miss`, ...)."""
+        return {
+            result: int(float(value))
+            for result, value in re.findall(
+                r'^vllm_router_kv_placement_lookups_total\{[^}]*result="([a-z_]+)"[^}]*\}\s+(\S+)',
+                _get(self.kv_router_metrics_url),
+                re.M,
+            )
+        }
+
+    def start_kv_router(self, log_level: str = "warning") -> None:
+        """The kv_aware router (KV_ROUTER_PORT) beside the cache_aware one, on the same replicas'
+        KV events (the program's flags: qwen_cluster/render/router.py policy_flags)."""
+        argv = router.command(
+            list(self.replicas.values()),
+            host=self.host,
+            port=KV_ROUTER_PORT,
+            metrics_port=KV_ROUTER_METRICS_PORT,
+            log_level=log_level,
+            policy="kv_aware",
+            kv_event_sources=self.kv_event_sources(),
+            kv_event_block_size=self.kv_block_size,
+            kv_event_model=self.model,
+        )
+        self._start("router-kv", argv, dict(os.environ))
+        _wait(
+            lambda: _status(f"{self.kv_router_url}/health") == 200,
+            60,
+            "the kv router's /health",
+            self,
+            "router-kv",
+        )
 
     def read_counters(self) -> dict[str, dict[str, float]]:
         return {node: routingbench.counters(_get(f"{url}/metrics")) for node, url in self.replicas.items()}
@@ -244,11 +320,14 @@ def up(
         replicas,
         f"http://{net}.1:{ROUTER_PORT}",
         f"http://{net}.1:{ROUTER_METRICS_PORT}/metrics",
+        kv_block_size=cluster.kv_block_size,
+        model=cluster.model.name,
     )
     router.ensure_venv()  # built first on a fresh machine (cached, keyed by its pinned list)
     try:
         for index, node in enumerate(replicas):
-            lab._start(node, replica_argv(cluster, node, kv_cache_bytes), replica_environment(index))
+            host = replicas[node].removeprefix("http://").split(":")[0]
+            lab._start(node, replica_argv(cluster, node, kv_cache_bytes), replica_environment(index, host))
         for node, url in replicas.items():
             _wait(
                 lambda url=url: _status(f"{url}/health") == 200,

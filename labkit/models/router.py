@@ -86,11 +86,16 @@ def command(
     health_check_interval_secs: int = 2,
     log_level: str = "warning",
     venv: Path | None = None,
+    kv_event_sources: dict[str, str] | None = None,
+    kv_event_block_size: int | None = None,
+    kv_event_model: str | None = None,
 ) -> list[str]:
     """The router's command line (flags of vllm_router/router_args.py in the 0.1.17 wheel).
     Its Prometheus listener is on by default (port 29000 on 127.0.0.1), so it is always
     placed; health checks every `health_check_interval_secs` (the release's default, 60 s,
-    would keep a dead worker in the set for minutes)."""
+    would keep a dead worker in the set for minutes). kv_aware: `kv_event_sources` maps each
+    worker URL to its replica's ZMQ publisher, with the replicas' block size and a model
+    identity (the program's own line: qwen_cluster/render/router.py policy_flags)."""
     argv = [
         str(executable(venv)),
         "--host", host,
@@ -106,6 +111,12 @@ def command(
         argv += ["--balance-abs-threshold", str(balance_abs_threshold)]
     if balance_rel_threshold is not None:
         argv += ["--balance-rel-threshold", str(balance_rel_threshold)]
+    for worker, endpoint in (kv_event_sources or {}).items():
+        argv += ["--kv-event-source", f"{worker}={endpoint}"]
+    if kv_event_block_size is not None:
+        argv += ["--kv-event-block-size", str(kv_event_block_size)]
+    if kv_event_model is not None:
+        argv += ["--kv-event-model", kv_event_model]
     return argv
 
 
