@@ -256,6 +256,16 @@ CHECKS: dict[str, Check] = {
         "slower NIC or port, a shaped path)",
         "ethtool on both NICs; iperf3 -P 4 again off-peak; on AWS look at the ENA allowance counters",
     ),
+    "kv-events": Check(
+        "connectivity",
+        "warning",
+        "a replica head's KV-event publisher (loadBalancer.routing kv-aware, port row kv-events) does "
+        "not accept a connection from the router's node: the router's kv_aware policy gets no events "
+        "from that replica and places its prompts as if it held nothing (no request fails)",
+        "docker logs qwen-vllm on {peer} (\"Starting ZMQ publisher thread\"); the kv-events row "
+        "must stay scope cluster and the host firewall or security group must admit the router's node; "
+        "pulumi up",
+    ),
     "router": Check(
         "connectivity",
         "warning",

@@ -68,6 +68,29 @@ fi
 if [ "$router_state" != running ]; then
   warn router "$node" - "vLLM's router ({name}) is $router_state: {fallback}"
 fi
+{_kv_events_check(cluster)}"""
+
+
+def _kv_events_check(cluster: ClusterConfig) -> str:
+    """kv-aware: every replica head's KV-event publisher accepts a connection from the router's
+    node. The router's subscriber connects and waits without a word when nothing listens (ZMQ),
+    and its metrics name no source (vllm-router 0.1.17: `vllm_router_kv_placement_lookups_total`
+    by result only), so a publisher that is not bound (vLLM connects instead for an endpoint
+    without a wildcard: render/vllm.py kv_events_endpoint) or a rule that drops the port shows
+    nowhere else: the router places that replica's prompts as if it held nothing."""
+    if cluster.kv_events_port is None:
+        return ""
+    heads = " ".join(str(head.ip) for head in cluster.topology.heads)
+    port = cluster.kv_events_port
+    return f"""
+# 6. Each replica head's KV-event publisher, from this node (loadBalancer.routing kv-aware).
+for head in {heads}; do
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  if ! timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$head" {port} 2>/dev/null; then
+    warn kv-events "$node" "$head" "the KV-event publisher at $head:{port} does not accept a \
+connection: vLLM's router gets no events from that replica and places its prompts by load"
+  fi
+done
 """
 
 

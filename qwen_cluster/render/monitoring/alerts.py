@@ -222,6 +222,44 @@ def _router_alerts(cluster) -> list[Alert]:
             "workers and their gates did not add them back (a failed ready step)",
             f"{logs}; GET /list_workers on {where}; re-run the rollout (pulumi up)",
         ),
+        *_kv_events_alerts(cluster, source),
+    ]
+
+
+# How long the kv_aware router may look up placements without one hit while the replicas count
+# prefix-cache hits: long enough for a quiet cluster's few repeats.
+KV_EVENTS_WINDOW = "15m"
+
+
+def _kv_events_alerts(cluster, source: str) -> list[Alert]:
+    """kv-aware: the router's index gets the replicas' KV-cache events (render/vllm.py
+    kv_events_flags). When they stop arriving (a publisher not bound, a rule dropping the port, a
+    subscriber gone) the router says nothing of it: 0.1.17 keeps no per-source metric, its
+    subscriber waits silently (ZMQ), and `vllm_router_kv_placement_lookups_total{result}` just stops
+    counting hits. So: lookups, none a hit, while the replicas themselves count prefix-cache hits
+    (vLLM's `vllm:prefix_cache_hits_total`), all over KV_EVENTS_WINDOW. Which replica: doctor's
+    kv-events check, from the router's node (render/nodecheck.py)."""
+    if cluster.kv_events_port is None:
+        return []
+    window = KV_EVENTS_WINDOW
+    lookups = f"vllm_router_kv_placement_lookups_total{{{source}}}"
+    hits = f'vllm_router_kv_placement_lookups_total{{{source},result="hit"}}'
+    return [
+        Alert(
+            "QwenRouterKvEventsSilent",
+            "warning",
+            f"(sum by (node) (increase({lookups}[{window}])) > 0) "
+            f"unless on(node) (sum by (node) (increase({hits}[{window}])) > 0) "
+            f'and on() (sum(increase(vllm:prefix_cache_hits_total{{qwen_source="vllm"}}[{window}])) > 0)',
+            300,
+            "vLLM's router on {{ $labels.node }} found no prompt in its KV index for " + window
+            + " while the replicas served cached prefixes: kv-aware routing places by load alone",
+            "the replicas' KV-cache events do not reach the router: a publisher not bound, the "
+            f"kv-events port ({cluster.kv_events_port}) dropped between the router's node and a "
+            "replica head, or a block size other than the router's",
+            "doctor (its kv-events check names the replica); docker logs qwen-router on "
+            "{{ $labels.node }} (\"kv_index subscriber\"); pulumi up",
+        ),
     ]
 
 
