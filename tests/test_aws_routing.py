@@ -296,3 +296,56 @@ def test_the_routers_document_declares_its_parameters_and_the_values_fit_its_pat
         assert re.fullmatch(document["parameters"][name]["allowedPattern"].strip("^$"), value), name
     # The change plan tells a model-server restart by this name; the router's run is not one.
     assert ssm.CONFIG_HASH_PARAMETER not in values
+
+
+KV_AWARE_CONFIG = aws_stacks.variant("dev", loadBalancer={"routing": "kv-aware"})
+KV_AWARE = config.validate(stackfile.cluster_keys(KV_AWARE_CONFIG))
+
+
+def test_kv_aware_renders_the_routers_sources_and_the_heads_publishers_and_passes_the_pack():
+    render = aws_stacks.render(KV_AWARE_CONFIG)
+    argv = _decoded(render.named("router-master").inputs["parameters"]["Command"]).splitlines()
+    assert argv == router.command(KV_AWARE)
+    sources = [argv[i + 1] for i, word in enumerate(argv) if word == "--kv-event-source"]
+    assert sources == [f"http://{head.ip}:30001=tcp://{head.ip}:5557" for head in KV_AWARE.topology.heads]
+    scripts = [
+        _decoded(association.inputs["parameters"]["ServerScript"])
+        for association in render.of_type("aws:ssm/association:Association")
+        if "ServerScript" in association.inputs.get("parameters", {})
+    ]
+    assert scripts and all("tcp://*:5557" in script and "--block-size=16" in script for script in scripts)
+    assert policy_harness.mandatory(policy_harness.analyze_render(render, cluster=KV_AWARE)) == []
+
+
+KV_WIDER = [
+    ingress(
+        "fail_kv_events_from_lb_sg",
+        "dev-node-sg",
+        referencedSecurityGroupId="dev-lb-sg-id",
+        ipProtocol="tcp",
+        fromPort=5557,
+        toPort=5557,
+    ),
+    ingress(
+        "fail_kv_events_world",
+        "dev-node-sg",
+        cidrIpv4="0.0.0.0/0",
+        ipProtocol="tcp",
+        fromPort=5557,
+        toPort=5557,
+    ),
+    ingress(
+        "fail_kv_events_from_monitoring",
+        "dev-node-sg",
+        cidrIpv4="10.20.0.0/16",
+        ipProtocol="tcp",
+        fromPort=5557,
+        toPort=5557,
+    ),
+]
+
+
+def test_the_policy_pack_refuses_the_kv_events_port_opened_wider():
+    violations = policy_harness.analyze(aws_stack() + KV_WIDER, cluster=KV_AWARE)
+    refused = {v.resource for v in violations if v.policy == "port-exposure"}
+    assert refused == {r.name for r in KV_WIDER}
