@@ -396,10 +396,18 @@ def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, An
 
 
 def routing(args: argparse.Namespace, console) -> dict[str, Any]:
-    """The routing benchmark (labkit/cluster/routinglab.py), its runs logged as they end."""
-    from labkit.cluster import routinglab
+    """The routing benchmark: the router's own cost per policy at 2, 8 and 16 stand-in workers
+    (labkit/cluster/routerhop.py, `routerHopMs`), then the workloads on real vLLM replicas
+    (labkit/cluster/routinglab.py) unless --routing-hop-only; runs logged as they end."""
+    from labkit.cluster import routerhop, routinglab
 
     log = lambda line: console.print(line, highlight=False)  # noqa: E731
+    hop = routerhop.measure(log=log)
+    if args.routing_hop_only:
+        figures = {"routerHopMs": hop["routerHopMs"], "routerHop": hop}
+        if not args.json:
+            print_router_hop(console, hop)
+        return figures
     where = args.routing_where or "lab"
     if where == "lab":
         figures = routinglab.benchmark_in_lab(
@@ -413,9 +421,31 @@ def routing(args: argparse.Namespace, console) -> dict[str, Any]:
             balance_rel_threshold=args.balance_rel_threshold,
             log=log,
         )
+    figures = {**figures, "routerHopMs": hop["routerHopMs"], "routerHop": hop}
     if not args.json:
+        print_router_hop(console, hop)
         print_routing(console, figures)
     return figures
+
+
+def print_router_hop(console, hop: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    counts = sorted({count for by_count in hop["detail"].values() for count in by_count}, key=int)
+    table = Table(
+        "policy",
+        *(f"{count} workers: hop ms (direct / routed p50)" for count in counts),
+        title=f"the router's own cost: {hop['setup']['where']}; {hop['setup']['client']}",
+    )
+    for policy, by_count in hop["detail"].items():
+        table.add_row(
+            policy,
+            *(
+                f"{by_count[c]['hopMs']} ({by_count[c]['directP50Ms']} / {by_count[c]['routedP50Ms']})"
+                for c in counts
+            ),
+        )
+    console.print(table)
 
 
 def print_routing(console, figures: dict[str, Any]) -> None:
@@ -487,6 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("lab", "loopback"),
         help="through the lab's endpoint (nginx, key, TLS; the default) "
         "or on loopback addresses (nginx without TLS, the router started by the benchmark)",
+    )
+    parser.add_argument(
+        "--routing-hop-only",
+        action="store_true",
+        help="the router's own cost alone (stand-in workers on loopback, a minute or two)",
     )
     parser.add_argument("--balance-abs-threshold", type=int, help="the router's (default: the program's)")
     parser.add_argument("--balance-rel-threshold", type=float, help="the router's (default: the program's)")
