@@ -44,9 +44,11 @@ from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, engine_pb2, engine_pb2_grpc
 
 from policies import guard
+from qwen_cluster import kvlink
 from tests.helpers.policy_fixtures import (
     monitoring_port_on_every_node,
     mutation_cases,
+    pd_rendered,
     previewed,
     publishing_container,
     rendered,
@@ -463,3 +465,19 @@ def test_over_grpc_a_container_publishing_a_port_is_refused(packs):
     assert {v.enforcement for v in refused} == {"mandatory"}
     assert {v.resource for v in refused} == {r.name for r in resources if r.name.endswith("-vllm")}
     assert any(v.message.startswith("ports[0] publishes 0.0.0.0:5000->5000/tcp") for v in refused)
+
+
+@pytest.mark.parametrize("variant", ["onprem", "onprem-roce"])
+def test_over_grpc_without_the_stack_config_the_kv_link_floor_is_judged_from_the_declaration(packs, variant):
+    """The disaggregated onprem on its 25 Gbit/s NICs is refused, on 3200 Gbit/s it passes: the pack
+    knows neither the serving mode nor the figures but from the KvLink declaration the program
+    registers (components/kvlink.py), whose numbers arrive as doubles."""
+    resources = pd_rendered(variant).resources
+    over_grpc = packs[None].analyze("onprem", resources)
+    assert ordered(over_grpc) == ordered(direct("onprem", resources, False, packs[None]))
+    refused = [v for v in policy_harness.mandatory(over_grpc) if v.policy == "kv-link-floor"]
+    if variant == "onprem-roce":
+        assert policy_harness.mandatory(over_grpc) == []
+    else:
+        assert [(v.resource, v.resource_type) for v in refused] == [("kv-link", kvlink.DECLARATION_TYPE)]
+        assert "25 Gbit/s per node is below the link floor of 63.2 Gbit/s" in refused[0].message
