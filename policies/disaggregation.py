@@ -23,7 +23,6 @@ from policies.efa import efa_interfaces
 from policies.facts import current_facts
 from policies.stack import Stack
 from qwen_cluster import catalog, kvlink
-from qwen_cluster.tags import NODE_TAG
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +72,7 @@ def node_links(stack: Stack) -> dict[str, tuple[float, str]]:
     host's firewall document (its declared nicSpeedGbps)."""
     links: dict[str, tuple[float, str]] = {}
     for node in stack.gpu_nodes():
-        name = net.tags_of(node.props).get(NODE_TAG)
+        name = net.tags_of(node.props).get(net.NODE_TAG)
         kind = _instance_type(stack, node)
         if name and kind is not None:
             links[name] = (kind.baseline_gbps, f"aws.instanceType {kind.name}")
@@ -197,7 +196,7 @@ def kv_transport(args: StackValidationArgs, report: ReportViolation, settings: S
     # The pool nodes as the stack registers them, by the node tag (an instance follows its template).
     by_name: dict[str, list[PolicyResource]] = {}
     for node in stack.gpu_nodes():
-        name = net.tags_of(node.props).get(NODE_TAG)
+        name = net.tags_of(node.props).get(net.NODE_TAG)
         if name in pool_nodes:
             by_name.setdefault(name, []).append(node)
     on_aws = document.get("target") == "aws" or bool(by_name)

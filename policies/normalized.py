@@ -44,6 +44,7 @@ RULE_TYPES = (SECURITY_GROUP, SECURITY_GROUP_RULE, INGRESS_RULE, EGRESS_RULE)
 
 # The tag contract with the components, defined once in qwen_cluster/tags.py.
 ROLE_TAG = contract.ROLE_TAG
+NODE_TAG = contract.NODE_TAG  # the node's name from qwen-cluster:nodes, on AWS GPU nodes
 GPU_NODE = contract.GPU_NODE
 NODE_SG = contract.NODE_SG
 LB_SG = contract.LB_SG

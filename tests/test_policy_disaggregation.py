@@ -309,9 +309,11 @@ def test_prod_over_ucx_is_refused_by_the_pack_without_the_config():
     assert refused(resources, "kv-transport") == {"kv-link"}
 
 
-def test_prod_on_nodes_without_efa_is_refused_as_tcp_only():
+@pytest.mark.parametrize("configured", [True, False], ids=["with the stack config", "without"])
+def test_prod_on_nodes_without_efa_is_refused_as_tcp_only(configured):
+    cluster = stackfile.validate(pd_config("prod")) if configured else None
     resources = without_efa(pd_rendered("prod").resources)
-    found = refused(resources, "kv-transport")
+    found = refused(resources, "kv-transport", cluster)
     assert found == {"gpu-nodes-master", "gpu-nodes-worker-1", "gpu-nodes-worker-2", "gpu-nodes-worker-3"}
 
 
