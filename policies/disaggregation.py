@@ -192,12 +192,15 @@ def kv_transport(args: StackValidationArgs, report: ReportViolation, settings: S
     if found is None:
         return
     document = found.document
-    pool_nodes = set(found.pool_nodes())
+    try:
+        pools = {name: pool for pool in ("prefill", "decode") for name in document[pool]["nodes"]}
+    except (KeyError, TypeError):
+        return  # kv-link-floor says the declaration cannot be read
     # The pool nodes as the stack registers them, by the node tag (an instance follows its template).
     by_name: dict[str, list[PolicyResource]] = {}
     for node in stack.gpu_nodes():
         name = net.tags_of(node.props).get(net.NODE_TAG)
-        if name in pool_nodes:
+        if name in pools:
             by_name.setdefault(name, []).append(node)
     on_aws = document.get("target") == "aws" or bool(by_name)
     if not on_aws:
@@ -214,12 +217,8 @@ def kv_transport(args: StackValidationArgs, report: ReportViolation, settings: S
         if max(efa_interfaces(stack, node) for node in nodes) == 0:
             shown = next((n for n in nodes if n.resource_type == net.INSTANCE), nodes[0])
             report(
-                f"{shown.name} (node {name}, {pool_of(document, name)} pool) has no EFA interface: NIXL "
+                f"{shown.name} (node {name}, {pools[name]} pool) has no EFA interface: NIXL "
                 "would move the KV cache over TCP, which the field reports as effectively unusable (~98 s "
                 "to the first token on p5.48xlarge, NVIDIA Dynamo's communication guide)",
                 shown.urn,
             )
-
-
-def pool_of(document: Mapping[str, Any], name: str) -> str:
-    return next(pool for pool in ("prefill", "decode") if name in document[pool]["nodes"])

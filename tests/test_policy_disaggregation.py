@@ -115,9 +115,15 @@ def test_an_aggregated_stack_is_not_judged():
     assert kv_verdicts(bare_metal_stack(), cluster=None) == []
 
 
-def test_a_declaration_the_pack_cannot_read_is_refused_by_name():
-    (violation,) = verdicts([kv_link(prefill_tensorParallel=2.5)], "kv-link-floor")
-    assert violation.message.startswith(f"the {kvlink.SCHEMA} declaration cannot be read (ValueError: 2.5")
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [({"prefill_tensorParallel": 2.5}, "ValueError: 2.5"), ({"decode": None}, "TypeError: ")],
+    ids=["half a GPU", "no decode pool"],
+)
+def test_a_declaration_the_pack_cannot_read_is_refused_by_name(fields, why):
+    (violation,) = kv_verdicts([kv_link(**fields)])
+    assert (violation.policy, violation.enforcement) == ("kv-link-floor", "mandatory")
+    assert violation.message.startswith(f"the {kvlink.SCHEMA} declaration cannot be read ({why}")
 
 
 # --- kv-link-share --------------------------------------------------------------------------------
