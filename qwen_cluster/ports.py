@@ -140,6 +140,22 @@ KV_EVENTS_ROW = PortEntry(name=KV_EVENTS, port=5557, scope=Scope.CLUSTER, requir
 # the exporters above, so not in the table; the table must stay clear of it.
 ROUTER_METRICS_PORT = 29000
 
+# serving.mode disaggregated (docs/disaggregation.md): the NIXL side channel, where each node's
+# vLLM answers the other pool's handshake (its KV layout and NIXL agent metadata). vLLM binds
+# VLLM_NIXL_SIDE_CHANNEL_PORT + the data-parallel index (nixl/base_scheduler.py; one engine per
+# node here, so the base alone); 5600 is vLLM's own default (vllm/envs.py). With the pull connector
+# the decode pool connects to the prefill pool's, with push the other way: members only, scope
+# cluster, and the firewall admits it from the other pool's nodes only.
+KV_SIDE_CHANNEL = "kv-side-channel"
+KV_SIDE_CHANNEL_ROW = PortEntry(name=KV_SIDE_CHANNEL, port=5600, scope=Scope.CLUSTER, required=False)
+# NIXL's UCX backend over TCP listens on ports it takes from UCX_TCP_PORT_RANGE, five per
+# process (measured with nixl-cu12 1.5.1's UCX 1.23: two servers used all of a 10-port range),
+# one process per tensor-parallel rank. Over RDMA (RoCE, InfiniBand) UCX opens no TCP port for the
+# data; the row stays so a fallback to TCP has pinned ports too. Not used by LIBFABRIC (EFA is not IP).
+KV_DATA = "kv-data"
+KV_DATA_ROW = PortEntry(name=KV_DATA, port="5601-5680", scope=Scope.CLUSTER, required=False)
+UCX_PORTS_PER_PROCESS = 5
+
 # What a replica that spans nodes opens at ports nothing pins (vLLM 0.33.0, config.DEFAULT_IMAGE;
 # the pinned ones, `--master-port` and Ray's, are laid into the cluster row by
 # qwen_cluster/topology.py). Each binds port 0, so the kernel picks it from the node's ephemeral
