@@ -5,6 +5,7 @@ vLLM) and TLS (loadBalancer.tls: 1.2 and 1.3, Mozilla's intermediate ciphers).
 
 Signatures:
     upstream_servers(cluster: ClusterConfig) -> list[tuple[str, int]]   replica heads' model port
+                                                                         (P/D: the decode pool's)
     render(servers: list[tuple[str, int]], *, listen_port: int, idle_timeout_seconds: int,
            runtime_dir: str = "/var/cache/nginx", log_dir: str = "/var/log/nginx",
            pid_file: str = "/var/run/nginx.pid", user: str | None = "nginx",
@@ -76,7 +77,18 @@ WORKER_RLIMIT_NOFILE = 2 * WORKER_CONNECTIONS
 
 
 def upstream_servers(cluster) -> list[tuple[str, int]]:
-    return [(head.ip, cluster.model_port) for head in cluster.topology.heads]
+    """The replica heads nginx sends to (with a router: its backups). serving.mode disaggregated:
+    the decode pool only. A request that reaches a decode replica without the router's
+    kv_transfer_params is prefilled and decoded there (vLLM's NIXL connector pulls only for a
+    request that asks for it, `do_remote_prefill`): a dead router degrades to aggregated serving
+    on the decode pool. The prefill pool stays out: its replicas would take long decodes that hold
+    their batch and KV for minutes, and the prompts the router sends them when it is back would
+    wait behind those."""
+    heads = cluster.topology.heads
+    if cluster.disaggregated and cluster.serving.decode is not None:
+        decode = set(cluster.serving.decode.nodes)
+        heads = tuple(head for head in heads if head.name in decode)
+    return [(head.ip, cluster.model_port) for head in heads]
 
 
 def router_server(cluster) -> tuple[str, int] | None:

@@ -8,6 +8,7 @@ Signatures:
     worker_urls(cluster: ClusterConfig) -> list[str]           the replica heads, as the router names them
     listen_address(cluster: ClusterConfig) -> str              where the router binds
     command(cluster: ClusterConfig) -> list[str]               the container's command, argv[0] first
+    pool_urls(cluster: ClusterConfig, pool: str) -> list[str]  serving.mode disaggregated: a pool's workers
     admin_function(address_file: str) -> str                   bash `router_ctl add|remove URL`
     running_function(address_file: str) -> str                 bash `router_running URL`
     address_line(api: tuple[str, int]) -> str                  nginx.ROUTER_FILE's line
@@ -117,19 +118,51 @@ def api_address(cluster) -> tuple[str, int]:
     return listen_address(cluster), int(cluster.router_port)
 
 
+def pool_urls(cluster, pool: str) -> list[str]:
+    """The router's URLs of one pool's replicas (serving.mode disaggregated), in node order."""
+    section = getattr(cluster.serving, pool)
+    names = set(section.nodes) if section is not None else set()
+    port = worker_port(cluster)
+    return [worker_url(str(head.ip), port) for head in cluster.topology.heads if head.name in names]
+
+
+# serving.mode disaggregated: the router's P/D mode with NIXL, as both CLIs of 0.1.17 take it
+# (read in the wheel's vllm_router/router_args.py and the Rust src/main.rs):
+# `--vllm-pd-disaggregation`; `--prefill URL` once per prefill worker (the Python launcher's
+# `nargs="+", action="append"`, the Rust split_prefill_args_from_others: a URL, then an optional
+# bootstrap port); `--decode URL` once per decode worker (`nargs=1, action="append"` /
+# `ArgAction::Append`); `--kv-connector nixl` (choices nixl, mooncake, moriio / KvConnector).
+# No bootstrap port: it is SGLang's and Mooncake's handshake (the router injects bootstrap_host
+# and bootstrap_port into the request, pd_router.rs inject_bootstrap_into_value); NIXL's decode
+# side learns the prefill side's side channel from vLLM's own kv_transfer_params
+# (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, render/kvtransfer.py). Measured with the 0.1.17 wheel: P/D
+# workers without a port, /workers lists them as prefill (bootstrap_port null) and decode.
+KV_CONNECTOR = "nixl"
+
+
+def _pd_workers(cluster) -> list[str]:
+    """`--vllm-pd-disaggregation --prefill URL ... --decode URL ... --kv-connector nixl`."""
+    prefill = [arg for url in pool_urls(cluster, "prefill") for arg in ("--prefill", url)]
+    decode = [arg for url in pool_urls(cluster, "decode") for arg in ("--decode", url)]
+    return ["--vllm-pd-disaggregation", *prefill, *decode, "--kv-connector", KV_CONNECTOR]
+
+
 def command(cluster) -> list[str]:
     """The router's argv (pure). Workers are the replica heads' vLLM; no key is sent to them
     (`--api-key` is the key the router sends workers, and vLLM has none here: nginx keeps the
-    client keys), and the router checks none (`--api-key-validation-urls` unset)."""
+    client keys), and the router checks none (`--api-key-validation-urls` unset). With
+    serving.mode disaggregated the workers are the two pools (`_pd_workers`) and everything else
+    is as for cache-aware routing: `--policy` picks the prefill and the decode worker alike
+    (router_args.py: "In PD mode, prefill and decode inherit this policy unless overridden")."""
     absolute, relative = balance_thresholds(len(cluster.topology.heads))
+    workers = _pd_workers(cluster) if cluster.disaggregated else ["--worker-urls", *worker_urls(cluster)]
     return [
         "vllm-router",
         "--host",
         listen_address(cluster),
         "--port",
         str(cluster.router_port),
-        "--worker-urls",
-        *worker_urls(cluster),
+        *workers,
         "--policy",
         POLICY,
         "--cache-threshold",
