@@ -4,15 +4,23 @@ fallback to the decode pool."""
 
 from __future__ import annotations
 
+import copy
 import json
+import signal
 import subprocess
+import urllib.error
+import urllib.request
 
 import pytest
 
 from components.baremetal import serving
 from qwen_cluster.config import ConfigError, validate
-from qwen_cluster.render import collective, nginx, router, ssm, vllm
-from tests.helpers.configs import disaggregated
+from qwen_cluster.render import collective, nginx, proxy, rollout, router, ssm, vllm
+from tests.helpers import tools
+from tests.helpers.baremetal import shellcheck
+from tests.helpers.configs import TEST_API_KEY, disaggregated
+from tests.helpers.standin_server import free_port
+from tests.helpers.wait import wait_until
 
 
 def kv_config(argv: list[str]) -> dict:
@@ -116,8 +124,9 @@ def flag_values(argv: list[str], name: str) -> list[str]:
 def test_the_router_runs_in_pd_mode_with_each_pool(bare_metal_raw):
     argv = router.command(validate(disaggregated(bare_metal_raw)))
     assert "--vllm-pd-disaggregation" in argv and "--worker-urls" not in argv
-    assert flag_values(argv, "--prefill") == ["http://192.168.1.100:5000", "http://192.168.1.101:5000"]
-    assert flag_values(argv, "--decode") == ["http://192.168.1.102:5000", "http://192.168.1.103:5000"]
+    # Through nginx's worker listeners on the load-balancer host, one loopback alias a replica.
+    assert flag_values(argv, "--prefill") == ["http://127.1.0.1:5000", "http://127.1.0.2:5000"]
+    assert flag_values(argv, "--decode") == ["http://127.1.0.3:5000", "http://127.1.0.4:5000"]
     assert flag_values(argv, "--kv-connector") == ["nixl"]
 
 
@@ -141,3 +150,94 @@ def test_nginx_falls_back_to_the_decode_pool_only(bare_metal_raw):
     cluster = validate(disaggregated(bare_metal_raw))
     assert nginx.upstream_servers(cluster) == [("192.168.1.102", 5000), ("192.168.1.103", 5000)]
     assert nginx.router_server(cluster) == ("127.0.0.1", cluster.router_port)
+
+
+def _nginx_t(directory, conf: str) -> subprocess.CompletedProcess:
+    tools.require("nginx")
+    (directory / "nginx.conf").write_text(conf)
+    return subprocess.run(
+        ["nginx", "-t", "-e", "stderr", "-p", f"{directory}/", "-c", str(directory / "nginx.conf")],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_load_balancers_nginx_takes_the_pd_worker_listeners(bare_metal_raw, tmp_path):
+    cluster = validate(disaggregated(bare_metal_raw))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / nginx.KEYS_FILE).write_text(nginx.keys_conf([TEST_API_KEY]))
+    conf = nginx.for_cluster(cluster, runtime_dir=str(tmp_path), log_dir=str(tmp_path / "logs"), user=None)
+    conf = conf.replace(f"pid {'/var/run/nginx.pid'};", f"pid {tmp_path}/nginx.pid;")
+    assert conf.count("listen 127.1.0.") == 4
+    result = _nginx_t(tmp_path, conf)
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_aws_proxy_reads_its_drain_file_only_when_disaggregated(aws_raw):
+    pd = proxy.conf(validate(disaggregated(copy.deepcopy(aws_raw))), "worker-2")
+    aws_raw["loadBalancer"] = {"routing": "cache-aware"}
+    routed = proxy.conf(validate(aws_raw), "worker-2")
+    include = f"include {nginx.CONTAINER_CONF_DIR}/drain*.conf;"
+    assert include in pd and include not in routed
+
+
+def test_an_aws_proxys_drain_file_turns_the_routers_health_checks_to_503(aws_raw, tmp_path):
+    tools.require("nginx")
+    cluster = validate(disaggregated(aws_raw))
+    port = free_port()
+    # The proxy's files where this test's nginx reads them; the node's address on loopback; no
+    # vLLM behind it (without the drain file /health would be 502).
+    conf = (
+        proxy.conf(cluster, "worker-2")
+        .replace(nginx.CONTAINER_CONF_DIR, str(tmp_path))
+        .replace("192.168.1.102", "127.1.0.9")
+        .replace(f":{cluster.router_worker_port};", f":{port};")
+        .replace(f":{cluster.model_port};", f":{free_port()};")
+        .replace("user nginx;", "")
+        .replace("/var/run/nginx.pid", f"{tmp_path}/nginx.pid")
+        .replace("/var/cache/nginx", str(tmp_path))
+        .replace("/var/log/nginx", str(tmp_path))
+    )
+    (tmp_path / "nginx.conf").write_text(conf)
+    (tmp_path / nginx.KEYS_FILE).write_text(nginx.keys_conf([TEST_API_KEY]))
+    health = f"http://127.1.0.9:{port}/health"
+    server = subprocess.Popen(
+        ["nginx", "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: _status(health) is not None, what="the proxy's router listener", timeout=10)
+        assert _status(health) == 502
+        (tmp_path / proxy.DRAIN_FILE).write_text("return 503;\n")
+        server.send_signal(signal.SIGHUP)
+        wait_until(lambda: _status(health) == 503, what="the drain file read at the reload", timeout=10)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return None
+
+
+def test_the_pd_rollout_scripts_are_shellcheck_clean(tmp_path):
+    common = {"replica": "r", "pd_worker_url": "http://127.1.0.1:5000"}
+    server = ("192.168.1.100", 5000)
+    for text in (
+        rollout.drain_script(server, drain_timeout_seconds=5, fingerprint="x", **common),
+        rollout.ready_script(server, health_timeout_seconds=5, fingerprint="x", only_if_down=False, **common),
+        rollout.retire_script(server, drain_timeout_seconds=5, **common),
+        ssm.shell_check_text(ssm.run_script(routed=True, pd=True)),
+    ):
+        shellcheck(text, tmp_path)
+
+
+def test_aggregated_documents_keep_their_run_to_the_byte():
+    assert ssm.run_script(routed=True) == ssm.run_script(routed=True, pd=False)
+    assert "drain.conf" not in ssm.run_script(routed=True)

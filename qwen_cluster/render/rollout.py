@@ -79,31 +79,9 @@ def _router_calls() -> str:
 def _pd_calls(conf_dir: str, ip: str) -> str:
     """`pd_leave` and `pd_join`: the replica ($worker_url) out of and back into the router's
     choice, through its drain marker and the router's own health checks (P/D mode)."""
-    wait = router.PD_HEALTH_WAIT_SECONDS
     return f"""{router.worker_state_function('"$router_file"').strip()}
+{router.wait_state_function().strip()}
 marker={quote(nginx.drain_marker(conf_dir, ip))}
-
-# Wait until the router calls the worker $1 (unhealthy or healthy). No router configured or
-# running: nothing to wait for (nginx sends to the decode replicas meanwhile, and a router that
-# starts checks their health itself). A worker the router does not list is neither sent to nor
-# waited for.
-router_wait_state() {{
-  local deadline=$((SECONDS + {wait})) state status
-  while :; do
-    status=0
-    state=$(router_worker_state "$worker_url") || status=$?
-    case "$status" in 3 | 4) echo "router: not running; nothing to wait for"; return 0 ;; esac
-    if [ "$state" = "$1" ] || [ "$state" = absent ]; then
-      echo "router: $worker_url is $state"
-      return 0
-    fi
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      echo "router: $worker_url is still $state after {wait} s (wanted $1)" >&2
-      return 1
-    fi
-    sleep 1
-  done
-}}
 # Out of the router's choice before anything stops; a router that keeps sending to it leaves it
 # as it was, and the step fails with the replica still serving.
 pd_leave() {{

@@ -11,6 +11,7 @@ Signatures:
     pool_urls(cluster: ClusterConfig, pool: str) -> list[str]  serving.mode disaggregated: a pool's workers
     pd_listener(cluster, node_name) -> tuple[str, int]          P/D: where the router reaches a replica
     worker_state_function(address_file: str) -> str            bash `router_worker_state URL` (P/D)
+    wait_state_function() -> str                               bash `router_wait_state STATE` (P/D)
     admin_function(address_file: str) -> str                   bash `router_ctl add|remove URL`
     running_function(address_file: str) -> str                 bash `router_running URL`
     address_line(api: tuple[str, int]) -> str                  nginx.ROUTER_FILE's line
@@ -375,5 +376,33 @@ router_worker_state() {{
     *'"is_healthy":true'*) echo healthy ;;
     *) echo unhealthy ;;
   esac
+}}
+"""
+
+
+def wait_state_function() -> str:
+    """bash `router_wait_state healthy|unhealthy`: wait until the router calls `$worker_url` that,
+    at most PD_HEALTH_WAIT_SECONDS (worker_state_function defined before it). No router configured
+    or running: nothing to wait for (nginx, or each node's proxy, sends to the replicas meanwhile,
+    and a router that starts checks their health itself). A worker the router does not list is
+    neither sent to nor waited for."""
+    wait = PD_HEALTH_WAIT_SECONDS
+    return f"""
+router_wait_state() {{
+  local deadline=$((SECONDS + {wait})) state status
+  while :; do
+    status=0
+    state=$(router_worker_state "$worker_url") || status=$?
+    case "$status" in 3 | 4) echo "router: not running; nothing to wait for"; return 0 ;; esac
+    if [ "$state" = "$1" ] || [ "$state" = absent ]; then
+      echo "router: $worker_url is $state"
+      return 0
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "router: $worker_url is still $state after {wait} s (wanted $1)" >&2
+      return 1
+    fi
+    sleep 1
+  done
 }}
 """
