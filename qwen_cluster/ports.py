@@ -127,6 +127,14 @@ ROUTER_ROW = PortEntry(name=ROUTER, port=30000, scope=Scope.CLUSTER, required=Fa
 # replica. Members only, like the router's: scope cluster.
 ROUTER_WORKER = "router-worker"
 ROUTER_WORKER_ROW = PortEntry(name=ROUTER_WORKER, port=30001, scope=Scope.CLUSTER, required=False)
+# loadBalancer.routing kv-aware: where each replica head's vLLM publishes its KV-cache events
+# (`--kv-events-config` endpoint `tcp://*:PORT`, a ZMQ PUB socket; render/vllm.py kv_events_flags)
+# and the router's kv_aware policy subscribes (`--kv-event-source WORKER=tcp://HEAD:PORT`). 5557 is
+# vLLM's own default (vllm/config/kv_events.py KVEventsConfig.endpoint). The publisher holds no
+# secrets but tells what every prompt was (its token ids), so members only: scope cluster, and
+# the policy pack refuses it to clients, monitoring CIDRs and the world, as the router's rows.
+KV_EVENTS = "kv-events"
+KV_EVENTS_ROW = PortEntry(name=KV_EVENTS, port=5557, scope=Scope.CLUSTER, required=False)
 # Its Prometheus listener: loopback only (`--prometheus-host 127.0.0.1`, the router's default, and
 # `--prometheus-port`, default 29000: router_args.py), read by the node's monitoring endpoint like
 # the exporters above, so not in the table; the table must stay clear of it.

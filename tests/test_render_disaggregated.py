@@ -241,3 +241,9 @@ def test_the_pd_rollout_scripts_are_shellcheck_clean(tmp_path):
 def test_aggregated_documents_keep_their_run_to_the_byte():
     assert ssm.run_script(routed=True) == ssm.run_script(routed=True, pd=False)
     assert "drain.conf" not in ssm.run_script(routed=True)
+
+
+def test_kv_aware_routing_is_refused_with_disaggregated_serving(bare_metal_raw):
+    bare_metal_raw["loadBalancer"] = {"routing": "kv-aware"}
+    with pytest.raises(ConfigError, match="kv-aware with serving.mode disaggregated is not supported"):
+        validate(disaggregated(bare_metal_raw))

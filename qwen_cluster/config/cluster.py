@@ -16,6 +16,7 @@ from qwen_cluster import topology as topology_module
 from qwen_cluster.config import limits
 from qwen_cluster.config.rules import cross_errors
 from qwen_cluster.config.sections import (
+    KV_BLOCK_SIZE,
     Access,
     AwsTarget,
     BareMetalTarget,
@@ -154,10 +155,25 @@ class ClusterConfig(Section):
     @property
     def router_port(self) -> int | None:
         """vLLM's router's port (the `router` row) with loadBalancer.routing cache-aware or
-        serving.mode disaggregated (the router in P/D mode), else None."""
-        if self.load_balancer.routing != "cache-aware" and not self.disaggregated:
+        kv-aware, or serving.mode disaggregated (the router in P/D mode), else None."""
+        if not self.load_balancer.routed and not self.disaggregated:
             return None
         return port_table.port_of(self.ports, port_table.ROUTER)
+
+    @property
+    def kv_events_port(self) -> int | None:
+        """Where each replica head publishes its KV-cache events (the `kv-events` row) with
+        loadBalancer.routing kv-aware, else None."""
+        if self.load_balancer.routing != "kv-aware":
+            return None
+        return port_table.port_of(self.ports, port_table.KV_EVENTS)
+
+    @property
+    def kv_block_size(self) -> int:
+        """The replicas' KV block size in tokens: model.vllmFlags `--block-size`, else
+        sections.KV_BLOCK_SIZE (rendered explicitly with kv-aware routing, render/vllm.py)."""
+        given = self.model.vllm_flags.get("--block-size")
+        return KV_BLOCK_SIZE if given is None else int(given)
 
     @property
     def router_worker_port(self) -> int | None:

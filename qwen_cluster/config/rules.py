@@ -141,6 +141,17 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
     serving: Serving | None = sections.get("serving")
     if load_balancer is not None:
         errors += _routing_errors(load_balancer, table, target, serving)
+    if load_balancer is not None and model is not None and load_balancer.routing == "kv-aware":
+        errors += _kv_block_size_errors(model)
+    kv_aware = load_balancer is not None and load_balancer.routing == "kv-aware"
+    if kv_aware and serving is not None and serving.mode == "disaggregated":
+        # The kv_aware sources are keyed by the aggregated workers' URLs (render/router.py
+        # kv_event_sources); the P/D router names its workers by the pools' listeners.
+        errors.append(
+            "loadBalancer.routing kv-aware with serving.mode disaggregated is not supported: the "
+            "router's P/D mode routes each pool with cache-aware (set loadBalancer.routing "
+            "cache-aware or least-conn)"
+        )
 
     gpus, gpu_memory = None, None
     if target is Target.AWS and aws is not None and (kind := catalog.instance_type(aws.instance_type)):
@@ -301,7 +312,7 @@ def _default_row(name: str) -> port_table.PortEntry:
 
 def _runs_router(load_balancer: LoadBalancer | None, serving: Serving | None) -> bool:
     """vLLM's router runs: cache-aware routing, or disaggregated serving (the router in P/D mode)."""
-    routed = load_balancer is not None and load_balancer.routing == "cache-aware"
+    routed = load_balancer is not None and load_balancer.routed
     return routed or (serving is not None and serving.mode == "disaggregated")
 
 
@@ -327,19 +338,41 @@ def complete_ports(
     that port is taken (then _monitoring_errors says which row to write). The guide's table has
     8000 only; Prometheus and Alertmanager are this project's, so a stack that copied the guide
     keeps working. To move one, write its row; to have none, turn the piece off. Likewise the
-    router's row (ports.ROUTER_ROW) with loadBalancer.routing cache-aware, the table given or not,
-    and on aws the row of the node proxies' listener for the router (ports.ROUTER_WORKER_ROW)."""
+    router's row (ports.ROUTER_ROW) with loadBalancer.routing cache-aware or kv-aware, the table
+    given or not, on aws the row of the node proxies' listener for the router
+    (ports.ROUTER_WORKER_ROW), and with kv-aware the replicas' KV-event publishers'
+    (ports.KV_EVENTS_ROW)."""
     result = list(table)
     wanted = [_default_row(name) for _, name in monitoring_rows(monitoring)]
-    if _runs_router(load_balancer, serving):
-        wanted.append(port_table.ROUTER_ROW)
-        if target is Target.AWS:
-            wanted.append(port_table.ROUTER_WORKER_ROW)
+    wanted += _routing_rows(load_balancer, target, serving)
     wanted += kv_rows(serving, target)
     for default in wanted:
         if not _has_row(result, default.name) and not any(e.port.overlaps(default.port) for e in result):
             result.append(default)
     return result
+
+
+def _routing_rows(
+    load_balancer: LoadBalancer | None, target: Target | None, serving: Serving | None = None
+) -> list[port_table.PortEntry]:
+    """The rows vLLM's router needs (each a single port with scope cluster): a routed
+    loadBalancer.routing, or serving.mode disaggregated (the router in P/D mode)."""
+    if not _runs_router(load_balancer, serving):
+        return []
+    rows = [port_table.ROUTER_ROW]
+    if target is Target.AWS:
+        rows.append(port_table.ROUTER_WORKER_ROW)
+    if load_balancer is not None and load_balancer.routing == "kv-aware":
+        rows.append(port_table.KV_EVENTS_ROW)
+    return rows
+
+
+# Why each routing row must be a single port with scope cluster.
+_ROUTING_ROW_WHY = {
+    port_table.ROUTER: "the router's admin routes share its listener",
+    port_table.ROUTER_WORKER: "the proxies check no key there",
+    port_table.KV_EVENTS: "the replicas' KV-cache events carry every prompt's token ids",
+}
 
 
 def _routing_errors(
@@ -348,32 +381,26 @@ def _routing_errors(
     target: Target | None,
     serving: Serving | None = None,
 ) -> list[str]:
-    """cache-aware routing (and disaggregated serving, whose router runs in P/D mode) needs the
-    router's row (single port, scope cluster: its listener also serves the admin routes) and its
-    loopback metrics port clear of the table; on aws also the row where each node's proxy listens
-    for the router (single port, scope cluster: no key is checked there), docs/routing.md."""
+    """A routed loadBalancer.routing needs the router's row (single port, scope cluster: its
+    listener also serves the admin routes) and its loopback metrics port clear of the table; on
+    aws also the row where each node's proxy listens for the router (single port, scope cluster:
+    no key is checked there); kv-aware also the replicas' KV-event row (single port, scope
+    cluster: the events carry the prompts' token ids), docs/routing.md. The same rows for
+    serving.mode disaggregated, whose router runs in P/D mode."""
     if not _runs_router(load_balancer, serving) or table is None:
         return []
-    cache_aware = load_balancer.routing == "cache-aware"
-    feature = "loadBalancer.routing cache-aware" if cache_aware else "serving.mode disaggregated"
     errors: list[str] = []
-    rows = [port_table.ROUTER_ROW]
-    if target is Target.AWS:
-        rows.append(port_table.ROUTER_WORKER_ROW)
-    for default in rows:
+    routed = load_balancer.routed
+    routing = f"loadBalancer.routing {load_balancer.routing}" if routed else "serving.mode disaggregated"
+    for default in _routing_rows(load_balancer, target, serving):
         name = default.name
         found = next((entry for entry in table if entry.name == name), None)
         if found is None:
-            errors.append(_missing_row(f"{feature} needs", default, table))
+            errors.append(_missing_row(f"{routing} needs", default, table))
         elif found.scope is not port_table.Scope.CLUSTER or found.port.size != 1:
-            why = (
-                "the router's admin routes share its listener"
-                if name == port_table.ROUTER
-                else "the proxies check no key there"
-            )
             errors.append(
                 f"ports entry {name} ({found.port}, scope {found.scope.value}) must be a single port "
-                f"with scope cluster for {feature}: {why}, so no client may "
+                f"with scope cluster for {routing}: {_ROUTING_ROW_WHY[name]}, so no client may "
                 "reach it"
             )
     for index, entry in enumerate(table):
@@ -381,9 +408,23 @@ def _routing_errors(
             errors.append(
                 f"ports[{index}].port {entry.port} ({entry.name}) includes "
                 f"{port_table.ROUTER_METRICS_PORT}, where the router's metrics listen on loopback "
-                f"({feature})"
+                f"({routing})"
             )
     return errors
+
+
+def _kv_block_size_errors(model: Model) -> list[str]:
+    """kv-aware routing renders model.vllmFlags `--block-size` on the router as well
+    (`--kv-event-block-size`), so it must be a whole number of tokens the router can take."""
+    given = model.vllm_flags.get("--block-size")
+    if given is None or (isinstance(given, int) and not isinstance(given, bool) and given > 0):
+        return []
+    if isinstance(given, str) and given.isdigit() and int(given) > 0:
+        return []
+    return [
+        f"model.vllmFlags --block-size {given!r} must be a positive whole number of tokens for "
+        "loadBalancer.routing kv-aware (the router's --kv-event-block-size takes the same number)"
+    ]
 
 
 def _missing_row(who: str, default: port_table.PortEntry, table: list[port_table.PortEntry]) -> str:

