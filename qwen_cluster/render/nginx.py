@@ -591,6 +591,13 @@ def remove_script(*, conf_dir: str = CONF_DIR) -> str:
     return script("remove the load balancer's files", f"rm -rf {quote(conf_dir)}")
 
 
+# Each AWS node's proxy (render/proxy.py): its container and directory, and the file in it that
+# turns the router's health checks of the node to 503 (proxy.DRAIN_FILE). Here, not in proxy.py,
+# because the model server's run (render/ssm.py, which proxy.py imports) writes that file.
+PROXY_CONTAINER_NAME = "qwen-proxy"
+PROXY_CONF_DIR = f"{hostpaths.CONFIG_DIR}/proxy"
+PROXY_DRAIN_FILE = "drain.conf"
+
 # A replica's drain marker (serving.mode disaggregated): a file named by the replica's address in
 # this directory of the nginx files (CONF_DIR on the host, CONTAINER_CONF_DIR in the container),
 # written by the rollout's drain and removed by its ready step (render/rollout.py); while it

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import base64
 
-from qwen_cluster import hostpaths
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import nginx, router, vllm
 from qwen_cluster.render.ssm import command_document
 
-CONTAINER_NAME = "qwen-proxy"
-CONF_DIR = f"{hostpaths.CONFIG_DIR}/proxy"
+CONTAINER_NAME = nginx.PROXY_CONTAINER_NAME
+CONF_DIR = nginx.PROXY_CONF_DIR
 RUN_TIMEOUT_SECONDS = 900
 # A parameter's ARN (GetParameter takes a name or an ARN): an ARN the association holds follows
 # the parameter, so the change plan sees a new key reach the association.
@@ -170,7 +169,7 @@ def router_listener(cluster: ClusterConfig, node_name: str) -> str:
 # of its choice (render/router.py, "P/D mode's run-time membership"). The model server's run
 # writes and removes it and reloads the proxy (render/ssm.py). An include, read by nginx's master
 # at a reload, not a file test at request time: the directory is root's alone (0700).
-DRAIN_FILE = "drain.conf"
+DRAIN_FILE = nginx.PROXY_DRAIN_FILE
 
 
 def _drain_location() -> str:

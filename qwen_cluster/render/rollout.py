@@ -84,9 +84,11 @@ def _pd_calls(conf_dir: str, ip: str) -> str:
 marker={quote(nginx.drain_marker(conf_dir, ip))}
 # Out of the router's choice before anything stops; a router that keeps sending to it leaves it
 # as it was, and the step fails with the replica still serving.
+# nginx's workers test the marker (user nginx): readable whatever the step's umask.
 pd_leave() {{
   mkdir -p "${{marker%/*}}"
-  touch "$marker"
+  chmod 0755 "${{marker%/*}}"
+  install -m 0644 /dev/null "$marker"
   router_wait_state unhealthy || {{ rm -f "$marker"; return 1; }}
 }}
 pd_join() {{

@@ -44,7 +44,7 @@ from typing import Any
 
 from qwen_cluster import hostpaths, tags
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import collective, router, vllm, weights
+from qwen_cluster.render import collective, nginx, router, vllm, weights
 from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function
 from qwen_cluster.render.sysctl import DROPIN_PATH, dropin
 
@@ -260,14 +260,12 @@ router_join() {
 
 
 def _pd_membership() -> str:
-    from qwen_cluster.render import proxy  # proxy imports this module's command_document
-
     return (
         _PD_MEMBERSHIP.replace("__STATE__", router.worker_state_function('"$router_file"').strip())
         .replace("__WAIT__", router.wait_state_function().strip())
-        .replace("__PROXY_DIR__", proxy.CONF_DIR)
-        .replace("__DRAIN_FILE__", proxy.DRAIN_FILE)
-        .replace("__PROXY__", proxy.CONTAINER_NAME)
+        .replace("__PROXY_DIR__", nginx.PROXY_CONF_DIR)
+        .replace("__DRAIN_FILE__", nginx.PROXY_DRAIN_FILE)
+        .replace("__PROXY__", nginx.PROXY_CONTAINER_NAME)
         .strip()
     )
 
