@@ -11,6 +11,8 @@ Signatures:
                  only_if_down: bool, conf_dir=..., poll_seconds: int = 2) -> str
     retire_script(server, *, replica: str, drain_timeout_seconds: int, conf_dir=...,
                   poll_seconds: int = 1) -> str
+    Each also takes `routed: bool` (the router's admin routes) and `pd_worker_url: str | None`
+    (serving.mode disaggregated: the router's health checks, below).
 
 vLLM's router (loadBalancer.routing cache-aware, `routed`) follows the rollout: the drain first
 takes the replica out of the router's worker set (POST /remove_worker) and the ready step puts it
