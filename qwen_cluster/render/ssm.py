@@ -247,6 +247,7 @@ __WAIT__
 drain_conf=__PROXY_DIR__/__DRAIN_FILE__
 proxy_reload() { docker kill --signal=HUP __PROXY__ >/dev/null 2>&1 || true; }
 router_leave() {
+  install -d -m 0700 "${drain_conf%/*}"
   printf 'return 503;\\n' >"$drain_conf"
   proxy_reload
   router_wait_state unhealthy || { rm -f "$drain_conf"; proxy_reload; return 1; }
