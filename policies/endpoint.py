@@ -6,6 +6,7 @@ from pulumi_policy import ReportViolation, Severity, StackValidationArgs
 
 from policies.declaration import ADVISORY, Settings, stack_policy
 from policies.facts import Net, current_facts
+from qwen_cluster.config import x509check
 
 
 @stack_policy(
@@ -26,6 +27,23 @@ def keys_in_clear(args: StackValidationArgs, report: ReportViolation, settings: 
             "answers in clear to the load balancer, where anyone on the path can read and reuse a key. "
             "Set loadBalancer.tls (docs/endpoint.md)"
         )
+
+
+@stack_policy(
+    name="certificate-expiring",
+    description="The endpoint's certificate (loadBalancer.tls) is renewed before it expires: a "
+    f"certificate of the chain that expires within {x509check.EXPIRY_ADVISORY_DAYS} days is said "
+    "(an expired one is refused by the program itself).",
+    enforcement_level=ADVISORY,
+    severity=Severity.MEDIUM,
+    remediation_steps="Renew the certificate and set the new chain and key with `pulumi config set "
+    "--secret --path` (docs/endpoint.md); nginx reloads, no model server restarts.",
+)
+def certificate_expiring(args: StackValidationArgs, report: ReportViolation, settings: Settings) -> None:
+    """Once per certificate close to its end, where the pack had the pair in plain text."""
+    facts = current_facts()
+    for warning in facts.certificate_warnings if facts.known else ():
+        report(f"loadBalancer.tls {warning}")
 
 
 def _inside(cidr: Net, blocks: tuple[Net, ...]) -> list[Net]:

@@ -20,8 +20,9 @@ from tooling import changes, stackfile
 
 KEY = "aws-test-key-" + "7" * 40
 OTHER_KEY = "aws-test-key-" + "8" * 40
-CERTIFICATE = "-----BEGIN CERTIFICATE-----\nMIIB-test-certificate\n-----END CERTIFICATE-----\n"
-PRIVATE_KEY = "-----BEGIN PRIVATE KEY-----\nMIIE-test-private-key\n-----END PRIVATE KEY-----\n"
+# A pair the program's parse accepts (qwen_cluster/config/x509check.py), handed over as a secret.
+CERTIFICATE = stackfile.OFFLINE_TLS_CERTIFICATE
+PRIVATE_KEY = stackfile.OFFLINE_TLS_PRIVATE_KEY
 
 
 def stack(keys=(KEY,), tls: bool = True) -> dict:

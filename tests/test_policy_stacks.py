@@ -31,6 +31,7 @@ PACK = {
     "baseline-tls-policy",
     "container-host-network",
     "keys-in-clear",
+    "certificate-expiring",
     "monitoring-inside-clients",
     "stack-config",
 }
@@ -38,6 +39,7 @@ ADVISORY = {
     "bandwidth-recommended",
     "baseline-idle-timeout",
     "keys-in-clear",
+    "certificate-expiring",
     "monitoring-inside-clients",
     "stack-config",
 }

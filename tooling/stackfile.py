@@ -17,16 +17,34 @@ STACKS = ("dev", "prod", "onprem")
 # The committed stacks hold no API key (a real one is set with `pulumi config set --secret`, and
 # a stack without one is refused). Offline, where nothing is served, they get this throwaway one.
 OFFLINE_API_KEY = "offline-throwaway-key-never-served-anywhere-0000"
+# The TLS pair offline renders stand in for a stack's: a real self-signed EC P-256 certificate
+# (CN and subjectAltName `offline.invalid`, a name RFC 2606 reserves, valid until 9999-12-31, the
+# "no well-defined expiration" date of RFC 5280 section 4.1.2.5) and its key, so that the program's
+# parse of the pair (qwen_cluster/config/x509check.py) passes as a good stack's would. Published
+# here, so never served anywhere.
+OFFLINE_TLS_CERTIFICATE = """-----BEGIN CERTIFICATE-----
+MIIBcjCCARmgAwIBAgIBATAKBggqhkjOPQQDAjArMSkwJwYDVQQDDCBxd2VuLWNs
+dXN0ZXIgb2ZmbGluZSBwbGFjZWhvbGRlcjAgFw0yNjAxMDEwMDAwMDBaGA85OTk5
+MTIzMTIzNTk1OVowKzEpMCcGA1UEAwwgcXdlbi1jbHVzdGVyIG9mZmxpbmUgcGxh
+Y2Vob2xkZXIwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAAQrptkKU2IPav4EQRU8
+Y1b9m4Bshy0exseuJzFCk6MaYxHZZp0CVTprTA6/LA2gqkgRsIMocZUvdPfaVpZF
+Jr+QoywwKjAaBgNVHREEEzARgg9vZmZsaW5lLmludmFsaWQwDAYDVR0TAQH/BAIw
+ADAKBggqhkjOPQQDAgNHADBEAiAQ/ne8NWajt3jfwvRsk2Eo8/Et63YsjQ3hS0uf
+RlYwKgIgWevCHDavQ7qOW6FYqngdVs15bM0qZb+I+eoe/Wp4VlA=
+-----END CERTIFICATE-----
+"""
+OFFLINE_TLS_PRIVATE_KEY = """-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgV3drH5ZJ2O2b/OR5
+YWVYDWrH00v5I6v6YjJKU4GHBN+hRANCAAQrptkKU2IPav4EQRU8Y1b9m4Bshy0e
+xseuJzFCk6MaYxHZZp0CVTprTA6/LA2gqkgRsIMocZUvdPfaVpZFJr+Q
+-----END PRIVATE KEY-----
+"""
 # What the program gets offline for a nested `secure:` value (nothing here can decrypt a real
 # stack's ciphertext): a placeholder of the right shape, by where the value sits.
 OFFLINE_SECRETS: dict[tuple[str, ...], str] = {
     (f"{config.NAMESPACE}:access", "apiKeys"): OFFLINE_API_KEY,
-    (f"{config.NAMESPACE}:loadBalancer", "tls", "certificate"): (
-        "-----BEGIN CERTIFICATE-----\noffline placeholder\n-----END CERTIFICATE-----\n"
-    ),
-    (f"{config.NAMESPACE}:loadBalancer", "tls", "privateKey"): (
-        "-----BEGIN PRIVATE KEY-----\noffline placeholder\n-----END PRIVATE KEY-----\n"
-    ),
+    (f"{config.NAMESPACE}:loadBalancer", "tls", "certificate"): OFFLINE_TLS_CERTIFICATE,
+    (f"{config.NAMESPACE}:loadBalancer", "tls", "privateKey"): OFFLINE_TLS_PRIVATE_KEY,
 }
 
 

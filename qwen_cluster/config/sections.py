@@ -12,12 +12,21 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from qwen_cluster import catalog, hostpaths
 from qwen_cluster import ports as port_table
+from qwen_cluster.config import x509check
 from qwen_cluster.config.limits import (
     AWS_RESERVED_HEAD,
     AWS_SUBNET_PREFIX,
@@ -29,6 +38,7 @@ from qwen_cluster.config.limits import (
 from qwen_cluster.config.secrets import (
     API_KEY_RULE,
     MONITORING_PASSWORD_RULE,
+    REDACTED,
     ApiKey,
     MonitoringPassword,
     PemCertificate,
@@ -243,8 +253,38 @@ class Tls(Section):
     )
     private_key: PemPrivateKey = Field(
         description="The certificate's PEM private key, a secret: `pulumi config set --secret --path "
-        "'qwen-cluster:loadBalancer.tls.privateKey' < key.pem`.",
+        "'qwen-cluster:loadBalancer.tls.privateKey' < key.pem`. Where the program is handed the values "
+        "(every preview and up), the pair is parsed: a key that is not the server certificate's, a "
+        "certificate expired or not yet valid, or a chain out of order is refused; one that expires "
+        f"within {x509check.EXPIRY_ADVISORY_DAYS} days is said by the pack (`certificate-expiring`).",
     )
+    # What the parsed pair warrants saying without refusing it (an expiry close at hand); empty when
+    # the values were not at hand (ciphertext read offline, the redacted mark). No secret in it.
+    _warnings: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _parsed_pair(cls, data: Any, handler: ModelWrapValidatorHandler[Tls]) -> Tls:
+        """The pair judged as nginx would load it, when both values are at hand in plain text (the
+        engine hands them decrypted; a stack file read offline holds ciphertext, left unjudged)."""
+        tls = handler(data)
+        if not isinstance(data, Mapping):
+            return tls
+        chain = data.get("certificate")
+        key = data.get("privateKey", data.get("private_key"))
+        if not all(isinstance(v, str) and v != REDACTED for v in (chain, key)):
+            return tls
+        # Names: the stack states none (clients reach bare metal's load balancer and AWS's NLB by
+        # whatever name the user's DNS gives them), so the subjectAltName is not judged here.
+        errors, warnings = x509check.certificate_problems(chain, key, now=x509check.utc_now())
+        if errors:
+            raise ValueError("; ".join(errors))
+        tls._warnings = tuple(warnings)
+        return tls
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self._warnings
 
 
 class LoadBalancer(Section):
