@@ -46,6 +46,29 @@ def certificate_expiring(args: StackValidationArgs, report: ReportViolation, set
         report(f"loadBalancer.tls {warning}")
 
 
+@stack_policy(
+    name="monitoring-open",
+    description="Prometheus and Alertmanager ask for a password (monitoring.password): a stack that runs "
+    "them open on purpose (monitoring.openToMonitoringCidrs) lets anyone in access.monitoringCidrs "
+    "query them and create or expire silences, hiding an incident from everyone.",
+    enforcement_level=ADVISORY,
+    severity=Severity.HIGH,
+    remediation_steps="Set monitoring.password (`pulumi config set --secret --path "
+    "'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\"`) and remove "
+    "monitoring.openToMonitoringCidrs (docs/monitoring.md).",
+)
+def monitoring_open(args: StackValidationArgs, report: ReportViolation, settings: Settings) -> None:
+    """Once per stack, from the stack's own config: the stack said it, the plan says it back."""
+    facts = current_facts()
+    if facts.known and facts.monitoring_open:
+        cidrs = ", ".join(map(str, facts.monitoring_cidrs)) or "no block"
+        report(
+            "monitoring.openToMonitoringCidrs is true: Prometheus and Alertmanager answer without a "
+            f"password to anyone in access.monitoringCidrs ({cidrs}), who can create a silence and hide "
+            "an incident from everyone. Set monitoring.password (docs/monitoring.md)"
+        )
+
+
 def _inside(cidr: Net, blocks: tuple[Net, ...]) -> list[Net]:
     """The blocks of `blocks` that hold `cidr` whole."""
     return [block for block in blocks if block.version == cidr.version and cidr.subnet_of(block)]  # type: ignore[arg-type]

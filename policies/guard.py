@@ -43,6 +43,7 @@ DECLARED: tuple[Declared, ...] = (
     containers.container_host_network,
     endpoint.keys_in_clear,
     endpoint.certificate_expiring,
+    endpoint.monitoring_open,
     endpoint.monitoring_inside_clients,
     facts.stack_config,
 )

@@ -72,7 +72,7 @@ def test_the_offline_tools_give_a_keyless_stack_a_throwaway_secret_key():
 
 
 def test_a_key_written_in_plain_text_in_the_stack_file_stops_the_program_without_showing_it():
-    stack_config = stackfile.read("onprem", offline_keys=False)
+    stack_config = stackfile.read("onprem")
     stack_config[f"{NAMESPACE}:access"] = {**stack_config[f"{NAMESPACE}:access"], "apiKeys": [KEY]}
     result = offline.render(stack_config, "onprem")
     assert result.error and "access.apiKeys is in plain text in the stack file" in result.error
@@ -80,7 +80,7 @@ def test_a_key_written_in_plain_text_in_the_stack_file_stops_the_program_without
 
 
 def _onprem(*keys: str) -> dict:
-    stack_config = stackfile.read("onprem", offline_keys=False)
+    stack_config = stackfile.read("onprem")
     access = {**stack_config[f"{NAMESPACE}:access"], "apiKeys": [{"secure": key} for key in keys]}
     return {**stack_config, f"{NAMESPACE}:access": access}
 

@@ -132,6 +132,28 @@ def test_without_the_stack_config_nothing_is_said_about_keys():
     assert refused(aws_stack(), "keys-in-clear", cluster=None) == set()
 
 
+# --- monitoring-open ------------------------------------------------------------------------------
+
+
+def test_a_monitoring_surface_open_on_purpose_gets_an_advisory_naming_the_key():
+    raw = stackfile.cluster_keys(stackfile.read("onprem", offline_keys=False))
+    raw["access"] = {**raw["access"], "apiKeys": [TEST_API_KEY]}
+    raw["monitoring"] = {**raw["monitoring"], "openToMonitoringCidrs": True}
+    opened = config.validate(raw)
+    violations = [
+        v for v in policy_harness.analyze(bare_metal_stack(), cluster=opened) if v.policy == "monitoring-open"
+    ]
+    assert [(v.enforcement, v.resource) for v in violations] == [("advisory", None)]
+    assert violations[0].message.startswith(
+        "monitoring.openToMonitoringCidrs is true: Prometheus and Alertmanager answer without a password "
+        "to anyone in access.monitoringCidrs (10.20.0.0/16)"
+    )
+
+
+def test_a_monitoring_password_gets_no_monitoring_open_advisory():
+    assert refused(bare_metal_stack(), "monitoring-open", cluster=ONPREM) == set()
+
+
 # --- monitoring-inside-clients -------------------------------------------------------------------
 
 

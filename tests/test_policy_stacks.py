@@ -32,6 +32,7 @@ PACK = {
     "container-host-network",
     "keys-in-clear",
     "certificate-expiring",
+    "monitoring-open",
     "monitoring-inside-clients",
     "stack-config",
 }
@@ -40,6 +41,7 @@ ADVISORY = {
     "baseline-idle-timeout",
     "keys-in-clear",
     "certificate-expiring",
+    "monitoring-open",
     "monitoring-inside-clients",
     "stack-config",
 }

@@ -634,11 +634,19 @@ class Monitoring(Section):
     password: MonitoringPassword | None = Field(
         default=None,
         description="Secret: the password Prometheus and Alertmanager ask for (user `qwen-monitoring`, "
-        "HTTP basic auth, a bcrypt hash in their web config); without it they answer anyone in "
-        "`access.monitoringCidrs`. Set it with `pulumi config set --secret --path "
+        "HTTP basic auth, a bcrypt hash in their web config). Required with `prometheus` unless "
+        "`openToMonitoringCidrs`: without it they would answer anyone in `access.monitoringCidrs`, "
+        "who could silence any alert. Set it with `pulumi config set --secret --path "
         "'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\"`; "
         f"{MONITORING_PASSWORD_RULE}. A new one takes effect without a restart. On AWS the monitoring "
         "node reads it from SecureString parameters with its role.",
+    )
+    open_to_monitoring_cidrs: bool = Field(
+        default=False,
+        description="Run Prometheus and Alertmanager without a password: anyone in "
+        "`access.monitoringCidrs` may query them, and create or expire silences. An explicit choice, "
+        "said by the pack's advisory `monitoring-open`; without it a stack with `prometheus` and no "
+        "`password` is refused.",
     )
     scrape_interval_seconds: float = Field(
         default=DEFAULT_SCRAPE_INTERVAL_SECONDS,

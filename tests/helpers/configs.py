@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # A well-formed key for configs that need one; no endpoint anywhere accepts it.
 TEST_API_KEY = "test-key-0123456789abcdef0123456789abcdef"
+# The same for the monitoring password, which a stack with Prometheus needs.
+TEST_MONITORING_PASSWORD = "test-monitoring-password-0123456789"
 
 BASE_AWS = {
     "target": "aws",
@@ -20,6 +22,7 @@ BASE_AWS = {
         "adminCidrs": ["203.0.113.10/32"],
         "apiKeys": [TEST_API_KEY],
     },
+    "monitoring": {"password": TEST_MONITORING_PASSWORD},
     "aws": {"instanceType": "g6e.12xlarge", "availabilityZone": "us-west-2a", "efa": True},
 }
 
