@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 from qwen_cluster.config.x509check import EXPIRY_ADVISORY_DAYS, certificate_problems
 from tests.helpers.certificates import NOW, chain, issue
@@ -83,3 +86,14 @@ def test_garbage_between_the_markers_is_refused_without_showing_the_key():
     assert errors[0].startswith("certificate is not a readable PEM certificate chain")
     assert errors[1] == "privateKey is not a readable PEM private key (the value is not shown)"
     assert "c2VjcmV0LWJ5dGVz" not in " ".join(errors)
+
+
+def test_the_config_imports_where_cryptography_is_not_installed():
+    """The lab's stand-in images (and the nodes) import qwen_cluster.config without cryptography:
+    the parse imports it only when a pair is judged."""
+    blocked = (
+        "import sys; sys.modules['cryptography'] = None; import qwen_cluster.config, qwen_cluster.render.vllm"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", blocked], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]

@@ -9,10 +9,14 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
+if TYPE_CHECKING:
+    from cryptography import x509
+
+# `cryptography` is imported where a pair is judged, not with the module: qwen_cluster.config is
+# imported by what runs on the nodes and in the lab's stand-in images (the vLLM stand-in reads
+# HEALTH_PATH through it), whose Python has no cryptography.
 
 # A certificate that expires within this many days is said (an advisory, not a refusal). Certbot,
 # the most common ACME client, renews a certificate once it has 30 days left (its documented
@@ -31,6 +35,8 @@ def _label(index: int, certificate: x509.Certificate) -> str:
 
 def _signed(child: x509.Certificate, issuer: x509.Certificate) -> bool:
     """Whether `issuer` signed `child` (names and signature; validity and constraints apart)."""
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+
     try:
         child.verify_directly_issued_by(issuer)
     except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
@@ -39,6 +45,8 @@ def _signed(child: x509.Certificate, issuer: x509.Certificate) -> bool:
 
 
 def _public_key_der(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
@@ -53,6 +61,8 @@ def _covers(pattern: str, name: str) -> bool:
 
 
 def _name_problems(leaf: x509.Certificate, names: Iterable[str]) -> list[str]:
+    from cryptography import x509
+
     wanted = [name for name in names if name]
     if not wanted:
         return []
@@ -102,6 +112,10 @@ def certificate_problems(
     certificate that does not name every one of `names` (DNS names or IP addresses). Warnings: a
     certificate that expires within `advisory_days`. Messages speak of `certificate` and
     `privateKey` (the keys' names under `loadBalancer.tls`) and never show the key."""
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
     errors: list[str] = []
     warnings: list[str] = []
     try:
