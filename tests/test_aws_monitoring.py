@@ -10,6 +10,7 @@ import subprocess
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render import monitoring_ssm
 from qwen_cluster.render.monitoring import containers
+from tests.helpers.configs import open_monitoring
 from tooling import changes, offline, stackfile
 
 NODEMETRICS = NODEMETRICS_SCRIPT.read_text()
@@ -118,7 +119,7 @@ def _secret(value):
 
 
 def test_without_a_password_there_are_no_credential_parameters_and_no_read_grant():
-    dev = render("dev")
+    dev = _render(open_monitoring(stackfile.read("dev")))
     assert _credentials(dev) == {}
     assert [r.name for r in dev.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "monitoring-read"] == []
     for association in dev.of_type(ASSOCIATION):
@@ -245,7 +246,7 @@ def test_a_new_password_is_a_new_version_in_the_association_and_updates_it_in_pl
 
 
 def test_turning_the_password_on_touches_the_monitoring_node_only():
-    before, after = render("dev"), _render(with_password())
+    before, after = _render(open_monitoring(stackfile.read("dev"))), _render(with_password())
     moved = {c.name: c.action for c in changes.diff(before, after) if c.action != "same"}
     assert moved == {
         "monitoring-web-config": "create",

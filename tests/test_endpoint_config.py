@@ -5,12 +5,14 @@ metal rewrites the load balancer's files and replaces no container."""
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
 
 from qwen_cluster import config
 from qwen_cluster.config import NAMESPACE, REDACTED, ConfigError
+from tests.helpers import certificates
 from tests.helpers.aws_stacks import render
 from tests.helpers.configs import BASE_BARE_METAL, TEST_API_KEY
 from tooling import changes, offline, stackfile
@@ -70,7 +72,7 @@ def test_the_offline_tools_give_a_keyless_stack_a_throwaway_secret_key():
 
 
 def test_a_key_written_in_plain_text_in_the_stack_file_stops_the_program_without_showing_it():
-    stack_config = stackfile.read("onprem", offline_keys=False)
+    stack_config = stackfile.read("onprem")
     stack_config[f"{NAMESPACE}:access"] = {**stack_config[f"{NAMESPACE}:access"], "apiKeys": [KEY]}
     result = offline.render(stack_config, "onprem")
     assert result.error and "access.apiKeys is in plain text in the stack file" in result.error
@@ -78,7 +80,7 @@ def test_a_key_written_in_plain_text_in_the_stack_file_stops_the_program_without
 
 
 def _onprem(*keys: str) -> dict:
-    stack_config = stackfile.read("onprem", offline_keys=False)
+    stack_config = stackfile.read("onprem")
     access = {**stack_config[f"{NAMESPACE}:access"], "apiKeys": [{"secure": key} for key in keys]}
     return {**stack_config, f"{NAMESPACE}:access": access}
 
@@ -125,3 +127,43 @@ def test_a_monitoring_password_is_accepted_on_aws_too():
     raw = stackfile.cluster_keys(stackfile.read("dev"))
     raw["monitoring"] = {**raw.get("monitoring", {}), "password": MONITORING_PASSWORD}
     assert config.validate(raw).monitoring.password is not None  # kept, shown redacted
+
+
+def _onprem_with_tls(certificate: str, private_key: str) -> dict:
+    stack_config = stackfile.read("onprem")
+    key = f"{NAMESPACE}:loadBalancer"
+    tls = {"certificate": {"secure": certificate}, "privateKey": {"secure": private_key}}
+    return {**stack_config, key: {**stack_config[key], "tls": tls}}
+
+
+def _refused_at_preview(certificate: str, private_key: str) -> str:
+    result = offline.render(_onprem_with_tls(certificate, private_key), "onprem")
+    assert result.error and not result.resources
+    assert private_key not in result.error
+    return result.error
+
+
+def test_a_tls_key_that_is_not_the_certificates_is_refused_at_preview_naming_the_key():
+    _, intermediate, leaf = certificates.chain()
+    error = _refused_at_preview(leaf.pem + intermediate.pem, certificates.issue("other").key_pem)
+    assert "loadBalancer.tls privateKey does not match the server certificate" in error
+
+
+def test_an_expired_tls_certificate_is_refused_at_preview_naming_the_key():
+    now = datetime.now(UTC)
+    leaf = certificates.issue("old", not_before=now - timedelta(days=90), not_after=now - timedelta(days=1))
+    error = _refused_at_preview(leaf.pem, leaf.key_pem)
+    assert "loadBalancer.tls certificate: certificate 1 (CN=old) expired on" in error
+
+
+def test_a_reversed_tls_chain_is_refused_at_preview_naming_the_key():
+    root, intermediate, leaf = certificates.chain()
+    error = _refused_at_preview(root.pem + intermediate.pem + leaf.pem, leaf.key_pem)
+    assert "loadBalancer.tls " in error and "certificate is in reverse order" in error
+
+
+def test_a_good_tls_pair_renders_and_the_committed_stacks_ciphertext_is_left_unjudged():
+    _, intermediate, leaf = certificates.chain()
+    assert offline.render(_onprem_with_tls(leaf.pem + intermediate.pem, leaf.key_pem), "onprem").error is None
+    raw = stackfile.cluster_keys(_onprem_with_tls("v1:ciphertext", "v1:ciphertext"))
+    assert config.validate(raw).load_balancer.tls.warnings == ()

@@ -50,7 +50,8 @@ def loopback_cluster(prometheus_port: int = 9090, alertmanager_port: int = 9093)
                 "adminCidrs": ["203.0.113.10/32"],
                 "openEndpoint": True,
             },
-            "monitoring": {"scrapeIntervalSeconds": 1},
+            # The tests write the web config and password files themselves.
+            "monitoring": {"scrapeIntervalSeconds": 1, "openToMonitoringCidrs": True},
             "ports": [
                 {"name": "model-service", "port": 5000, "scope": "clients"},
                 {"name": "inter-node", "port": "6000-6100", "scope": "cluster"},

@@ -34,6 +34,8 @@ PACK = {
     "baseline-tls-policy",
     "container-host-network",
     "keys-in-clear",
+    "certificate-expiring",
+    "monitoring-open",
     "monitoring-inside-clients",
     "stack-config",
 }
@@ -42,6 +44,8 @@ ADVISORY = {
     "kv-link-share",
     "baseline-idle-timeout",
     "keys-in-clear",
+    "certificate-expiring",
+    "monitoring-open",
     "monitoring-inside-clients",
     "stack-config",
 }

@@ -53,7 +53,8 @@ def _loopback_cluster(net: str):
         {"name": "worker-1", "ip": f"{net}.11"},
     ]
     raw["network"] = {**raw["network"], "cidr": f"{net}.0/24"}
-    raw.pop("monitoring", None)
+    # Monitoring's defaults, with the offline tools' throwaway password the stack file was given.
+    raw["monitoring"] = {"password": (raw.get("monitoring") or {}).get("password")}
     # kv-aware: the replicas rendered with --enable-scale-out and their KV-event publishers, which
     # serve the cache_aware router as they serve the kv_aware one. The block size the CPU build
     # picks itself (vllm/platforms/cpu.py: 128), given so that the router's is the same.

@@ -138,6 +138,7 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
 
     if monitoring is not None:
         errors += _monitoring_errors(monitoring, nodes, table)
+        errors += _monitoring_password_errors(monitoring)
     serving: Serving | None = sections.get("serving")
     if load_balancer is not None:
         errors += _routing_errors(load_balancer, table, target, serving)
@@ -198,6 +199,23 @@ def _endpoint_errors(access: Access) -> list[str]:
             "access.apiKeys is empty: clients would reach the model without a key. Set one with "
             f'`{secrets.set_command(secrets.API_KEYS_PATH)} "$(openssl rand -hex 32)"`, or say the '
             "endpoint is open with access.openEndpoint: true"
+        ]
+    return []
+
+
+def _monitoring_password_errors(monitoring: Monitoring) -> list[str]:
+    """A password, or a monitoring surface explicitly open: as the API keys, never open by omission
+    (whoever reaches Alertmanager unauthenticated can silence every alert)."""
+    if monitoring.open_to_monitoring_cidrs and monitoring.password is not None:
+        return [
+            "monitoring.openToMonitoringCidrs is true but monitoring.password is set: remove one or the other"
+        ]
+    if monitoring.prometheus and monitoring.password is None and not monitoring.open_to_monitoring_cidrs:
+        return [
+            "monitoring.password is not set: Prometheus and Alertmanager would answer anyone in "
+            "access.monitoringCidrs, who could silence any alert. Set it with "
+            f'`{secrets.set_command(secrets.MONITORING_PASSWORD_PATH)} "$(openssl rand -hex 24)"`, or say '
+            "the monitoring surface is open with monitoring.openToMonitoringCidrs: true"
         ]
     return []
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # A well-formed key for configs that need one; no endpoint anywhere accepts it.
 TEST_API_KEY = "test-key-0123456789abcdef0123456789abcdef"
+# The same for the monitoring password, which a stack with Prometheus needs.
+TEST_MONITORING_PASSWORD = "test-monitoring-password-0123456789"
 
 BASE_AWS = {
     "target": "aws",
@@ -20,6 +22,7 @@ BASE_AWS = {
         "adminCidrs": ["203.0.113.10/32"],
         "apiKeys": [TEST_API_KEY],
     },
+    "monitoring": {"password": TEST_MONITORING_PASSWORD},
     "aws": {"instanceType": "g6e.12xlarge", "availabilityZone": "us-west-2a", "efa": True},
 }
 
@@ -34,6 +37,14 @@ BASE_BARE_METAL = {
         "gpuMemoryGb": 80,
     },
 }
+
+
+def open_monitoring(stack_config: dict) -> dict:
+    """A stack file's `config:` map that runs Prometheus without a password, as a stack says it on
+    purpose (`monitoring.openToMonitoringCidrs`): the offline tools' throwaway password taken out."""
+    key = "qwen-cluster:monitoring"
+    monitoring = {k: v for k, v in (stack_config.get(key) or {}).items() if k != "password"}
+    return {**stack_config, key: {**monitoring, "openToMonitoringCidrs": True}}
 
 
 def nodes(count: int, prefix: str = "10.0.") -> list[dict]:
