@@ -91,21 +91,70 @@ class ModelWeights:
     parameters_billion: float
     bytes_per_parameter: float
     attention_heads: int  # tensor parallelism must divide them (vLLM refuses otherwise)
+    # The KV cache's geometry (the model's config.json: num_hidden_layers, num_key_value_heads,
+    # head_dim): what one token's K and V weigh, the bytes disaggregation moves per prompt token.
+    layers: int
+    kv_heads: int
+    head_dim: int
 
     @property
     def weights_gb(self) -> float:
         return round(self.parameters_billion * self.bytes_per_parameter, 1)
 
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V of every layer for one token: 2 x layers x KV heads x head size x dtype bytes
+        (Qwen3-32B in BF16: 2 x 64 x 8 x 128 x 2 = 262,144 B = 256 KiB)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
-# Qwen3-32B: 32.8 B parameters, 64 query / 8 KV attention heads
-# (model card, huggingface.co/Qwen/Qwen3-32B).
+    @property
+    def prefill_flops_per_token(self) -> float:
+        """A dense transformer's forward pass: ~2 FLOPs per parameter per token. The attention
+        over the context adds ~4 x layers x context x (heads x head_dim) per token (~7 % at a
+        4k-token prompt for Qwen3-32B) and is left out: a lower cost per token means a higher
+        prefill rate, so the link floor derived from it errs on the safe side."""
+        return 2 * self.parameters_billion * 1e9
+
+
+# Qwen3-32B: 32.8 B parameters, 64 query / 8 KV attention heads of size 128, 64 layers
+# (model card and config.json, huggingface.co/Qwen/Qwen3-32B: num_hidden_layers 64,
+# num_attention_heads 64, num_key_value_heads 8, head_dim 128). The FP8 checkpoint quantizes the
+# linear layers only; its KV cache stays BF16 unless vLLM is given `--kv-cache-dtype fp8`.
 MODELS: dict[str, ModelWeights] = {
     m.name: m
     for m in (
-        ModelWeights("Qwen/Qwen3-32B", 32.8, 2.0, 64),  # bf16: 65.6 GB
-        ModelWeights("Qwen/Qwen3-32B-FP8", 32.8, 1.0, 64),  # fp8 linear layers: ~32.8 GB
+        ModelWeights("Qwen/Qwen3-32B", 32.8, 2.0, 64, 64, 8, 128),  # bf16: 65.6 GB
+        ModelWeights("Qwen/Qwen3-32B-FP8", 32.8, 1.0, 64, 64, 8, 128),  # fp8 linear layers: ~32.8 GB
     )
 }
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    bf16_dense_tflops: float  # the datasheet's dense BF16 tensor figure (not the "with sparsity" one)
+    source: str
+
+
+# Dense BF16 tensor throughput, from NVIDIA's datasheets (the figure without structured sparsity,
+# which vLLM does not use). The prefill rate the link floor is derived from starts here
+# (qwen_cluster/kvlink.py).
+GPUS: dict[str, Gpu] = {
+    g.name: g
+    for g in (
+        Gpu("H100", 989.0, "NVIDIA H100 datasheet, H100 SXM: BF16 1,979 TFLOPS with sparsity"),
+        Gpu("H200", 989.0, "NVIDIA H200 datasheet, H200 SXM: BF16 1,979 TFLOPS with sparsity"),
+        Gpu("B200", 2250.0, "NVIDIA HGX B200 datasheet: BF16 36 PFLOPS with sparsity for 8 GPUs"),
+        Gpu("A100", 312.0, "NVIDIA A100 datasheet: BF16 312 TFLOPS (624 with sparsity)"),
+        Gpu("L40S", 362.05, "NVIDIA L40S datasheet: BF16 362.05 TFLOPS (733 with sparsity)"),
+        # AWS publishes no tensor figure for its A10G; NVIDIA's A10 is the part it derives from.
+        Gpu("A10G", 125.0, "NVIDIA A10 datasheet: BF16 125 TFLOPS (250 with sparsity)"),
+    )
+}
+
+
+def gpu(name: str) -> Gpu | None:
+    return GPUS.get(name)
+
 
 # The memory rule. vLLM takes gpu_memory_utilization (0.9 by default) of every GPU; of that,
 # the weights may use at most WEIGHTS_SHARE, the rest is KV cache and activations. With

@@ -127,10 +127,34 @@ ROUTER_ROW = PortEntry(name=ROUTER, port=30000, scope=Scope.CLUSTER, required=Fa
 # replica. Members only, like the router's: scope cluster.
 ROUTER_WORKER = "router-worker"
 ROUTER_WORKER_ROW = PortEntry(name=ROUTER_WORKER, port=30001, scope=Scope.CLUSTER, required=False)
+# loadBalancer.routing kv-aware: where each replica head's vLLM publishes its KV-cache events
+# (`--kv-events-config` endpoint `tcp://*:PORT`, a ZMQ PUB socket; render/vllm.py kv_events_flags)
+# and the router's kv_aware policy subscribes (`--kv-event-source WORKER=tcp://HEAD:PORT`). 5557 is
+# vLLM's own default (vllm/config/kv_events.py KVEventsConfig.endpoint). The publisher holds no
+# secrets but tells what every prompt was (its token ids), so members only: scope cluster, and
+# the policy pack refuses it to clients, monitoring CIDRs and the world, as the router's rows.
+KV_EVENTS = "kv-events"
+KV_EVENTS_ROW = PortEntry(name=KV_EVENTS, port=5557, scope=Scope.CLUSTER, required=False)
 # Its Prometheus listener: loopback only (`--prometheus-host 127.0.0.1`, the router's default, and
 # `--prometheus-port`, default 29000: router_args.py), read by the node's monitoring endpoint like
 # the exporters above, so not in the table; the table must stay clear of it.
 ROUTER_METRICS_PORT = 29000
+
+# serving.mode disaggregated (docs/disaggregation.md): the NIXL side channel, where each node's
+# vLLM answers the other pool's handshake (its KV layout and NIXL agent metadata). vLLM binds
+# VLLM_NIXL_SIDE_CHANNEL_PORT + the data-parallel index (nixl/base_scheduler.py; one engine per
+# node here, so the base alone); 5600 is vLLM's own default (vllm/envs.py). With the pull connector
+# the decode pool connects to the prefill pool's, with push the other way: members only, scope
+# cluster, and the firewall admits it from the other pool's nodes only.
+KV_SIDE_CHANNEL = "kv-side-channel"
+KV_SIDE_CHANNEL_ROW = PortEntry(name=KV_SIDE_CHANNEL, port=5600, scope=Scope.CLUSTER, required=False)
+# NIXL's UCX backend over TCP listens on ports it takes from UCX_TCP_PORT_RANGE, five per
+# process (measured with nixl-cu12 1.5.1's UCX 1.23: two servers used all of a 10-port range),
+# one process per tensor-parallel rank. Over RDMA (RoCE, InfiniBand) UCX opens no TCP port for the
+# data; the row stays so a fallback to TCP has pinned ports too. Not used by LIBFABRIC (EFA is not IP).
+KV_DATA = "kv-data"
+KV_DATA_ROW = PortEntry(name=KV_DATA, port="5601-5680", scope=Scope.CLUSTER, required=False)
+UCX_PORTS_PER_PROCESS = 5
 
 # What a replica that spans nodes opens at ports nothing pins (vLLM 0.33.0, config.DEFAULT_IMAGE;
 # the pinned ones, `--master-port` and Ray's, are laid into the cluster row by

@@ -50,7 +50,7 @@ def test_a_written_router_row_moves_the_router(bare_metal_raw):
 def test_an_unknown_routing_is_refused_naming_the_key(bare_metal_raw):
     bare_metal_raw["loadBalancer"] = {"routing": "round-robin"}
     assert errors_of(bare_metal_raw) == [
-        "loadBalancer.routing 'round-robin': Input should be 'least-conn' or 'cache-aware'"
+        "loadBalancer.routing 'round-robin': Input should be 'least-conn', 'cache-aware' or 'kv-aware'"
     ]
 
 
@@ -127,5 +127,5 @@ def test_the_scale_out_flag_is_the_programs_refused_in_vllm_flags(bare_metal_raw
     bare_metal_raw["model"] = {"vllmFlags": {"--enable-scale-out": True}}
     assert errors_of(bare_metal_raw) == [
         "model.vllmFlags --enable-scale-out True is set by the program from loadBalancer.routing "
-        "(cache-aware: vLLM's router tokenizes through it); remove it"
+        "(cache-aware, kv-aware: vLLM's router tokenizes through it); remove it"
     ]

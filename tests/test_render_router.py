@@ -4,6 +4,7 @@ rollout makes (run against a loopback stand-in of the router's admin routes)."""
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import subprocess
 import threading
@@ -207,3 +208,113 @@ def test_router_running_is_0_without_a_router_or_an_answer(tmp_path):
 
 def test_the_address_line_names_the_api_then_the_metrics_listener():
     assert router.address_line(("127.0.0.1", 30000)) == "127.0.0.1:30000 127.0.0.1:29000"
+
+
+# ---------------------------------------------------------------- kv-aware
+
+
+def kv_aware(raw: dict) -> dict:
+    raw["loadBalancer"] = {"routing": "kv-aware"}
+    return raw
+
+
+def test_kv_aware_subscribes_to_every_heads_events_under_its_worker_url(bare_metal_raw):
+    cluster = validate(kv_aware(bare_metal_raw))
+    argv = router.command(cluster)
+    assert flag(argv, "--policy") == "kv_aware"
+    workers = argv[argv.index("--worker-urls") + 1 : argv.index("--policy")]
+    sources = [argv[i + 1] for i, word in enumerate(argv) if word == "--kv-event-source"]
+    # Keyed by the worker's URL as --worker-urls names it, the head's publisher at the kv-events row.
+    assert sources == [f"{url}=tcp://{url.removeprefix('http://').split(':')[0]}:5557" for url in workers]
+    assert len(sources) == 4
+    assert flag(argv, "--kv-event-block-size") == "16"
+    assert flag(argv, "--kv-event-model") == cluster.model.name
+    # cache_aware's own knobs mean nothing to kv_aware.
+    assert not {"--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold"} & set(argv)
+
+
+def test_cache_aware_renders_no_kv_event_flag(bare_metal_raw):
+    argv = router.command(validate(cache_aware(bare_metal_raw)))
+    assert not [word for word in argv if word.startswith("--kv-event")]
+
+
+def test_kv_aware_on_aws_names_the_proxies_listeners_and_the_heads_publishers(aws_raw):
+    cluster = validate(kv_aware(aws_raw))
+    argv = router.command(cluster)
+    sources = [argv[i + 1] for i, word in enumerate(argv) if word == "--kv-event-source"]
+    assert sources == [f"http://{head.ip}:30001=tcp://{head.ip}:5557" for head in cluster.topology.heads]
+
+
+def test_the_replicas_publish_their_events_where_the_router_subscribes(bare_metal_raw):
+    from qwen_cluster.render import vllm
+
+    cluster = validate(kv_aware(bare_metal_raw))
+    head = cluster.topology.heads[0].name
+    argv = vllm.serve_argv(cluster, head)
+    configs = [word.split("=", 1)[1] for word in argv if word.startswith("--kv-events-config=")]
+    assert len(configs) == 1
+    # A wildcard: vLLM binds only such an endpoint and connects to any other (kv_events.py).
+    assert json.loads(configs[0]) == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+    }
+    assert "--block-size=16" in argv and "--enable-scale-out" in argv
+    # cache-aware publishes nothing and leaves the block size to vLLM.
+    plain = vllm.serve_argv(validate(cache_aware(bare_metal_raw)), head)
+    assert not [word for word in plain if word.startswith(("--kv-events-config", "--block-size"))]
+
+
+def test_a_given_block_size_is_the_routers_and_rendered_once(bare_metal_raw):
+    from qwen_cluster.render import vllm
+
+    raw = kv_aware(bare_metal_raw)
+    raw["model"] = {"vllmFlags": {"--block-size": 128}}
+    cluster = validate(raw)
+    assert flag(router.command(cluster), "--kv-event-block-size") == "128"
+    argv = vllm.serve_argv(cluster)
+    assert [word for word in argv if word.startswith("--block-size")] == ["--block-size=128"]
+
+
+def test_every_member_of_a_multi_node_replica_keeps_the_routers_block_size(bare_metal_raw):
+    from qwen_cluster.render import vllm
+
+    raw = kv_aware(bare_metal_raw)
+    raw["model"] = {"pipelineParallel": 2}
+    cluster = validate(raw)
+    member = next(
+        node for node in cluster.topology.replicas[0].members if node is not cluster.topology.heads[0]
+    )
+    headless = vllm.headless_argv(cluster, member.name)
+    assert "--block-size=16" in headless
+    assert not [word for word in headless if word.startswith("--kv-events-config")]
+
+
+def test_kv_aware_adds_the_kv_events_row_members_only(bare_metal_raw):
+    cluster = validate(kv_aware(bare_metal_raw))
+    row = next(entry for entry in cluster.ports if entry.name == ports.KV_EVENTS)
+    assert (row.port.low, row.scope) == (5557, ports.Scope.CLUSTER)
+    assert cluster.kv_events_port == 5557
+    assert validate(cache_aware(bare_metal_raw)).kv_events_port is None
+
+
+def test_a_kv_events_row_open_to_clients_is_refused(bare_metal_raw):
+    raw = kv_aware(bare_metal_raw)
+    raw["ports"] = [
+        {"name": "model-service", "port": 5000, "scope": "clients"},
+        {"name": "inter-node", "port": "6000-6100", "scope": "cluster"},
+        {"name": "kv-events", "port": 5557, "scope": "clients"},
+    ]
+    with pytest.raises(
+        ValueError, match=r"ports entry kv-events \(5557, scope clients\) must be a single port"
+    ):
+        validate(raw)
+
+
+def test_a_block_size_the_router_cannot_take_is_refused_by_key_and_value(bare_metal_raw):
+    raw = kv_aware(bare_metal_raw)
+    raw["model"] = {"vllmFlags": {"--block-size": "big"}}
+    with pytest.raises(
+        ValueError, match=r"model.vllmFlags --block-size 'big' must be a positive whole number"
+    ):
+        validate(raw)

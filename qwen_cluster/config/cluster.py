@@ -16,6 +16,7 @@ from qwen_cluster import topology as topology_module
 from qwen_cluster.config import limits
 from qwen_cluster.config.rules import cross_errors
 from qwen_cluster.config.sections import (
+    KV_BLOCK_SIZE,
     Access,
     AwsTarget,
     BareMetalTarget,
@@ -25,6 +26,7 @@ from qwen_cluster.config.sections import (
     Network,
     Node,
     Rollout,
+    Serving,
     Target,
     Tuning,
 )
@@ -70,6 +72,12 @@ class ClusterConfig(Section):
     monitoring: Monitoring = Field(
         default=Monitoring(),
         description="Every node's metrics endpoint, and the cluster's own Prometheus and Alertmanager.",
+    )
+    serving: Serving = Field(
+        default=Serving(),
+        description="How the replicas split the work: `aggregated` (each prefills and decodes its own "
+        "requests) or `disaggregated` (a prefill pool hands each prompt's KV cache to a decode pool over "
+        "NIXL; `serving` below, docs/disaggregation.md).",
     )
     rollout: Rollout = Field(
         default=Rollout(),
@@ -123,11 +131,31 @@ class ClusterConfig(Section):
         return port_table.model_port(self.ports)
 
     @property
+    def disaggregated(self) -> bool:
+        return self.serving.mode == "disaggregated"
+
+    @property
     def router_port(self) -> int | None:
-        """vLLM's router's port (the `router` row) with loadBalancer.routing cache-aware, else None."""
-        if self.load_balancer.routing != "cache-aware":
+        """vLLM's router's port (the `router` row) with loadBalancer.routing cache-aware or
+        kv-aware, or serving.mode disaggregated (the router in P/D mode), else None."""
+        if not self.load_balancer.routed and not self.disaggregated:
             return None
         return port_table.port_of(self.ports, port_table.ROUTER)
+
+    @property
+    def kv_events_port(self) -> int | None:
+        """Where each replica head publishes its KV-cache events (the `kv-events` row) with
+        loadBalancer.routing kv-aware, else None."""
+        if self.load_balancer.routing != "kv-aware":
+            return None
+        return port_table.port_of(self.ports, port_table.KV_EVENTS)
+
+    @property
+    def kv_block_size(self) -> int:
+        """The replicas' KV block size in tokens: model.vllmFlags `--block-size`, else
+        sections.KV_BLOCK_SIZE (rendered explicitly with kv-aware routing, render/vllm.py)."""
+        given = self.model.vllm_flags.get("--block-size")
+        return KV_BLOCK_SIZE if given is None else int(given)
 
     @property
     def router_worker_port(self) -> int | None:
@@ -168,6 +196,25 @@ class ClusterConfig(Section):
         if self.aws:
             return self.instance.gpu_memory_gb
         return self.bare_metal.gpu_memory_gb
+
+    @property
+    def gpu_model(self) -> str | None:
+        """The GPU, as the catalog names it: the instance type's on AWS, bareMetal.gpuModel (if stated)."""
+        if self.aws:
+            return self.instance.gpu_model if self.instance else None
+        return self.bare_metal.gpu_model if self.bare_metal else None
+
+    def kv_side_channel_host(self, node: Node) -> str:
+        """The address `node`'s NIXL side channel binds and advertises (serving.kvTransfer)."""
+        return self.serving.kv_transfer.side_channel_hosts.get(node.name, str(node.ip))
+
+    @property
+    def kv_backend(self) -> str | None:
+        """serving.kvTransfer.backend in effect (libfabric on aws, ucx on bare metal), or None
+        when aggregated."""
+        if not self.disaggregated:
+            return None
+        return self.serving.kv_transfer.backend_on(aws=self.aws is not None)
 
     @property
     def bandwidth_gbps(self) -> float:

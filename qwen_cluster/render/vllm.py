@@ -20,6 +20,7 @@ config.DEFAULT_VLLM_FLAGS.
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from qwen_cluster import catalog
@@ -87,6 +88,7 @@ def _engine_flags(cluster: ClusterConfig, node_name: str) -> list[str]:
         f"--tensor-parallel-size={topology.tensor_parallel}",
         f"--pipeline-parallel-size={topology.pipeline_parallel}",
         f"--gpu-memory-utilization={catalog.GPU_MEMORY_UTILIZATION}",
+        *block_size_flags(cluster),
     ]
     if topology.pipeline_parallel == 1:
         return flags
@@ -112,6 +114,45 @@ def scale_out_flags(cluster: ClusterConfig) -> list[str]:
     return ["--enable-scale-out"] if cluster.router_port is not None else []
 
 
+def kv_events_endpoint(port: int) -> str:
+    """The replica's KV-event publisher: a ZMQ PUB socket on every interface of the node at the
+    `kv-events` row. Every interface because vLLM binds only an endpoint with a wildcard (vLLM 0.32
+    vllm/distributed/kv_events.py ZmqEventPublisher._is_bind_endpoint: `*`, `::`, ipc or inproc)
+    and *connects* to any other: with `tcp://<node address>:PORT` the publisher dialed out, nothing
+    listened, the router's subscriber (which connects too) received nothing and every
+    `vllm_router_kv_placement_lookups_total` was a miss (measured on loopback, docs/routing.md). The
+    row's scope (cluster) keeps it to members: the host firewall, the security group rules."""
+    return f"tcp://*:{int(port)}"
+
+
+def kv_events_config(port: int) -> str:
+    """`--kv-events-config`'s JSON (vllm/config/kv_events.py KVEventsConfig): events on, the ZMQ
+    publisher at kv_events_endpoint, no topic (the router subscribes to every topic: its static
+    sources have none, vllm-router 0.1.17 `--kv-event-source`)."""
+    return json.dumps(
+        {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_events_endpoint(port)},
+        separators=(",", ":"),
+    )
+
+
+def kv_events_flags(cluster: ClusterConfig) -> list[str]:
+    """A replica head's flags with loadBalancer.routing kv-aware: its KV-cache events published for
+    the router's kv_aware policy (`--kv-events-config`). The block size is block_size_flags'."""
+    if cluster.kv_events_port is None:
+        return []
+    return [f"--kv-events-config={kv_events_config(cluster.kv_events_port)}"]
+
+
+def block_size_flags(cluster: ClusterConfig) -> list[str]:
+    """`--block-size` on every member with kv-aware routing when model.vllmFlags gives none: the
+    router hashes prompts in blocks of cluster.kv_block_size tokens and matches nothing when the
+    replicas' blocks differ (measured with 16 against the CPU build's 128), and vLLM picks the size
+    by platform and attention backend when none is given (vllm/config/cache.py, vllm/platforms/)."""
+    if cluster.kv_events_port is None or "--block-size" in cluster.model.vllm_flags:
+        return []
+    return [f"--block-size={cluster.kv_block_size}"]
+
+
 def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str]:
     """`vllm serve MODEL ...` for a replica head (default: the first)."""
     node_name = node_name or cluster.topology.heads[0].name
@@ -120,6 +161,7 @@ def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str
         f"--port={cluster.topology.model_port}",
         *_engine_flags(cluster, node_name),
         *scale_out_flags(cluster),
+        *kv_events_flags(cluster),
     ]
     extras = [_argument(flag, value) for flag, value in extra_flags(cluster).items()]
     # The repository id (resolved in the staged cache) or the staged S3 copy; clients still ask
