@@ -42,7 +42,13 @@ def bare_metal_raw() -> dict:
 # https://github.com/pytest-dev/pytest-xdist/issues/1386), so the suite brings its scheduler
 # through xdist's pytest_xdist_make_scheduler hook.
 SERIAL_GROUPS = {
-    "real-vllm": ("test_lab_real_vllm", "test_real_vllm", "test_realvllm_setup", "test_real_router", "test_real_pd"),
+    "real-vllm": (
+        "test_lab_real_vllm",
+        "test_real_vllm",
+        "test_realvllm_setup",
+        "test_real_router",
+        "test_real_pd",
+    ),
 }
 # Seconds per module in a clean-clone run (`PYTEST_ADDOPTS=--durations=0 .ci/run`, summed per
 # module, one lab up each); a module that becomes long belongs here.

@@ -40,6 +40,9 @@ from labkit.cluster import routingbench
 from labkit.cluster.blueprint import BRIDGE, MEMBER_IF, PREFIX
 from labkit.hosts import netns
 from labkit.models import realvllm, router
+from qwen_cluster import catalog, kvlink
+from qwen_cluster import ports as port_table
+from qwen_cluster.render import kvtransfer
 from qwen_cluster.render import vllm as vllm_render
 
 LABEL = "pdlab"
@@ -49,10 +52,6 @@ NET = "10.239.80"
 ROUTER_IP = f"{NET}.2"
 ROUTER_PORT = 30000
 ROUTER_METRICS_PORT = 29000
-# vLLM's default side-channel port (vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_PORT); one server per node.
-SIDE_CHANNEL_PORT = 5600
-# UCX takes 5 ports per process from its range (measured: two servers used all of a 10-port range).
-UCX_PORT_RANGE = "5601-5610"
 MODEL = routingbench.MODEL
 # A side-channel host the peer cannot reach: vLLM's default, `localhost` (vllm/envs.py). The prefill
 # server binds it and advertises it; the decode server then knocks on its own loopback. (An
@@ -89,34 +88,10 @@ ROUTER_NS = f"{PREFIX}{LABEL}-router"
 # ---------------------------------------------------------------- what the servers run
 
 
-def kv_transfer(
-    node: Node, policy: str, side_channel_host: str | None = None
-) -> tuple[list[str], dict[str, str]]:
-    """The vLLM flag and the environment of `node`'s role (measured: REAL-COMPONENTS, P/D over
-    NIXL): NixlConnector with the KV buffer on the CPU over NIXL's UCX backend; UCX on TCP only,
-    on the node's lab NIC, its ports pinned; the side channel on the node's own address (vLLM
-    advertises this string to the peer: vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_HOST, default
-    `localhost`). `policy` is the decode side's `kv_load_failure_policy` (vllm/config/
-    kv_transfer.py: `fail` or `recompute`)."""
-    config = {
-        "kv_connector": "NixlConnector",
-        "kv_role": node.role,
-        "kv_buffer_device": "cpu",
-        "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": {"backends": ["UCX"]},
-    }
-    env = {
-        "UCX_TLS": "tcp",
-        "UCX_NET_DEVICES": MEMBER_IF,
-        "UCX_TCP_PORT_RANGE": UCX_PORT_RANGE,
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": side_channel_host or node.ip,
-        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(SIDE_CHANNEL_PORT),
-    }
-    return [f"--kv-transfer-config={json.dumps(config, separators=(',', ':'))}"], env
-
-
-def _cluster():
-    """The onprem stack on the lab's two nodes, for the rendered `vllm serve` line."""
+def stack(policy: str = "fail"):
+    """The onprem stack on the lab's two nodes, disaggregated: `prefill` the prefill pool,
+    `decode` the decode pool, NIXL over UCX on TCP, `policy` its serving.kvTransfer.loadFailurePolicy.
+    Its gpuModel (H100) is what the config wants for the link floor; the lab does not use it."""
     from qwen_cluster import config
     from tooling import stackfile
 
@@ -127,36 +102,61 @@ def _cluster():
     ]
     raw["network"] = {**raw["network"], "cidr": f"{NET}.0/24"}
     raw.pop("monitoring", None)
-    raw["bareMetal"] = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
-    raw["bareMetal"]["loadBalancerNode"] = PREFILL.name
+    bare_metal = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
+    raw["bareMetal"] = {**bare_metal, "loadBalancerNode": PREFILL.name, "gpuModel": "H100"}
+    raw["serving"] = {
+        "mode": "disaggregated",
+        "prefill": {"nodes": [PREFILL.name]},
+        "decode": {"nodes": [DECODE.name]},
+        "kvTransfer": {"backend": "ucx", "loadFailurePolicy": policy},
+    }
     return config.validate(raw)
 
 
 def server_command(
-    node: Node, policy: str, side_channel_host: str | None = None
+    node: Node, policy: str = "fail", side_channel_host: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """The server's argv and environment: the rendered line with CPU_CHANGES and the role's
-    KV transfer; the lab's CPU environment (realvllm.CPU_ENVIRONMENT) and its core."""
-    cluster = _cluster()
-    argv = realvllm.cpu_serve_argv(
-        vllm_render.serve_argv(cluster, node.name), realvllm.ensure_model(), KV_CACHE_BYTES
-    )
-    flags, kv_env = kv_transfer(node, policy, side_channel_host)
+    """The server's argv and environment as the program renders them for its pool
+    (qwen_cluster/render/vllm.py, and qwen_cluster/render/kvtransfer.py for NIXL: the
+    `--kv-transfer-config`, the side channel on the node's own address, UCX on TCP on the lab NIC
+    with its ports in the kv-data row) with the lab's CPU changes (realvllm.CPU_CHANGES: the KV
+    buffer in host memory), the lab's CPU environment and the engine's core. `side_channel_host`
+    replaces the rendered one: a departure the config refuses, for the failure rehearsal."""
+    cluster = stack(policy)
+    member = next(each for each in cluster.nodes if each.name == node.name)
+    rendered = vllm_render.serve_argv(cluster, node.name)
+    config, kv_env = kvtransfer.for_node(cluster, member, tcp_device=MEMBER_IF)
+    if not any(word.startswith("--kv-transfer-config") for word in rendered):
+        rendered.append(f"--kv-transfer-config={kvtransfer.kv_transfer_flag(config)}")
+    argv = realvllm.cpu_serve_argv(rendered, realvllm.ensure_model(), KV_CACHE_BYTES)
     env = {key: value for key, value in os.environ.items() if key not in realvllm.CPU_ENVIRONMENT_REMOVED}
     env.update({key: value for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items()})
     env.update(vllm_render.environment(cluster, node.name))
     env.update(kv_env)
+    if side_channel_host:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = side_channel_host
     env["VLLM_CPU_OMP_THREADS_BIND"] = str(node.core % (os.cpu_count() or 1))
-    return [str(realvllm.ensure_venv() / "bin" / "vllm"), *argv[1:], *flags], env
+    return [str(realvllm.ensure_venv() / "bin" / "vllm"), *argv[1:]], env
 
 
-def kv_bytes_per_token(model_dir: Path) -> int:
-    """The model's KV bytes per token from its config: K and V x layers x KV heads x head size x
-    the dtype's bytes (the tiny Qwen3: 2 x 2 x 2 x 32 x 2 = 512)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[config.get("dtype") or config["torch_dtype"]]
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * dtype_bytes
+def side_channel_port() -> int:
+    return port_table.port_of(stack().ports, port_table.KV_SIDE_CHANNEL)
+
+
+def tiny_model() -> catalog.ModelWeights:
+    """The tiny Qwen3 (labkit/models/tinymodel.py) as the catalog describes a model, from its
+    config.json: its KV bytes per token by the catalog's own arithmetic (2 x 2 layers x 2 KV heads
+    x head size 32 x 2 bytes = 512)."""
+    config = json.loads((realvllm.ensure_model() / "config.json").read_text())
+    return catalog.ModelWeights(
+        "tiny-qwen3",
+        0.000131,
+        2.0,
+        config["num_attention_heads"],
+        config["num_hidden_layers"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+    )
 
 
 # ---------------------------------------------------------------- the lab
@@ -312,7 +312,7 @@ class Lab:
         if closed:
             rules = (
                 "table inet qclpd {\n chain out {\n  type filter hook output priority 0;\n"
-                f"  ip daddr {PREFILL.ip} tcp dport {SIDE_CHANNEL_PORT} drop\n }}\n}}\n"
+                f"  ip daddr {PREFILL.ip} tcp dport {side_channel_port()} drop\n }}\n}}\n"
             )
             netns.exec_in(DECODE.namespace, ["nft", "-f", "-"], input=rules)
 
@@ -535,23 +535,24 @@ def pulled_bytes(prompt_tokens: int, kv_per_token: int, block: int = 128) -> int
 
 # ---------------------------------------------------------------- the scaling
 
-# Qwen3-32B (qwen_cluster/catalog.py): 64 layers x 8 KV heads x head size 128 x K and V x 2 bytes
-# (BF16) = 256 KiB of KV per token; one H100 prefills ~7,500 tokens/s (2 x 32.8 G FLOPs a token at
-# ~50 % of its 989 dense BF16 TFLOP/s), so it makes KV at 7,500 x 256 KiB x 8 = 15.7 Gbit/s.
-QWEN_KV_BYTES_PER_TOKEN = 2 * 64 * 8 * 128 * 2
-QWEN_PREFILL_TOKENS_PER_SECOND = 7500
+# What the lab's links stand for: Qwen3-32B prefilled by one H100 (qwen_cluster/kvlink.py, the
+# policy pack's arithmetic: 256 KiB of KV per token at ~7.5k tokens/s, KV at ~15.8 Gbit/s) on
+# these links.
+QWEN = catalog.MODELS["Qwen/Qwen3-32B"]
+QWEN_GPU = catalog.GPUS["H100"]
 QWEN_LINKS_GBIT = (10, 100, 400)
 
 
-def equivalent_mbit(
-    link_gbit: float, tiny_prefill_tokens_per_second: float, tiny_kv_bytes_per_token: int
-) -> float:
+def qwen_kv_gbps() -> float:
+    return kvlink.kv_gbps(kvlink.prefill_tokens_per_second(QWEN_GPU, QWEN), QWEN.kv_bytes_per_token())
+
+
+def equivalent_mbit(link_gbit: float, tiny_kv_gbps: float) -> float:
     """The lab link on which the tiny model's KV takes the same share of its prefill time as
-    Qwen3-32B's on `link_gbit`: transfer/prefill = KV rate/link, so the link scales by the ratio
-    of the KV rates (the tiny model's on this CPU over Qwen3-32B's on an H100)."""
-    tiny = tiny_prefill_tokens_per_second * tiny_kv_bytes_per_token * 8
-    qwen = QWEN_PREFILL_TOKENS_PER_SECOND * QWEN_KV_BYTES_PER_TOKEN * 8
-    return link_gbit * 1000 * tiny / qwen
+    Qwen3-32B's on `link_gbit`: that share is KV rate / link (kvlink.LinkDemand.prefill_share),
+    so the link scales by the ratio of the KV rates (the tiny model's on this CPU, measured,
+    over Qwen3-32B's on an H100)."""
+    return link_gbit * 1000 * tiny_kv_gbps / qwen_kv_gbps()
 
 
 def prefill_rate(lab: Lab, rng: random.Random, requests: int = 3, characters: int = 3000) -> float:
@@ -622,7 +623,7 @@ def benchmark(
     arithmetic and TTFT next to aggregated, then the failures (side channel firewalled, a wrong
     side-channel host, under `fail` and `recompute`) and an expired KV lease."""
     rng = random.Random(39)
-    kv_per_token = kv_bytes_per_token(realvllm.ensure_model())
+    kv_per_token = tiny_model().kv_bytes_per_token()
     figures: dict[str, Any] = {"kvBytesPerToken": kv_per_token}
     started = time.monotonic()
     with up(decode_policy="fail") as lab:
@@ -664,16 +665,13 @@ def benchmark(
         log(f"identical to aggregated (tokens and log-probs): {same}; moved: {moved}")
         tiny_rate = prefill_rate(lab, rng, characters=characters)
         figures["tinyPrefillTokensPerSecond"] = round(tiny_rate)
-        figures["tinyKvGbitPerSecond"] = round(tiny_rate * kv_per_token * 8 / 1e9, 4)
-        figures["qwenKvGbitPerSecond"] = round(
-            QWEN_PREFILL_TOKENS_PER_SECOND * QWEN_KV_BYTES_PER_TOKEN * 8 / 1e9, 2
-        )
-        log(
-            f"tiny prefill {tiny_rate:.0f} tokens/s: KV at {figures['tinyKvGbitPerSecond'] * 1000:.1f} Mbit/s"
-        )
+        tiny_kv_gbps = kvlink.kv_gbps(tiny_rate, kv_per_token)
+        figures["tinyKvGbitPerSecond"] = round(tiny_kv_gbps, 4)
+        figures["qwenKvGbitPerSecond"] = round(qwen_kv_gbps(), 2)
+        log(f"tiny prefill {tiny_rate:.0f} tokens/s: KV at {tiny_kv_gbps * 1000:.1f} Mbit/s")
         rows = []
         for link in (None, *rates):
-            mbit = equivalent_mbit(link, tiny_rate, kv_per_token) if link else None
+            mbit = equivalent_mbit(link, tiny_kv_gbps) if link else None
             lab.shape(mbit)
             # One request first, not counted: the first transfer on a new qdisc took 11.8 s once
             # where the next ones took the arithmetic's 0.8 s (measured at 14.6 Mbit/s).
