@@ -1,6 +1,7 @@
 """`make bench`: the render benchmarks (tooling/bench.py) and the lab's: `lab up` per size, the
 load balancer against a replica reached directly (wrk), the lane rehearsal under client load,
-the real vLLM (CPU) through an image bump, the AWS node side (labkit/aws/).
+the real vLLM (CPU) through an image bump, the AWS node side (labkit/aws/), the routing benchmark and
+prefill/decode over NIXL (labkit/cluster/pdlab.py).
 Figures measured in one run; the lab's need root and network namespaces."""
 
 from __future__ import annotations

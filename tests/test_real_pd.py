@@ -68,7 +68,7 @@ def test_the_disaggregated_answer_is_the_aggregated_one_and_its_kv_crossed_the_w
     rng = random.Random(2)
     text = pdlab.prompt(rng, CHARACTERS)
     # The prefill server asked without kv_transfer_params is a plain server: the reference.
-    reference = lab.complete(pdlab.PREFILL.url, text)
+    reference = lab.aggregated(text)
     assert reference.ok, (reference.status, reference.error)
     received = _received_bytes(pdlab.DECODE)
     pulled = pdlab.disaggregated(lab, text)

@@ -233,6 +233,34 @@ class Lab:
                 lambda url=url: self.status(f"{url}/health") == 200, timeout, f"{name}'s /health", name
             )
 
+    def wait_routed(self, node: Node, timeout: float = 60) -> None:
+        """Until the router counts `node` healthy again (its `vllm_router_worker_health`: a worker
+        it saw fail is back only after --health-success-threshold checks, 2 by default, every
+        --health-check-interval-secs; meanwhile it answers 503 "No available workers")."""
+        pattern = re.compile(
+            rf'^vllm_router_worker_health\{{[^}}]*"{re.escape(node.url)}"[^}}]*\}} 1(\.0)?$', re.M
+        )
+
+        def healthy() -> bool:
+            try:
+                return bool(pattern.search(netns.call_in(ROUTER_NS, _get, self.router_metrics_url)))
+            except OSError:
+                return False
+
+        self._wait(healthy, timeout, f"the router's health of {node.name}", "router")
+
+    @property
+    def router_metrics_url(self) -> str:
+        return f"http://{ROUTER_IP}:{ROUTER_METRICS_PORT}/metrics"
+
+    def restart(self, node: Node, policy: str = "fail", side_channel_host: str | None = None) -> None:
+        """`node`'s server stopped and started again (another policy or side-channel host), healthy,
+        and back in the router's set."""
+        self.stop(node.name)
+        self.start_server(node, policy, side_channel_host)
+        self.wait_healthy([node.name])
+        self.wait_routed(node)
+
     def start_router(self) -> None:
         argv = router.pd_command(
             [PREFILL.url], [DECODE.url], host=ROUTER_IP, port=ROUTER_PORT, metrics_port=ROUTER_METRICS_PORT
@@ -325,9 +353,23 @@ class Lab:
         return netns.call_in(ROUTER_NS, lambda: samples(_get(f"{node.url}/metrics")))
 
     def complete(
-        self, base_url: str, prompt: str, max_tokens: int = 8, timeout: float = 300, stream: bool = True
+        self,
+        base_url: str,
+        prompt: str,
+        max_tokens: int = 8,
+        timeout: float = 300,
+        stream: bool = True,
+        salt: str | None = None,
     ) -> Completion:
-        return netns.call_in(ROUTER_NS, complete, base_url, prompt, max_tokens, timeout, stream)
+        return netns.call_in(ROUTER_NS, complete, base_url, prompt, max_tokens, timeout, stream, salt)
+
+    def aggregated(self, text: str, max_tokens: int = 8) -> Completion:
+        """`text` answered whole by the prefill server, asked directly without kv_transfer_params:
+        a plain server. Its prefix cache salted (vLLM's `cache_salt`), so that neither this
+        request nor a later P/D one of the same prompt reuses the other's blocks: each computes
+        the prompt in one pass (a prefix hit recomputes only the last partial block, in a
+        batch of another shape)."""
+        return self.complete(PREFILL.url, text, max_tokens, salt=f"aggregated-{random.getrandbits(64):x}")
 
 
 def _get(url: str, timeout: float = 10) -> str:
@@ -362,7 +404,9 @@ def samples(metrics_text: str) -> dict[str, float]:
     return found
 
 
-def complete(base_url: str, prompt: str, max_tokens: int, timeout: float, stream: bool = True) -> Completion:
+def complete(
+    base_url: str, prompt: str, max_tokens: int, timeout: float, stream: bool = True, salt: str | None = None
+) -> Completion:
     """One completion at temperature 0 with each token's log-prob: streamed, the time to its
     first token; its tokens and log-probs. An error vLLM reports inside a stream (its status is
     200 by then: `{"error": ...}` as an event) is the result's error. One write per request and
@@ -379,6 +423,8 @@ def complete(base_url: str, prompt: str, max_tokens: int, timeout: float, stream
     }
     if stream:
         request["stream_options"] = {"include_usage": True}
+    if salt:
+        request["cache_salt"] = salt
     body = json.dumps(request).encode()
     host, port = base_url.removeprefix("http://").split(":")
     started = time.monotonic()
@@ -526,6 +572,17 @@ def identical(a: Completion, b: Completion) -> bool:
     return a.ok and b.ok and a.tokens == b.tokens and a.logprobs == b.logprobs
 
 
+def difference(a: Completion, b: Completion) -> dict[str, Any]:
+    """How two answers differ: tokens that differ, the largest log-prob difference."""
+    return {
+        "tokensDiffering": sum(x != y for x, y in zip(a.tokens, b.tokens, strict=False))
+        + abs(len(a.tokens) - len(b.tokens)),
+        "maxLogprobDifference": max(
+            (abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=False)), default=None
+        ),
+    }
+
+
 def pulled_bytes(prompt_tokens: int, kv_per_token: int, block: int = 128) -> int:
     """What a decode server pulls for a prompt: every block the prompt touches, the last one
     partly filled too (vLLM's CPU block is 128 tokens, vllm/platforms/cpu.py), each slot's KV
@@ -643,12 +700,13 @@ def benchmark(
             first.append(round(pulled.completion.seconds, 2))
         figures["firstRequestsSeconds"] = first
         log(f"first P/D requests: {first} s")
-        same, moved = [], []
+        same, moved, differences = [], [], []
         for _ in range(4):
             text = prompt(rng, characters)
-            reference = lab.complete(PREFILL.url, text)
+            reference = lab.aggregated(text)
             pulled = disaggregated(lab, text)
             same.append(identical(reference, pulled.completion))
+            differences.append(difference(reference, pulled.completion))
             # Its blocks came over the wire, and the decode side counts the prompt as external hits.
             tokens = pulled.completion.prompt_tokens
             moved.append(
@@ -661,8 +719,9 @@ def benchmark(
                 }
             )
         figures["identicalToAggregated"] = all(same)
+        figures["differences"] = differences
         figures["moved"] = moved
-        log(f"identical to aggregated (tokens and log-probs): {same}; moved: {moved}")
+        log(f"identical to aggregated (tokens and log-probs): {same} {differences}; moved: {moved}")
         tiny_rate = prefill_rate(lab, rng, characters=characters)
         figures["tinyPrefillTokensPerSecond"] = round(tiny_rate)
         tiny_kv_gbps = kvlink.kv_gbps(tiny_rate, kv_per_token)
@@ -680,7 +739,7 @@ def benchmark(
             shaped_before = lab.qdisc_counts()
             for _ in range(requests):
                 text = prompt(rng, characters)
-                references.append(lab.complete(PREFILL.url, prompt(rng, characters)))
+                references.append(lab.aggregated(prompt(rng, characters)))
                 pulls.append(disaggregated(lab, text))
             shaped = lab.qdisc_counts()
             lab.shape(None)
@@ -712,14 +771,10 @@ def benchmark(
         figures["expiredLease"] = expired_lease(lab, rng, characters)
         log(f"expired lease: {figures['expiredLease']}")
         # A wrong side-channel host: the prefill server advertises `localhost`.
-        lab.stop("prefill")
-        lab.start_server(PREFILL, side_channel_host=UNREACHABLE_HOST)
-        lab.wait_healthy(["prefill"])
+        lab.restart(PREFILL, side_channel_host=UNREACHABLE_HOST)
         failures["wrongSideChannelHost"] = {"fail": failed_load(lab, rng, "fail")}
         log(f"wrong side-channel host, fail: {failures['wrongSideChannelHost']['fail']}")
-        lab.stop("decode")
-        lab.start_server(DECODE, "recompute")
-        lab.wait_healthy(["decode"])
+        lab.restart(DECODE, "recompute")
         failures["wrongSideChannelHost"]["recompute"] = failed_load(lab, rng, "recompute")
         log(f"wrong side-channel host, recompute: {failures['wrongSideChannelHost']['recompute']}")
         figures["failures"] = failures
