@@ -316,14 +316,16 @@ class Lab:
         """The prefill node's egress (the KV's direction: the decode side reads the blocks) through
         a token bucket of `mbit` (tc-tbf(8); netem does not exist on this kernel), or unshaped.
         The bucket holds 10 ms of the rate (at least 64 KiB: a veth hands TCP segments of up to
-        64 KiB), the queue 1 s."""
+        64 KiB); the queue 8 MiB, more than a prompt's KV here: a NIC at line rate backs up into
+        the sender rather than dropping, and a queue of 1 s at 2.2 Mbit/s (275 kB) dropped 729
+        packets of 1.4 MB transfers, which then took 7.9 s instead of the arithmetic's 5.3 s."""
         netns.exec_in(PREFILL.namespace, ["tc", "qdisc", "del", "dev", MEMBER_IF, "root"], check=False)
         if mbit:
             burst = max(64 * 1024, int(mbit * 1e6 / 8 / 100))
             netns.exec_in(
                 PREFILL.namespace,
                 ["tc", "qdisc", "add", "dev", MEMBER_IF, "root", "tbf", "rate", f"{int(mbit * 1000)}kbit",
-                 "burst", str(burst), "latency", "1s"],
+                 "burst", str(burst), "limit", str(8 * 2**20)],
             )  # fmt: skip
 
     def qdisc_counts(self) -> dict[str, int]:
@@ -372,7 +374,9 @@ class Lab:
         return self.complete(PREFILL.url, text, max_tokens, salt=f"aggregated-{random.getrandbits(64):x}")
 
 
-def _get(url: str, timeout: float = 10) -> str:
+def _get(url: str, timeout: float = 60) -> str:
+    """A page (a server's /metrics), waited for: under load (two NIXL spinners on two cores, and the
+    machine shared) a decode server's /metrics once took over 10 s."""
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=timeout) as response:
