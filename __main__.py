@@ -2,6 +2,7 @@
 
 import pulumi
 
+from components import kvlink
 from qwen_cluster import config, summary
 
 try:
@@ -12,6 +13,9 @@ except config.ConfigError as error:
     raise pulumi.RunError(str(error)) from None
 
 pulumi.export("summary", summary.summary(cluster))
+
+# A disaggregated stack declares its KV path for the policy pack (components/kvlink.py).
+kvlink.declare(cluster)
 
 if cluster.target is config.Target.AWS:
     from components import aws

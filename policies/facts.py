@@ -1,6 +1,6 @@
-"""What the stack intends, as the policies judge it: its port table, CIDRs, listener and EFA choice,
-read from the stack config the engine hands the pack (or set by the offline harness), and the
-advisory policy that says which checks were relaxed when there is no stack config.
+"""What the stack intends, as the policies judge it: its port table, CIDRs, listener, EFA choice and
+KV path, read from the stack config the engine hands the pack (or set by the offline harness), and
+the advisory policy that says which checks were relaxed when there is no stack config.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import functools
 import ipaddress
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pulumi_policy import ReportViolation, Severity, StackValidationArgs
 
 from policies.declaration import ADVISORY, Settings, stack_policy
-from qwen_cluster import config
+from qwen_cluster import config, kvlink
 from qwen_cluster.ports import DEFAULT_PORTS, MONITORING_NODE_ROWS, PortEntry, PortRange, Scope
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -40,6 +41,9 @@ class Facts:
     monitoring_node: str | None = None  # where Prometheus and Alertmanager run (monitoring.node)
     api_keys: bool = False  # access.apiKeys set (the endpoint checks keys)
     tls: bool = False  # loadBalancer.tls set (clients speak TLS to the endpoint)
+    # serving.mode disaggregated: what the stack declares about its KV path
+    # (qwen_cluster.kvlink.declaration); None when aggregated or without the stack config.
+    kv_link: Mapping[str, Any] | None = field(default=None, compare=False)
     known: bool = False  # read from the stack config
     unknown_because: str = ""
 
@@ -97,6 +101,7 @@ def facts_for(cluster: config.ClusterConfig | None, unknown_because: str = NO_CO
         monitoring_node=cluster.monitoring_node.name if cluster.monitoring_node else None,
         api_keys=bool(cluster.access.api_keys),
         tls=cluster.load_balancer.tls is not None,
+        kv_link=kvlink.declaration(cluster),
         known=True,
     )
 

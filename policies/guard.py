@@ -18,7 +18,18 @@ from typing import Any
 
 from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 
-from policies import bandwidth, baseline, containers, efa, endpoint, exposure, facts, nodes, paths
+from policies import (
+    bandwidth,
+    baseline,
+    containers,
+    disaggregation,
+    efa,
+    endpoint,
+    exposure,
+    facts,
+    nodes,
+    paths,
+)
 from policies.declaration import Declared, Schema
 
 __all__ = ["DECLARED", "PACK_NAME", "POLICIES", "SCHEMAS", "STACK", "settings"]
@@ -32,6 +43,9 @@ DECLARED: tuple[Declared, ...] = (
     paths.required_paths,
     efa.efa_placement,
     nodes.node_count,
+    disaggregation.kv_link_floor,
+    disaggregation.kv_link_share,
+    disaggregation.kv_transport,
     baseline.imdsv2,
     baseline.ebs_encryption,
     baseline.no_public_ip,

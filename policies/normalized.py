@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qwen_cluster import catalog, world
+from qwen_cluster import catalog, kvlink, world
 from qwen_cluster import tags as contract
 from qwen_cluster.ports import PortRange, parse_port_range
 from qwen_cluster.render import firewall
@@ -44,6 +44,7 @@ RULE_TYPES = (SECURITY_GROUP, SECURITY_GROUP_RULE, INGRESS_RULE, EGRESS_RULE)
 
 # The tag contract with the components, defined once in qwen_cluster/tags.py.
 ROLE_TAG = contract.ROLE_TAG
+NODE_TAG = contract.NODE_TAG  # the node's name from qwen-cluster:nodes, on AWS GPU nodes
 GPU_NODE = contract.GPU_NODE
 NODE_SG = contract.NODE_SG
 LB_SG = contract.LB_SG
@@ -521,6 +522,37 @@ def firewall_documents(props: Any) -> list[HostFirewall]:
             )
         )
     return documents
+
+
+# --- disaggregated serving -------------------------------------------------------------------
+
+KV_LINK = kvlink.DECLARATION_TYPE
+KV_LINK_SCHEMA = kvlink.SCHEMA
+
+
+def plain(value: Any) -> Any:
+    """A property as plain Python (dicts, lists, strings, numbers), read through the engine's proxy;
+    UNKNOWN when any part of it is unknown (a preview)."""
+    if isinstance(value, Mapping):
+        result = {}
+        for key in value:
+            inner = plain(get(value, key))
+            if inner is UNKNOWN:
+                return UNKNOWN
+            result[str(key)] = inner
+        return result
+    if is_list(value):
+        listed = [plain(get(value, index)) for index in range(len(value))]
+        return UNKNOWN if any(item is UNKNOWN for item in listed) else listed
+    return value
+
+
+def kv_link_declaration(resource_type: str, props: Any) -> dict[str, Any] | Unknown | None:
+    """The `qwen-cluster/kv-link@1` document a disaggregated stack registers
+    (qwen_cluster/kvlink.py declaration), as plain data; None on any other resource."""
+    if resource_type != KV_LINK or get(props, "schema") != KV_LINK_SCHEMA:
+        return None
+    return plain(props)
 
 
 # --- commands and user data -------------------------------------------------------------------

@@ -91,14 +91,19 @@ class LinkDemand:
     @property
     def advised_gbps(self) -> float:
         """The per-node link that keeps the transfer within TRANSFER_SHARE of the prefill."""
-        return self.floor_gbps / TRANSFER_SHARE
+        return self.advised_for(TRANSFER_SHARE)
+
+    def advised_for(self, share: float) -> float:
+        """The per-node link that keeps the transfer within `share` of the prefill time."""
+        return self.floor_gbps / share
 
     @property
     def carried(self) -> bool:
         return self.share <= 1.0
 
-    def figures(self) -> str:
-        """The arithmetic in one line, for messages: every number a reader needs to redo it."""
+    def figures(self, share: float = TRANSFER_SHARE) -> str:
+        """The arithmetic in one line, for messages: every number a reader needs to redo it
+        (`share`: the bar the last figure is given for, TRANSFER_SHARE unless a policy says)."""
         return (
             f"{self.model} holds {self.kv_bytes_per_token:,} B of KV per token; "
             f"{self.rate_source} prefills ~{self.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, so a "
@@ -106,40 +111,99 @@ class LinkDemand:
             f"{self.kv_gbps_per_prefill_node:,.1f} Gbit/s of KV; {self.prefill_nodes} prefill and "
             f"{self.decode_nodes} decode nodes on {self.link_gbps:g} Gbit/s ({self.link_source}): the "
             f"transfer takes {self.share:.0%} of the prefill time (link floor "
-            f"{self.floor_gbps:,.1f} Gbit/s per node, {self.advised_gbps:,.0f} Gbit/s to keep it under "
-            f"{TRANSFER_SHARE:.0%})"
+            f"{self.floor_gbps:,.1f} Gbit/s per node, {self.advised_for(share):,.0f} Gbit/s to keep it under "
+            f"{share:.0%})"
         )
 
 
-def demand(cluster) -> LinkDemand | None:
-    """The link demand of a validated ClusterConfig with serving.mode disaggregated, else None
-    (also None when the figures are unknown: a model or GPU outside the catalog, which the config
-    rules refuse by name)."""
+# The document a disaggregated stack registers for the policy pack (`declaration`, registered by
+# components/kvlink.py): what the link floor is derived from, so that a pack started without the
+# stack config (`pulumi policy analyze`) judges the same figures. Over gRPC its numbers arrive as
+# doubles; `demand_of` reads them either way.
+SCHEMA = "qwen-cluster/kv-link@1"
+# The type token of the component that carries it (components/kvlink.py), as the pack finds it.
+DECLARATION_TYPE = "qwen-cluster:serving:KvLink"
+
+
+def declaration(cluster) -> dict | None:
+    """What a validated ClusterConfig with serving.mode disaggregated declares about its KV path,
+    as plain data (None when aggregated):
+
+        {"schema": "qwen-cluster/kv-link@1", "target": "aws", "model": "Qwen/Qwen3-32B",
+         "kvCacheDtype": "auto", "gpuModel": "H100", "backend": "libfabric",
+         "prefill": {"nodes": ["master", "worker-1"], "tensorParallel": 8, "tokensPerSecondPerGpu": null},
+         "decode": {"nodes": ["worker-2", "worker-3"], "tensorParallel": 8},
+         "linkGbps": 3200, "linkSource": "aws.instanceType p5.48xlarge"}
+    """
     serving = cluster.serving
     if serving.mode != "disaggregated" or serving.prefill is None or serving.decode is None:
         return None
-    model = catalog.MODELS.get(cluster.model.name)
+    tensor_parallel = cluster.model.tensor_parallel
+    return {
+        "schema": SCHEMA,
+        "target": cluster.target.value,
+        "model": cluster.model.name,
+        "kvCacheDtype": str(cluster.model.vllm_flags.get("--kv-cache-dtype") or "auto"),
+        "gpuModel": cluster.gpu_model,
+        "backend": cluster.kv_backend,
+        "prefill": {
+            "nodes": list(serving.prefill.nodes),
+            "tensorParallel": serving.pool_tensor_parallel("prefill", tensor_parallel),
+            "tokensPerSecondPerGpu": serving.prefill.tokens_per_second_per_gpu,
+        },
+        "decode": {
+            "nodes": list(serving.decode.nodes),
+            "tensorParallel": serving.pool_tensor_parallel("decode", tensor_parallel),
+        },
+        "linkGbps": cluster.bandwidth_gbps,
+        "linkSource": (
+            f"aws.instanceType {cluster.aws.instance_type}" if cluster.aws else "bareMetal.nicSpeedGbps"
+        ),
+    }
+
+
+def demand_of(declared) -> LinkDemand | None:
+    """The link demand of a `declaration` (a plain dict, or one read back over gRPC with every
+    number a double), else None when its figures are unknown: a model or GPU outside the catalog.
+    Raises ValueError/TypeError/KeyError on a document that is not a declaration."""
+    model = catalog.MODELS.get(str(declared["model"]))
     if model is None:
         return None
-    kv_bytes = model.kv_bytes_per_token(kv_dtype_bytes(cluster.model.vllm_flags.get("--kv-cache-dtype")))
-    rate = serving.prefill.tokens_per_second_per_gpu
+    kv_bytes = model.kv_bytes_per_token(kv_dtype_bytes(declared.get("kvCacheDtype")))
+    prefill, decode = declared["prefill"], declared["decode"]
+    rate = prefill.get("tokensPerSecondPerGpu")
     if rate is not None:
-        source = "serving.prefill.tokensPerSecondPerGpu"
+        rate, source = float(rate), "serving.prefill.tokensPerSecondPerGpu"
     else:
-        gpu = catalog.gpu(cluster.gpu_model or "")
+        gpu = catalog.gpu(str(declared.get("gpuModel") or ""))
         if gpu is None:
             return None
         rate = prefill_tokens_per_second(gpu, model)
         source = f"one {gpu.name} ({gpu.bf16_dense_tflops:g} TFLOPS BF16 at {PREFILL_MFU:.0%} MFU)"
-    link_source = f"aws.instanceType {cluster.aws.instance_type}" if cluster.aws else "bareMetal.nicSpeedGbps"
     return LinkDemand(
         model=model.name,
         kv_bytes_per_token=kv_bytes,
         tokens_per_second_per_gpu=rate,
         rate_source=source,
-        prefill_gpus_per_node=serving.pool_tensor_parallel("prefill", cluster.model.tensor_parallel),
-        prefill_nodes=len(serving.prefill.nodes),
-        decode_nodes=len(serving.decode.nodes),
-        link_gbps=cluster.bandwidth_gbps,
-        link_source=link_source,
+        prefill_gpus_per_node=_whole(prefill["tensorParallel"]),
+        prefill_nodes=len(list(prefill["nodes"])),
+        decode_nodes=len(list(decode["nodes"])),
+        link_gbps=float(declared["linkGbps"]),
+        link_source=str(declared["linkSource"]),
     )
+
+
+def _whole(value: object) -> int:
+    """An integral number, as the config wrote it or as gRPC delivers it (8.0)."""
+    number = float(value)  # type: ignore[arg-type]
+    if not number.is_integer() or number < 1:
+        raise ValueError(f"{value!r} is not a whole number of GPUs")
+    return int(number)
+
+
+def demand(cluster) -> LinkDemand | None:
+    """The link demand of a validated ClusterConfig with serving.mode disaggregated, else None
+    (also None when the figures are unknown: a model or GPU outside the catalog, which the config
+    rules refuse by name). The same arithmetic as the policy pack's, through `declaration`."""
+    declared = declaration(cluster)
+    return demand_of(declared) if declared is not None else None

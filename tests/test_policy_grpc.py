@@ -44,9 +44,12 @@ from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, engine_pb2, engine_pb2_grpc
 
 from policies import guard
+from qwen_cluster import kvlink
 from tests.helpers.policy_fixtures import (
     monitoring_port_on_every_node,
     mutation_cases,
+    pd_config,
+    pd_rendered,
     previewed,
     publishing_container,
     rendered,
@@ -134,6 +137,7 @@ class Pack:
     stack: str | None  # the stack whose config it was started with; None: no PULUMI_CONFIG
     process: subprocess.Popen
     stderr_path: Path
+    stack_config: dict[str, Any] | None = None  # its config, when not the stack file's
     stub: analyzer_pb2_grpc.AnalyzerStub | None = None
     info: analyzer_pb2.AnalyzerInfo | None = None
     policy_config: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -145,7 +149,7 @@ class Pack:
         )
         self.stub = analyzer_pb2_grpc.AnalyzerStub(channel)
         if self.stack is not None:  # the language host's proxy forwards ConfigureStack
-            values, secret_keys = stackfile.as_pulumi_config(stackfile.read(self.stack))
+            values, secret_keys = stackfile.as_pulumi_config(self.stack_config or stackfile.read(self.stack))
             self.stub.ConfigureStack(
                 analyzer_pb2.AnalyzerStackConfigureRequest(
                     stack=self.stack,
@@ -249,10 +253,13 @@ class Pack:
         return found
 
 
-def start(stack: str | None, engine_address: str, tmp: Path) -> Pack:
+def start(
+    stack: str | None, engine_address: str, tmp: Path, stack_config: dict[str, Any] | None = None
+) -> Pack:
+    """The pack as the CLI starts it for `stack`, with its stack file's config (or `stack_config`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
     if stack is not None:
-        values, _ = stackfile.as_pulumi_config(stackfile.read(stack))
+        values, _ = stackfile.as_pulumi_config(stack_config or stackfile.read(stack))
         env |= {
             "PULUMI_CONFIG": json.dumps(values),
             "PULUMI_PROJECT": policy_harness.PROJECT,
@@ -260,7 +267,7 @@ def start(stack: str | None, engine_address: str, tmp: Path) -> Pack:
             "PULUMI_ORGANIZATION": "organization",
             "PULUMI_DRY_RUN": "true",
         }
-    stderr_path = tmp / f"pack-{stack or 'no-config'}.stderr"
+    stderr_path = tmp / f"pack-{stack or 'no-config'}{'-given' if stack_config else ''}.stderr"
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-u", "-m", "pulumi.policy", engine_address, str(POLICIES_DIR)],
@@ -270,7 +277,7 @@ def start(stack: str | None, engine_address: str, tmp: Path) -> Pack:
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
-    return Pack(stack, process, stderr_path)
+    return Pack(stack, process, stderr_path, stack_config)
 
 
 @pytest.fixture(scope="module")
@@ -463,3 +470,49 @@ def test_over_grpc_a_container_publishing_a_port_is_refused(packs):
     assert {v.enforcement for v in refused} == {"mandatory"}
     assert {v.resource for v in refused} == {r.name for r in resources if r.name.endswith("-vllm")}
     assert any(v.message.startswith("ports[0] publishes 0.0.0.0:5000->5000/tcp") for v in refused)
+
+
+@pytest.mark.parametrize("variant", ["onprem", "onprem-roce"])
+def test_over_grpc_without_the_stack_config_the_kv_link_floor_is_judged_from_the_declaration(packs, variant):
+    """The disaggregated onprem on its 25 Gbit/s NICs is refused, on 3200 Gbit/s it passes: the pack
+    knows neither the serving mode nor the figures but from the KvLink declaration the program
+    registers (components/kvlink.py), whose numbers arrive as doubles."""
+    resources = pd_rendered(variant).resources
+    over_grpc = packs[None].analyze("onprem", resources)
+    assert ordered(over_grpc) == ordered(direct("onprem", resources, False, packs[None]))
+    refused = [v for v in policy_harness.mandatory(over_grpc) if v.policy == "kv-link-floor"]
+    if variant == "onprem-roce":
+        assert policy_harness.mandatory(over_grpc) == []
+    else:
+        assert [(v.resource, v.resource_type) for v in refused] == [("kv-link", kvlink.DECLARATION_TYPE)]
+        assert "25 Gbit/s per node is below the link floor of 63.2 Gbit/s" in refused[0].message
+
+
+@pytest.fixture(scope="module")
+def disaggregated_pack(engine, tmp_path_factory) -> Iterator[Pack]:
+    """The pack started with the config of onprem made disaggregated on its 25 Gbit/s NICs."""
+    _, address = engine
+    pack = start("onprem", address, tmp_path_factory.mktemp("pd-pack"), pd_config("onprem"))
+    try:
+        pack.connect()
+        yield pack
+    finally:
+        pack.process.terminate()
+        pack.process.wait(timeout=10)
+        if pack.process.stdout is not None:
+            pack.process.stdout.close()
+
+
+def test_over_grpc_with_the_stack_config_the_kv_link_floor_is_judged_from_the_config(disaggregated_pack):
+    """PULUMI_CONFIG holds `serving` as JSON text, as the language host hands it over; the pack
+    validates it as the program does and judges the floor from it, whatever the resources declare."""
+    resources = [r for r in pd_rendered("onprem").resources if r.type != kvlink.DECLARATION_TYPE]
+    over_grpc = disaggregated_pack.analyze("onprem", resources)
+    cluster = stackfile.validate(pd_config("onprem"))
+    direct_verdicts = policy_harness.analyze(
+        resources, stack="onprem", cluster=cluster, policy_config=disaggregated_pack.policy_config
+    )
+    assert ordered(over_grpc) == ordered(direct_verdicts)
+    (refused,) = [v for v in policy_harness.mandatory(over_grpc) if v.policy == "kv-link-floor"]
+    assert refused.resource is None  # the stack: no KvLink resource here
+    assert "25 Gbit/s per node is below the link floor of 63.2 Gbit/s" in refused.message

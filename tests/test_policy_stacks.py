@@ -21,6 +21,9 @@ PACK = {
     "required-paths",
     "efa-placement",
     "node-count",
+    "kv-link-floor",
+    "kv-link-share",
+    "kv-transport",
     "baseline-imdsv2",
     "baseline-ebs-encryption",
     "baseline-no-public-ip",
@@ -36,6 +39,7 @@ PACK = {
 }
 ADVISORY = {
     "bandwidth-recommended",
+    "kv-link-share",
     "baseline-idle-timeout",
     "keys-in-clear",
     "monitoring-inside-clients",

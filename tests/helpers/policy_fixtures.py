@@ -8,11 +8,13 @@ use the mock id `<name>-id`, from which the harness rebuilds the engine's proper
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
 from policies import containers
 from policies import normalized as net
+from qwen_cluster import kvlink
 from qwen_cluster.render import firewall
 from tooling import policy_harness
 from tooling.offline import RecordedResource
@@ -539,3 +541,123 @@ def previewed(stack: str):
     if stack not in _PREVIEWS:
         _PREVIEWS[stack] = offline.render_stack(stack, preview=True)
     return _PREVIEWS[stack]
+
+
+# --- disaggregated serving -------------------------------------------------------------------------
+
+# The split the docs use on the four-node stacks: two prefill nodes hand their KV to two decode nodes.
+PD_POOLS = (
+    "serving.mode=disaggregated",
+    'serving.prefill={"nodes":["master","worker-1"]}',
+    'serving.decode={"nodes":["worker-2","worker-3"]}',
+)
+# The variants of docs/disaggregation.md, as `scripts/plan.py STACK --change ...` takes them:
+# name -> (stack, changes).
+PD_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # p5.48xlarge, EFA, NIXL's LIBFABRIC backend (the default on aws): passes.
+    "prod": ("prod", PD_POOLS),
+    # The same over UCX: refused (NIXL's UCX backend does not connect across nodes on EFA).
+    "prod-ucx": ("prod", (*PD_POOLS, "serving.kvTransfer.backend=ucx")),
+    # The committed onprem (25 Gbit/s NICs) with H100s: refused by kv-link-floor.
+    "onprem": ("onprem", (*PD_POOLS, "bareMetal.gpuModel=H100")),
+    # onprem on 8 x 400 Gbit/s RoCE with UCX: passes.
+    "onprem-roce": (
+        "onprem",
+        (
+            *PD_POOLS,
+            "bareMetal.gpuModel=H100",
+            "bareMetal.nicSpeedGbps=3200",
+            "serving.kvTransfer.backend=ucx",
+        ),
+    ),
+}
+
+
+def pd_config(variant: str) -> dict[str, Any]:
+    """The stack config of a PD_VARIANTS entry (a stack file's `config:` map with its changes)."""
+    from tooling import changes, stackfile
+
+    stack, texts = PD_VARIANTS[variant]
+    return changes.apply_changes(stackfile.read(stack), texts)
+
+
+def pd_command(variant: str) -> str:
+    """The variant as a user types it (docs/disaggregation.md shows exactly this, one line)."""
+    stack, texts = PD_VARIANTS[variant]
+    quoted = " ".join(
+        f"--change '{text}'" if any(c in text for c in '{}" ') else f"--change {text}" for text in texts
+    )
+    return f".venv/bin/python scripts/plan.py {stack} {quoted}"
+
+
+_PD_RENDERS: dict[tuple[str, bool], Any] = {}
+
+
+def pd_rendered(variant: str, *, preview: bool = False):
+    """A PD_VARIANTS entry rendered under mocks (as `pulumi preview` of a new stack with
+    `preview`), once per test session."""
+    from tooling import offline
+
+    key = (variant, preview)
+    if key not in _PD_RENDERS:
+        stack, _ = PD_VARIANTS[variant]
+        _PD_RENDERS[key] = offline.render(pd_config(variant), stack, preview=preview)
+    return _PD_RENDERS[key]
+
+
+def kv_link_document(**fields: Any) -> dict[str, Any]:
+    """A `qwen-cluster/kv-link@1` declaration shaped like the committed onprem made disaggregated
+    (25 Gbit/s, H100, tensor parallel 4: refused); `fields` replace its top-level keys, and
+    `prefill_*` keys its prefill pool's."""
+    document: dict[str, Any] = {
+        "schema": kvlink.SCHEMA,
+        "target": "bare-metal",
+        "model": "Qwen/Qwen3-32B",
+        "kvCacheDtype": "auto",
+        "gpuModel": "H100",
+        "backend": "ucx",
+        "prefill": {"nodes": ["master", "worker-1"], "tensorParallel": 4},
+        "decode": {"nodes": ["worker-2", "worker-3"], "tensorParallel": 4},
+        "linkGbps": 25,
+        "linkSource": "bareMetal.nicSpeedGbps",
+    }
+    for key, value in fields.items():
+        if key.startswith("prefill_"):
+            document["prefill"][key.removeprefix("prefill_")] = value
+        else:
+            document[key] = value
+    return document
+
+
+def kv_link(resource_name: str = "kv-link", **fields: Any) -> RecordedResource:
+    """The component that carries the declaration (components/kvlink.py): its inputs and outputs."""
+    document = kv_link_document(**fields)
+    return RecordedResource(kvlink.DECLARATION_TYPE, resource_name, document, copy.deepcopy(document), False)
+
+
+def with_kv_link(resources: list[RecordedResource], change) -> list[RecordedResource]:
+    """A copy of `resources` whose KvLink declaration `change(document)` edited."""
+    result = []
+    for resource in resources:
+        if resource.type == kvlink.DECLARATION_TYPE:
+            inputs, outputs = copy.deepcopy(resource.inputs), copy.deepcopy(resource.outputs)
+            change(inputs)
+            change(outputs)
+            resource = dataclasses.replace(resource, inputs=inputs, outputs=outputs)
+        result.append(resource)
+    return result
+
+
+def without_efa(resources: list[RecordedResource]) -> list[RecordedResource]:
+    """A copy of `resources` whose GPU launch templates carry plain interfaces, no EFA device:
+    the nodes would reach each other over TCP only."""
+    result = []
+    for resource in resources:
+        if resource.type == net.LAUNCH_TEMPLATE:
+            inputs, outputs = copy.deepcopy(resource.inputs), copy.deepcopy(resource.outputs)
+            for props in (inputs, outputs):
+                first = props.get("networkInterfaces", [])[:1]
+                props["networkInterfaces"] = [{**entry, "interfaceType": "interface"} for entry in first]
+            resource = dataclasses.replace(resource, inputs=inputs, outputs=outputs)
+        result.append(resource)
+    return result
