@@ -643,11 +643,13 @@ def _p50(values: list[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
-# What the decode server logs when a KV load fails, per kv_load_failure_policy
-# (vllm/v1/core/sched/scheduler.py _handle_invalid_blocks).
+# What the decode server logs when a KV load fails, per kv_load_failure_policy: under `fail` the
+# scheduler's line (vllm/v1/core/sched/scheduler.py _handle_invalid_blocks); under `recompute` a
+# failed handshake leaves only the worker's transfer failure (measured: no "Recovered from KV load
+# failure", which is for blocks that failed after the handshake).
 FAILURE_LOG = {
     "fail": "Failing 1 request(s) due to KV load failure",
-    "recompute": "Recovered from KV load failure",
+    "recompute": "NIXL transfer failure: handshake_failed",
 }
 
 
