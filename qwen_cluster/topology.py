@@ -205,6 +205,33 @@ def lanes(replicas: Sequence[Replica], width: int) -> tuple[tuple[Replica, ...],
     return tuple(lane for lane in (tuple(replicas[start::width]) for start in range(width)) if lane)
 
 
+def pool_lanes(
+    replicas: Sequence[Replica], width: int, pools: dict[str, str]
+) -> tuple[tuple[Replica, ...], ...]:
+    """The lanes of a disaggregated cluster (`pools`: a replica head's name -> its pool): each
+    lane holds one pool's replicas, and a pool of n replicas gets at most n - 1 lanes, so the
+    lanes out at once never empty a pool (the router has a prefill and a decode worker
+    throughout); together at most `width` lanes, as `lanes`. A pool of one replica has one lane
+    and is empty while that replica is replaced (nothing can keep it serving). `width` 1: one
+    lane, one replica at a time."""
+    if width < 1:
+        raise ValueError(f"a rollout needs at least one lane, not {width}")
+    if width == 1:
+        return lanes(replicas, 1)
+    by_pool: dict[str, list[Replica]] = {}
+    for replica in replicas:
+        by_pool.setdefault(pools[replica.head.name], []).append(replica)
+    result: list[tuple[Replica, ...]] = []
+    left = width
+    for index, (_, members) in enumerate(by_pool.items()):
+        still = len(by_pool) - index - 1  # pools after this one keep a lane each
+        pool_width = max(1, min(len(members) - 1, left - still))
+        result += lanes(members, pool_width)
+        left -= pool_width
+    # The master's lane first, as `lanes` orders them (the first replica's).
+    return tuple(sorted(result, key=lambda lane: lane[0].index))
+
+
 def previous_in_lane(replica: Replica, width: int) -> int | None:
     """The index of the replica before `replica` in its lane, or None for a lane's first."""
     return replica.index - width if replica.index >= width else None

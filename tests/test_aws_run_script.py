@@ -214,3 +214,66 @@ def test_a_router_that_refuses_the_removal_stops_the_run_before_the_drain(node):
     assert run.returncode != 0
     assert run.called("/remove_worker")
     assert not run.called("deregister-targets") and not run.called("docker rm")
+
+
+# --- with the router in P/D mode (serving.mode disaggregated) -------------------------------
+
+
+class _PdRouter(http.server.BaseHTTPRequestHandler):
+    """A stand-in for vllm-router 0.1.17 in P/D mode: GET /workers lists the worker healthy unless
+    the node's proxy answers its health checks 503, i.e. while the proxy's drain file exists (the
+    router's health checker, measured with the wheel); admin calls are logged (the run makes none)."""
+
+    calls: Path
+    drain_file: Path
+    worker: str
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        healthy = "false" if self.drain_file.exists() else "true"
+        with self.calls.open("a") as log:
+            log.write(f"router GET {self.path} healthy={healthy}\n")
+        body = f'{{"workers":[{{"url":"{self.worker}","worker_type":"prefill","is_healthy":{healthy}}}]}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        with self.calls.open("a") as log:
+            log.write(f"router POST {self.path}\n")
+        self.send_response(400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def pd_parameters(address: str) -> dict[str, str]:
+    from qwen_cluster import config
+    from tests.helpers.aws_stacks import variant
+
+    serving = {"mode": "disaggregated", "prefill": {"nodes": ["master", "worker-1"]}}
+    raw = variant("prod", serving={**serving, "decode": {"nodes": ["worker-2", "worker-3"]}})
+    cluster = config.validate(stackfile.cluster_keys(raw))
+    values = ssm.parameters(cluster, "master", target_group_arn=TARGET_GROUP, target_id="i-0head")
+    return {**{name: str(value) for name, value in values.items()}, "RouterAddress": address}
+
+
+def test_a_pd_head_leaves_the_routers_choice_through_its_proxy_and_comes_back_after_its_gate(node):
+    node.runs("an-older-configuration")
+    node.healthy_targets(1)
+    node.serving()
+    drain_file = node.root / "etc" / "proxy" / "drain.conf"
+    worker = pd_parameters("x")["RouterWorker"]
+    handler = type(
+        "Handler", (_PdRouter,), {"calls": node.root / "calls", "drain_file": drain_file, "worker": worker}
+    )
+    with in_thread(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)) as port:
+        run = node.run(pd_parameters(f"127.0.0.1:{port}"), health_seconds=5, routed=True, pd=True)
+    assert run.returncode == 0, run.output
+    out = run.index("router GET /workers healthy=false")
+    assert run.index("docker kill --signal=HUP qwen-proxy") < out < run.index("deregister-targets")
+    assert run.index("docker run") < run.index("curl") < run.index("router GET /workers healthy=true")
+    assert f"router: {worker} is unhealthy" in run.output and f"router: {worker} is healthy" in run.output
+    assert not run.called("router POST") and not drain_file.exists()

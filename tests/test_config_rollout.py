@@ -80,3 +80,45 @@ def test_a_lane_is_ceil_replicas_over_width_long(aws_raw):
     replicas = cluster(aws_raw, 16).topology.replicas
     assert max(len(lane) for lane in lanes(replicas, 5)) == 4
     assert previous_in_lane(replicas[7], 5) == 2 and previous_in_lane(replicas[4], 5) is None
+
+
+def disaggregated_cluster(raw: dict, prefill: int, decode: int, **rollout):
+    """`prefill` + `decode` nodes, the first ones prefill (H100s: bare metal needs a GPU)."""
+    found = nodes(prefill + decode, "192.168.")
+    names = [node["name"] for node in found]
+    network = {**raw["network"], "cidr": "192.168.0.0/17"}
+    raw = {**raw, "network": network, "nodes": found, "rollout": rollout}
+    raw["serving"] = {
+        "mode": "disaggregated",
+        "prefill": {"nodes": names[:prefill]},
+        "decode": {"nodes": names[prefill:]},
+    }
+    return validate(raw)
+
+
+def out_at_once(cluster) -> dict[str, int]:
+    """The most replicas of each pool the lanes can have out at once: one per lane."""
+    pools: dict[str, int] = {}
+    for lane in cluster.rollout_lanes:
+        pool = cluster.serving.pool_of(lane[0].head.name)
+        assert {cluster.serving.pool_of(replica.head.name) for replica in lane} == {pool}
+        pools[pool] = pools.get(pool, 0) + 1
+    return pools
+
+
+def test_disaggregated_lanes_never_take_a_whole_pool_out(aws_raw):
+    found = disaggregated_cluster(aws_raw, 2, 2, maxUnavailable=4)
+    assert out_at_once(found) == {"prefill": 1, "decode": 1}
+
+
+def test_disaggregated_lanes_keep_max_unavailable(aws_raw):
+    found = disaggregated_cluster(aws_raw, 6, 10, maxUnavailable=4)
+    assert sum(out_at_once(found).values()) == 4
+    assert [[replica.index for replica in lane] for lane in found.rollout_lanes][0] == [0, 3]
+
+
+def test_each_disaggregated_replica_follows_the_one_before_it_in_its_lane(aws_raw):
+    found = disaggregated_cluster(aws_raw, 3, 3, maxUnavailable=2)
+    assert [[replica.index for replica in lane] for lane in found.rollout_lanes] == [[0, 1, 2], [3, 4, 5]]
+    replicas = found.topology.replicas
+    assert [found.previous_in_lane(replica) for replica in replicas] == [None, 0, 1, None, 3, 4]

@@ -166,3 +166,32 @@ def test_a_router_replaced_is_no_outage():
     assert (router_change.action, router_change.strategy) == ("replace", "delete-before-replace")
     assert "command" in router_change.keys
     assert changes.rollout(before, after, found).as_dict()["endpointStaysUp"]
+
+
+PD_SERVING = (
+    'serving={"mode":"disaggregated","prefill":{"nodes":["master","worker-1"]},'
+    '"decode":{"nodes":["worker-2","worker-3"]}}'
+)
+
+
+def test_switching_onprem_to_disaggregated_restarts_each_replica_in_its_lane_and_replaces_no_host(capsys):
+    code, out = run(
+        capsys, "onprem", "--change", "bareMetal.nicSpeedGbps=3200", "--change", "bareMetal.gpuModel=H100",
+        "--change", PD_SERVING, "--json",
+    )  # fmt: skip
+    report = json.loads(out)
+    assert code == 0 and report["exit"] == 0
+    rollout = report["rollout"]
+    assert rollout["nodesReplaced"] == [] and rollout["endpointStaysUp"]
+    assert rollout["serversRestarted"] == ["master", "worker-1", "worker-2", "worker-3"]
+    assert rollout["maxReplicasOutOfService"] == 1
+    created = {c["name"] for c in report["changes"] if c["action"] == "create"}
+    assert created == {"router-image", "router-router"}
+
+
+def test_a_disaggregated_prod_changes_only_documents_and_associations(capsys):
+    code, out = run(capsys, "prod", "--change", PD_SERVING, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["exit"] == 0 and report["rollout"]["nodesReplaced"] == []
+    changed = {c["type"] for c in report["changes"] if c["action"] != "same"}
+    assert changed == {"aws:ssm/document:Document", "aws:ssm/association:Association"}

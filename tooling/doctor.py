@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from qwen_cluster import kvlink
 from qwen_cluster.config import ClusterConfig, ConfigError
 from qwen_cluster.render import verify
 from qwen_cluster.render.monitoring import alerts, prometheus, webconfig
@@ -265,8 +266,73 @@ CHECKS: dict[str, Check] = {
         "docker logs qwen-router on {node}; it listens only once every replica answers /health "
         "(docs/routing.md); docker start qwen-router, or pulumi up",
     ),
+    # serving.mode disaggregated (docs/disaggregation.md): NIXL between the pools.
+    "kv-port": Check(
+        "connectivity",
+        "critical",
+        "NIXL's side channel or UCX's data ports are closed between the pools (a host firewall, a "
+        "security group): the decode node cannot pull a prompt's KV, and the request fails (HTTP 500, "
+        "serving.kvTransfer.loadFailurePolicy fail) or is prefilled again on the decode node "
+        "(recompute)",
+        "telnet the port from {node} to {peer}; ufw status / nft list ruleset on {peer}: the "
+        "kv-side-channel and kv-data rows must admit the other pool's nodes (pulumi up restores them)",
+    ),
+    "kv-host": Check(
+        "connectivity",
+        "critical",
+        "the address a node's vLLM advertises for its side channel (serving.kvTransfer.sideChannelHosts) "
+        "is not reachable from the other pool: every handshake fails ('handshake_failed', KV load "
+        "failure) although the node address answers",
+        "route the side-channel host from {node} (ip route get <host>), or remove the node from "
+        "serving.kvTransfer.sideChannelHosts so its vLLM advertises its node address; pulumi up",
+    ),
+    "kv-link": Check(
+        "bandwidth",
+        "critical",
+        "the prefill->decode path carries less than the KV the prefill pool makes (qwen_cluster/kvlink.py): "
+        "transfers fall behind, time to first token grows without bound, and reads outlive the prefill "
+        "node's 30 s KV lease (QwenKvReadAfterLeaseExpired)",
+        "ethtool and ibv_devinfo on {node} and {peer} (is RDMA really used? UCX falls back to TCP "
+        "without an error); faster NICs, more decode nodes, or serving.mode aggregated",
+    ),
 }
 UNKNOWN_CHECK = Check("connectivity", "warning", "", "")
+
+
+def config_findings(cluster: ClusterConfig) -> list[Finding]:
+    """What the stack itself says is wrong, before any host is asked: a disaggregated stack whose
+    declared link cannot carry the KV its prefill pool makes (kvlink.demand; the policy pack refuses
+    it too), or carries it only above kvlink.TRANSFER_SHARE of the prefill time."""
+    demand = kvlink.demand(cluster)
+    if demand is None or demand.share <= kvlink.TRANSFER_SHARE:
+        return []
+    pools = [*cluster.serving.prefill.nodes, *cluster.serving.decode.nodes]
+    check = CHECKS["kv-link"]
+    if demand.carried:
+        return [
+            Finding(
+                "warning",
+                f"the KV transfer takes {demand.share:.0%} of the prefill time: {demand.figures()}",
+                pools,
+                "the transfer is a visible part of every request's time to first token",
+                f"links of {demand.advised_gbps:,.0f} Gbit/s per node keep it under "
+                f"{kvlink.TRANSFER_SHARE:.0%}, or more decode nodes",
+                step=check.step,
+                check="kv-link",
+            )
+        ]
+    return [
+        Finding(
+            check.severity,
+            f"the prefill->decode link is below the KV floor: {demand.figures()}",
+            pools,
+            check.cause,
+            f"links of at least {demand.floor_gbps:,.1f} Gbit/s per node (bareMetal.nicSpeedGbps or the "
+            "instance type), more decode nodes, or serving.mode aggregated",
+            step=check.step,
+            check="kv-link",
+        )
+    ]
 
 
 Fetch = Callable[[str], Any]  # API path -> the decoded `data` of the answer
@@ -411,7 +477,7 @@ def _finding(check_name: str, node: str, peer: str, detail: str) -> Finding:
 
 
 # Checks whose fix is on the peer's side (the node that drops or cannot take the frames).
-_PEER_SIDE = {"dynamic-port", "port"}
+_PEER_SIDE = {"dynamic-port", "port", "kv-port"}
 
 
 def _skew(cluster: ClusterConfig, facts: dict[str, dict[str, str]], key: str, check: str) -> list[Finding]:
@@ -629,7 +695,7 @@ def main(argv: list[str] | None = None, lab: Lab | None = None) -> int:
     except (ConfigError, FileNotFoundError) as error:
         print(f"doctor {args.stack}: cannot read the stack: {error}", file=sys.stderr)
         return 2
-    found: list[Finding] = []
+    found: list[Finding] = config_findings(cluster)
     notes: list[str] = []
     errors: list[str] = []
     url = None

@@ -100,6 +100,7 @@ def build(
             weights=cluster.model.weights,
             ray_auth_token=ray_auth_token,
             routed=router_render.needs_router(cluster),
+            pd=cluster.disaggregated,
         ),
     )
     node_proxy = NodeProxy(

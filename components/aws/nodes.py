@@ -19,7 +19,6 @@ from qwen_cluster import catalog
 from qwen_cluster.config import ClusterConfig, Node
 from qwen_cluster.render import cloudinit, ec2, ssm
 from qwen_cluster.tags import GPU_NODE, NODE_TAG, ROLE_TAG
-from qwen_cluster.topology import previous_in_lane
 
 
 @dataclass
@@ -114,10 +113,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._nodes = {node.name: node for node in cluster.nodes}
         self._interfaces = self._interface_layout()
         topology = cluster.topology
-        width = cluster.max_unavailable
         # The lanes' first replicas' machines wait for nothing but the permissions; every other
         # machine waits for the health gate before it in its lane (a machine change rolls too).
-        first_turn = [replica for replica in topology.replicas if previous_in_lane(replica, width) is None]
+        first_turn = [replica for replica in topology.replicas if cluster.previous_in_lane(replica) is None]
         instances: dict[str, aws.ec2.Instance] = {
             member.name: self._instance(self._node(member.name), list(args.ready))
             for replica in first_turn
@@ -126,7 +124,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self.staged = self._stage_everywhere([instances[m.name] for r in first_turn for m in r.members])
         gates: list[aws.ssm.Association] = []  # each replica's head association, by replica index
         for replica in topology.replicas:
-            before = previous_in_lane(replica, width)
+            before = cluster.previous_in_lane(replica)
             # The lane's previous health gate; a lane's first replica: the drain permission and
             # the staging of every node (no replica drains before every node holds the new image
             # and weights).

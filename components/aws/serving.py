@@ -103,6 +103,9 @@ class ModelServerDocumentArgs:
     ray_auth_token: pulumi.Input[str] | None = None
     # loadBalancer.routing cache-aware: the runs call vLLM's router's admin routes (render/ssm.py).
     routed: bool = False
+    # serving.mode disaggregated: the runs take the replica out of the P/D router's choice through
+    # this node's proxy and the router's health checks instead (render/ssm.py _PD_MEMBERSHIP).
+    pd: bool = False
 
 
 class ModelServerDocument(pulumi.ComponentResource):
@@ -125,7 +128,7 @@ class ModelServerDocument(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelServerDocumentArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen-cluster:aws:ModelServerDocument", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        document = command_document(f"{name}-document", ssm.document(args.routed), args.tags, child)
+        document = command_document(f"{name}-document", ssm.document(args.routed, args.pd), args.tags, child)
         self.drain_policy = aws.iam.RolePolicy(
             f"{name}-drain",
             role=args.role_name,

@@ -1,8 +1,8 @@
 """The rolling model upgrade, in lanes: each replica drained, replaced, healthy, back.
 
 Replica i rolls in lane i mod k, k = rollout.maxUnavailable as a count
-(ClusterConfig.rollout_lanes). Per lane, in topology order (the master's lane first), on the
-load balancer's host:
+(ClusterConfig.rollout_lanes; disaggregated, lanes by pool that never empty one). Per lane, in
+topology order (the master's lane first), on the load balancer's host:
 
     staged  ->  <head>-drain  ->  the replica's containers  ->  <head>-ready  ->  the lane's
     next drain ...
@@ -27,8 +27,7 @@ from pulumi_command import remote
 from components.baremetal import connection
 from components.baremetal.serving import LoadBalancer, ModelServer, replacing_fields
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import nginx, rollout
-from qwen_cluster.topology import previous_in_lane
+from qwen_cluster.render import nginx, rollout, router
 
 
 @dataclass(frozen=True)
@@ -57,17 +56,20 @@ class Rollout(pulumi.ComponentResource):
         settings = cluster.rollout
         self.drains: dict[str, remote.Command] = {}
         self.gates: dict[str, remote.Command] = {}
-        width = cluster.max_unavailable
         # With vLLM's router the steps also take each replica out of its worker set and back.
         routed = nginx.router_server(cluster) is not None
         ready_of: list[remote.Command] = []  # by replica index
         for replica in cluster.topology.replicas:
-            before = previous_in_lane(replica, width)
+            before = cluster.previous_in_lane(replica)
             # The lane's previous gate, or (a lane's first) everything staged.
             waits_for = [ready_of[before]] if before is not None else list(args.staged)
             head = replica.head
             server = (head.ip, cluster.model_port)
             label = f"replica {replica.index} ({head.name})"
+            # P/D mode: the router's own health checks take the replica out and back (rollout.py).
+            pd_url = ""
+            if cluster.disaggregated:
+                pd_url = router.worker_url(*router.pd_listener(cluster, head.name))
             specs = [replacing_fields(args.servers[member.name].spec) for member in replica.members]
             tags = [args.servers[m.name].token_tag for m in replica.members if args.servers[m.name].token_tag]
             # With Ray the token is part of what the containers run (their secret `envs`): its
@@ -85,19 +87,25 @@ class Rollout(pulumi.ComponentResource):
                 connection=args.connection,
                 update=_with(
                     fingerprint,
-                    lambda fp, server=server, label=label: rollout.drain_script(
+                    lambda fp, server=server, label=label, pd_url=pd_url: rollout.drain_script(
                         server,
                         replica=label,
                         drain_timeout_seconds=settings.drain_timeout_seconds,
                         fingerprint=fp,
                         routed=routed,
+                        pd_worker_url=pd_url or None,
                     ),
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, *waits_for]),
             )
             containers = [args.servers[member.name].container for member in replica.members]
-            gate = dict(replica=label, health_timeout_seconds=settings.health_timeout_seconds, routed=routed)
+            gate = dict(
+                replica=label,
+                health_timeout_seconds=settings.health_timeout_seconds,
+                routed=routed,
+                pd_worker_url=pd_url or None,
+            )
             ready = connection.command(
                 f"{head.name}{rollout.READY_SUFFIX}",
                 connection=args.connection,
@@ -114,7 +122,11 @@ class Rollout(pulumi.ComponentResource):
                     ),
                 ),
                 delete=rollout.retire_script(
-                    server, replica=label, drain_timeout_seconds=settings.drain_timeout_seconds, routed=routed
+                    server,
+                    replica=label,
+                    drain_timeout_seconds=settings.drain_timeout_seconds,
+                    routed=routed,
+                    pd_worker_url=pd_url or None,
                 ),
                 triggers=[head.ip],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=containers),

@@ -13,7 +13,7 @@ from pulumi_command import remote
 from components.baremetal import connection
 from qwen_cluster import tags, topology
 from qwen_cluster.config import ClusterConfig, EndpointSecrets, Node
-from qwen_cluster.render import collective, nginx, vllm, weights
+from qwen_cluster.render import collective, kvtransfer, nginx, vllm, weights
 
 NGINX_IMAGE = nginx.IMAGE  # pinned (qwen_cluster/render/nginx.py)
 
@@ -29,7 +29,8 @@ def server_command(cluster: ClusterConfig, node: Node) -> tuple[str, dict[str, s
     }
     if not cluster.bare_metal.interface:
         env |= collective.finder_environment()
-    return vllm.server_script(cluster, node.name, prelude=collective.interface_prelude()), env
+    prelude = collective.interface_prelude(ucx_tcp=kvtransfer.over_tcp(cluster))
+    return vllm.server_script(cluster, node.name, prelude=prelude), env
 
 
 # docker_container fields a change of which the provider applies in place (kreuzwerker/

@@ -123,8 +123,26 @@ class ClusterConfig(Section):
 
     @functools.cached_property
     def rollout_lanes(self) -> tuple[tuple[topology_module.Replica, ...], ...]:
-        """The replicas in the lanes a change rolls in (topology_module.lanes)."""
-        return topology_module.lanes(self.topology.replicas, self.max_unavailable)
+        """The replicas in the lanes a change rolls in (topology_module.lanes); disaggregated, by
+        pool, so that no pool is ever emptied by the lanes out at once (topology_module.pool_lanes)."""
+        replicas = self.topology.replicas
+        if self.disaggregated:
+            pools = {replica.head.name: self.serving.pool_of(replica.head.name) or "" for replica in replicas}
+            return topology_module.pool_lanes(replicas, self.max_unavailable, pools)
+        return topology_module.lanes(replicas, self.max_unavailable)
+
+    @functools.cached_property
+    def _previous_in_lane(self) -> dict[int, int | None]:
+        return {
+            replica.index: (lane[position - 1].index if position else None)
+            for lane in self.rollout_lanes
+            for position, replica in enumerate(lane)
+        }
+
+    def previous_in_lane(self, replica: topology_module.Replica) -> int | None:
+        """The index of the replica before `replica` in its lane (rollout_lanes), or None for a
+        lane's first."""
+        return self._previous_in_lane[replica.index]
 
     @property
     def model_port(self) -> int:

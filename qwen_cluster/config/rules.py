@@ -143,6 +143,15 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
         errors += _routing_errors(load_balancer, table, target, serving)
     if load_balancer is not None and model is not None and load_balancer.routing == "kv-aware":
         errors += _kv_block_size_errors(model)
+    kv_aware = load_balancer is not None and load_balancer.routing == "kv-aware"
+    if kv_aware and serving is not None and serving.mode == "disaggregated":
+        # The kv_aware sources are keyed by the aggregated workers' URLs (render/router.py
+        # kv_event_sources); the P/D router names its workers by the pools' listeners.
+        errors.append(
+            "loadBalancer.routing kv-aware with serving.mode disaggregated is not supported: the "
+            "router's P/D mode routes each pool with cache-aware (set loadBalancer.routing "
+            "cache-aware or least-conn)"
+        )
 
     gpus, gpu_memory = None, None
     if target is Target.AWS and aws is not None and (kind := catalog.instance_type(aws.instance_type)):

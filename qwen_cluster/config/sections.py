@@ -95,7 +95,7 @@ OWNED_VLLM_FLAGS: dict[str, str] = {
     "--served-model-name": "model.name (clients ask for the model by it)",
     "--host": "the program (bare metal: the node's address; AWS: loopback, behind the node's proxy)",
     "--port": "ports (the clients entry)",
-    "--tensor-parallel-size": "model.tensorParallel",
+    "--tensor-parallel-size": "model.tensorParallel (serving.<pool>.tensorParallel when disaggregated)",
     "--pipeline-parallel-size": "model.pipelineParallel",
     "--data-parallel-size": "nodes / model.pipelineParallel (one replica per head node)",
     "--gpu-memory-utilization": "qwen_cluster/catalog.py GPU_MEMORY_UTILIZATION (the memory plan)",
@@ -109,6 +109,8 @@ OWNED_VLLM_FLAGS: dict[str, str] = {
     "--enable-scale-out": "loadBalancer.routing (cache-aware, kv-aware: vLLM's router tokenizes through it)",
     "--kv-events-config": "loadBalancer.routing (kv-aware: each replica head publishes its KV-cache "
     "events at the kv-events port row for vLLM's router)",
+    "--kv-transfer-config": "serving (disaggregated: the pool's NIXL role, connector, backend and "
+    "failure policy, qwen_cluster/render/kvtransfer.py)",
 }
 # Other spellings of the owned flags that vLLM 0.33.0's parser takes (config.DEFAULT_IMAGE's
 # release, read in its wheel): the second name of an `add_argument` in vllm/engine/arg_utils.py

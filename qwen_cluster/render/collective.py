@@ -9,7 +9,7 @@ Signatures:
     environment(cluster, interface=None) -> dict   the NCCL/Gloo environment of every member
     container_settings(cluster) -> Settings        ipc, memlock, devices, capabilities
     docker_run_options(cluster) -> list[str]       the same as `docker run` options
-    interface_prelude() -> str                     bash: find the interface, export the variables
+    interface_prelude(ucx_tcp=False) -> str        bash: find the interface, export the variables
 
 What cannot be known when the program renders (the interface's name, the host's own limits,
 whether /dev/infiniband exists) is found on the host: the interface by the one finder
@@ -77,17 +77,24 @@ def interface_environment(interface: str) -> dict[str, str]:
     return {"NCCL_SOCKET_IFNAME": f"={interface}", "GLOO_SOCKET_IFNAME": interface}
 
 
-def interface_prelude() -> str:
+def interface_prelude(ucx_tcp: bool = False) -> str:
     """Bash run first in the model server's container: the interface holding VLLM_HOST_IP, found
     by the one finder (nic.py, in Python: the vLLM image has no iproute2), exported as the two
-    variables; a container whose address no interface holds stops here, naming it."""
+    variables; a container whose address no interface holds stops here, naming it. `ucx_tcp`
+    (disaggregated over UCX without RDMA: kvtransfer.over_tcp): NIXL's UCX gets the same NIC
+    (UCX_NET_DEVICES), so the KV leaves by the cluster interface, not whichever UCX picks."""
+    ucx = (
+        'if [ -z "${UCX_NET_DEVICES:-}" ]; then export UCX_NET_DEVICES="$GLOO_SOCKET_IFNAME"; fi\n'
+        if ucx_tcp
+        else ""
+    )
     return (
         'if [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then\n'
         '  iface=$(python3 -c "$QWEN_FIND_INTERFACE" "$VLLM_HOST_IP")\n'
         '  if [ -z "$iface" ]; then echo "no interface holds VLLM_HOST_IP $VLLM_HOST_IP" >&2; exit 1; fi\n'
         '  export NCCL_SOCKET_IFNAME="=$iface" GLOO_SOCKET_IFNAME="$iface"\n'
         "fi\n"
-    )
+    ) + ucx
 
 
 def finder_environment() -> dict[str, str]:

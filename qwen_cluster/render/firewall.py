@@ -122,6 +122,9 @@ def host_rules(cluster, node_name: str) -> list[Rule]:
         if exposure.node is not None and exposure.node != node.name:
             continue  # a service of one node (Prometheus, Alertmanager) is admitted there only
         if exposure.peer is Peer.NODES:
+            # serving.mode disaggregated: NIXL's rows (kv-side-channel, kv-data, scope cluster) are
+            # among the ports this all-traffic rule admits from the members, the other pool's
+            # included; nothing outside the members reaches them.
             # Contiguous members merge into exact blocks: O(log N) rules instead of N - 1. ufw
             # runs once per rule, so this is what keeps a 64-node setup (and the lab's) from
             # crawling.

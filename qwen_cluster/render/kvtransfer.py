@@ -6,8 +6,10 @@ Signatures:
     role(pool: str) -> str                                   kv_producer | kv_consumer
     kv_transfer_config(pool, *, connector, backend, load_failure_policy, buffer_device) -> dict
     kv_transfer_flag(config: dict) -> str                     the flag's JSON value, compact and sorted
-    environment(*, side_channel_host, side_channel_port, backend, ucx_port_range, tcp_device) -> dict
-    for_node(cluster, node) -> tuple[dict, dict] | None      (kv-transfer-config, environment) or None
+    environment(*, side_channel_host, side_channel_port, backend, ucx_port_range, tcp, tcp_device) -> dict
+    over_tcp(cluster) -> bool                                 UCX over TCP: ucx without tuning.rdma
+    for_node(cluster, node, *, tcp_device=None, tcp=None) -> tuple[dict, dict] | None
+                                                              (kv-transfer-config, environment) or None
 
 Checked against vLLM's source (the CPU build 0.32.0's wheel; the same files at v0.33.0):
 - vllm/config/kv_transfer.py KVTransferConfig: kv_connector, kv_role (kv_producer, kv_consumer,
@@ -68,14 +70,17 @@ def environment(
     side_channel_port: int,
     backend: str,
     ucx_port_range: port_table.PortRange | None = None,
+    tcp: bool = False,
     tcp_device: str | None = None,
 ) -> dict[str, str]:
     """The model server's environment for NIXL.
 
     - The side channel binds and advertises `side_channel_host` (never loopback: the config refuses it).
     - ucx: UCX_TCP_PORT_RANGE pins what UCX's TCP transport listens on into the `kv-data` row. With
-      `tcp_device` (no RDMA: the lab, a rack without tuning.rdma) UCX is told to use TCP on that
-      NIC only (UCX_TLS=tcp, UCX_NET_DEVICES); without it UCX picks the RDMA devices itself.
+      `tcp` (no RDMA: the lab, a rack without tuning.rdma) UCX is told to use TCP only (UCX_TLS=tcp),
+      on `tcp_device` when it is known here (UCX_NET_DEVICES; otherwise the model server's prelude
+      sets it from the one NIC finder when the container starts, collective.interface_prelude);
+      without `tcp` UCX picks the RDMA devices itself.
     - libfabric: FI_PROVIDER=efa, so libfabric never falls back to its TCP or shared-memory
       providers on a node whose EFA device is missing (a silent fallback would be a slow cluster,
       not an error).
@@ -87,8 +92,9 @@ def environment(
     if backend == "ucx":
         if ucx_port_range is not None:
             env["UCX_TCP_PORT_RANGE"] = f"{ucx_port_range.low}-{ucx_port_range.high}"
-        if tcp_device:
+        if tcp or tcp_device:
             env["UCX_TLS"] = "tcp"
+        if tcp_device:
             env["UCX_NET_DEVICES"] = tcp_device
     elif backend == "libfabric":
         env["FI_PROVIDER"] = "efa"
@@ -97,9 +103,18 @@ def environment(
     return env
 
 
-def for_node(cluster, node, *, tcp_device: str | None = None) -> tuple[dict, dict[str, str]] | None:
+def over_tcp(cluster) -> bool:
+    """UCX moves the KV over TCP: the ucx backend on a stack without tuning.rdma (no RoCE or
+    InfiniBand verbs for UCX to find)."""
+    return cluster.kv_backend == "ucx" and not cluster.tuning.rdma
+
+
+def for_node(
+    cluster, node, *, tcp_device: str | None = None, tcp: bool | None = None
+) -> tuple[dict, dict[str, str]] | None:
     """(kv-transfer-config, environment) for `node` of a validated disaggregated ClusterConfig, or
-    None (aggregated). `tcp_device`: the cluster NIC, when UCX is to run over TCP."""
+    None (aggregated). `tcp_device`: the cluster NIC, when UCX is to run over TCP; `tcp`: whether it
+    does (default: `tcp_device` given, or over_tcp)."""
     pool = cluster.serving.pool_of(node.name)
     if pool is None:
         return None
@@ -117,6 +132,7 @@ def for_node(cluster, node, *, tcp_device: str | None = None) -> tuple[dict, dic
         side_channel_port=port_table.port_of(cluster.ports, port_table.KV_SIDE_CHANNEL),
         backend=backend,
         ucx_port_range=data,
+        tcp=(over_tcp(cluster) or tcp_device is not None) if tcp is None else tcp,
         tcp_device=tcp_device,
     )
     return config, env

@@ -5,6 +5,7 @@ vLLM) and TLS (loadBalancer.tls: 1.2 and 1.3, Mozilla's intermediate ciphers).
 
 Signatures:
     upstream_servers(cluster: ClusterConfig) -> list[tuple[str, int]]   replica heads' model port
+                                                                         (P/D: the decode pool's)
     render(servers: list[tuple[str, int]], *, listen_port: int, idle_timeout_seconds: int,
            runtime_dir: str = "/var/cache/nginx", log_dir: str = "/var/log/nginx",
            pid_file: str = "/var/run/nginx.pid", user: str | None = "nginx",
@@ -76,7 +77,18 @@ WORKER_RLIMIT_NOFILE = 2 * WORKER_CONNECTIONS
 
 
 def upstream_servers(cluster) -> list[tuple[str, int]]:
-    return [(head.ip, cluster.model_port) for head in cluster.topology.heads]
+    """The replica heads nginx sends to (with a router: its backups). serving.mode disaggregated:
+    the decode pool only. A request that reaches a decode replica without the router's
+    kv_transfer_params is prefilled and decoded there (vLLM's NIXL connector pulls only for a
+    request that asks for it, `do_remote_prefill`): a dead router degrades to aggregated serving
+    on the decode pool. The prefill pool stays out: its replicas would take long decodes that hold
+    their batch and KV for minutes, and the prompts the router sends them when it is back would
+    wait behind those."""
+    heads = cluster.topology.heads
+    if cluster.disaggregated and cluster.serving.decode is not None:
+        decode = set(cluster.serving.decode.nodes)
+        heads = tuple(head for head in heads if head.name in decode)
+    return [(head.ip, cluster.model_port) for head in heads]
 
 
 def router_server(cluster) -> tuple[str, int] | None:
@@ -579,6 +591,81 @@ def remove_script(*, conf_dir: str = CONF_DIR) -> str:
     return script("remove the load balancer's files", f"rm -rf {quote(conf_dir)}")
 
 
+# Each AWS node's proxy (render/proxy.py): its container and directory, and the file in it that
+# turns the router's health checks of the node to 503 (proxy.DRAIN_FILE). Here, not in proxy.py,
+# because the model server's run (render/ssm.py, which proxy.py imports) writes that file.
+PROXY_CONTAINER_NAME = "qwen-proxy"
+PROXY_CONF_DIR = f"{hostpaths.CONFIG_DIR}/proxy"
+PROXY_DRAIN_FILE = "drain.conf"
+
+# A replica's drain marker (serving.mode disaggregated): a file named by the replica's address in
+# this directory of the nginx files (CONF_DIR on the host, CONTAINER_CONF_DIR in the container),
+# written by the rollout's drain and removed by its ready step (render/rollout.py); while it
+# exists the replica's worker_listener answers the router's health checks 503.
+DRAIN_DIR = "drain"
+
+
+def drain_marker(conf_dir: str, ip: str) -> str:
+    return f"{conf_dir}/{DRAIN_DIR}/{ip}"
+
+
+def worker_listener(
+    *, listen: str, upstream: str, server: tuple[str, int], marker: str, idle_timeout_seconds: int
+) -> str:
+    """Where vLLM's router reaches one replica in P/D mode (render/router.py, "P/D mode's
+    run-time membership"): every path to the replica, HEALTH_PATH answered 503 while `marker`
+    (the path nginx sees) exists, so the router's own health checker takes the replica out of its
+    choice before it stops, and back once the marker is gone. No key, no TLS (the router holds no
+    key; the listener is on loopback or members-only), streaming-safe as the client server, no
+    upstream keepalive: one connection per request, which the drain counts."""
+    timeout = f"{idle_timeout_seconds}s"
+    return f"""
+    upstream {upstream} {{
+        server {server[0]}:{int(server[1])};
+    }}
+
+    server {{
+        listen {listen};
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_buffering off;
+        proxy_cache off;
+        proxy_connect_timeout {CONNECT_TIMEOUT_SECONDS}s;
+        proxy_read_timeout {timeout};
+        proxy_send_timeout {timeout};
+        location = {HEALTH_PATH} {{
+            if (-f {marker}) {{
+                return 503;
+            }}
+            proxy_pass http://{upstream};
+            proxy_read_timeout 10s;
+            access_log off;
+        }}
+        location / {{
+            proxy_pass http://{upstream};
+        }}
+    }}
+"""
+
+
+def pd_worker_listeners(cluster) -> str:
+    """Bare metal, serving.mode disaggregated: one worker_listener per replica at its loopback
+    alias (router.pd_listener), for the router on this host."""
+    blocks = []
+    for head in cluster.topology.heads:
+        blocks.append(
+            worker_listener(
+                listen="{}:{}".format(*router.pd_listener(cluster, head.name)),
+                upstream=f"qwen_replica_{cluster.topology.replica_of(head.name).index}",
+                server=(str(head.ip), cluster.model_port),
+                marker=drain_marker(CONTAINER_CONF_DIR, str(head.ip)),
+                idle_timeout_seconds=cluster.load_balancer.idle_timeout_seconds,
+            )
+        )
+    return "\n    # vLLM's router reaches each replica here (P/D mode: render/router.py).".join(["", *blocks])
+
+
 def for_cluster(cluster, **paths) -> str:
     return render(
         upstream_servers(cluster),
@@ -587,5 +674,6 @@ def for_cluster(cluster, **paths) -> str:
         api_keys=bool(cluster.access.api_keys),
         tls=cluster.load_balancer.tls is not None,
         router_at=router_server(cluster),
+        extra=pd_worker_listeners(cluster) if cluster.disaggregated else "",
         **paths,
     )

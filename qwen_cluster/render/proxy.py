@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import base64
 
-from qwen_cluster import hostpaths
 from qwen_cluster.config import ClusterConfig
 from qwen_cluster.render import nginx, router, vllm
 from qwen_cluster.render.ssm import command_document
 
-CONTAINER_NAME = "qwen-proxy"
-CONF_DIR = f"{hostpaths.CONFIG_DIR}/proxy"
+CONTAINER_NAME = nginx.PROXY_CONTAINER_NAME
+CONF_DIR = nginx.PROXY_CONF_DIR
 RUN_TIMEOUT_SECONDS = 900
 # A parameter's ARN (GetParameter takes a name or an ARN): an ARN the association holds follows
 # the parameter, so the change plan sees a new key reach the association.
@@ -160,9 +159,28 @@ def router_listener(cluster: ClusterConfig, node_name: str) -> str:
         proxy_send_timeout {timeout};
         location / {{
             proxy_pass http://{LOCAL_UPSTREAM};
-        }}
+        }}{_drain_location() if cluster.disaggregated else ""}
     }}
 """
+
+
+# serving.mode disaggregated: while this file (in the proxy's directory) holds `return 503;`, the
+# router's health checks of this replica fail and the router's own health checker takes it out
+# of its choice (render/router.py, "P/D mode's run-time membership"). The model server's run
+# writes and removes it and reloads the proxy (render/ssm.py). An include, read by nginx's master
+# at a reload, not a file test at request time: the directory is root's alone (0700).
+DRAIN_FILE = nginx.PROXY_DRAIN_FILE
+
+
+def _drain_location() -> str:
+    return f"""
+        location = {vllm.HEALTH_PATH} {{
+            # A mask: no file, nothing included (nginx core module, `include`).
+            include {nginx.CONTAINER_CONF_DIR}/{DRAIN_FILE.replace(".conf", "*.conf")};
+            proxy_pass http://{LOCAL_UPSTREAM};
+            proxy_read_timeout 10s;
+            access_log off;
+        }}"""
 
 
 def conf(cluster: ClusterConfig, node_name: str) -> str:

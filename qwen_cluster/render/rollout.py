@@ -11,6 +11,8 @@ Signatures:
                  only_if_down: bool, conf_dir=..., poll_seconds: int = 2) -> str
     retire_script(server, *, replica: str, drain_timeout_seconds: int, conf_dir=...,
                   poll_seconds: int = 1) -> str
+    Each also takes `routed: bool` (the router's admin routes) and `pd_worker_url: str | None`
+    (serving.mode disaggregated: the router's health checks, below).
 
 vLLM's router (loadBalancer.routing cache-aware, `routed`) follows the rollout: the drain first
 takes the replica out of the router's worker set (POST /remove_worker) and the ready step puts it
@@ -22,6 +24,15 @@ to the replicas directly meanwhile, and a router that starts takes its workers f
 line. The wait for streams in flight counts, with a router, its own count for the replica
 (router.running_function) instead of its connections, which its client keeps open idle long
 after the last request (measured with the 0.1.17 wheel: 90 s after /remove_worker).
+
+With serving.mode disaggregated (`pd_worker_url`: the replica as the router names it) the router's
+admin routes are not used: 0.1.17's P/D router cannot add a worker back. The drain writes the
+replica's drain marker, which makes its worker listener answer the router's health checks 503,
+and waits until the router calls it unhealthy (router.PD_HEALTH_WAIT_SECONDS at most); the
+ready step removes it and waits until the router calls it healthy again, so the next replica
+of the lane leaves only once this one is back (render/router.py, "P/D mode's run-time
+membership"). Streams in flight are nginx's connections to the server alone: the router
+reaches the replica through nginx (nginx.worker_listener), one connection per request.
 
 A server is out of rotation when its line in nginx's upstream file ends in `down` (nginx
 upstream module: `down` marks the server as permanently unavailable); a reload makes nginx
@@ -67,10 +78,38 @@ def _router_calls() -> str:
     )
 
 
-def _helpers(server: tuple[str, int], conf_dir: str, routed: bool) -> str:
+def _pd_calls(conf_dir: str, ip: str) -> str:
+    """`pd_leave` and `pd_join`: the replica ($worker_url) out of and back into the router's
+    choice, through its drain marker and the router's own health checks (P/D mode)."""
+    return f"""{router.worker_state_function('"$router_file"').strip()}
+{router.wait_state_function().strip()}
+marker={quote(nginx.drain_marker(conf_dir, ip))}
+# Out of the router's choice before anything stops; a router that keeps sending to it leaves it
+# as it was, and the step fails with the replica still serving.
+# nginx's workers test the marker (user nginx): readable whatever the step's umask.
+pd_leave() {{
+  mkdir -p "${{marker%/*}}"
+  chmod 0755 "${{marker%/*}}"
+  install -m 0644 /dev/null "$marker"
+  router_wait_state unhealthy || {{ rm -f "$marker"; return 1; }}
+}}
+pd_join() {{
+  rm -f "$marker"
+  router_wait_state healthy
+}}
+"""
+
+
+def _helpers(server: tuple[str, int], conf_dir: str, routed: bool, pd_worker_url: str | None = None) -> str:
     ip, port = server
     routing = (
         f"""router_file={quote(conf_dir)}/{nginx.ROUTER_FILE}
+worker_url={quote(pd_worker_url)}
+{_pd_calls(conf_dir, ip).rstrip()}
+
+"""
+        if pd_worker_url
+        else f"""router_file={quote(conf_dir)}/{nginx.ROUTER_FILE}
 worker_url={quote(router.worker_url(ip, port))}
 {_router_calls().rstrip()}
 
@@ -128,7 +167,7 @@ mark_locked() {{
   return 1
 }}
 
-{_ROUTED_IN_FLIGHT if routed else _IN_FLIGHT}"""
+{_ROUTED_IN_FLIGHT if routed and not pd_worker_url else _IN_FLIGHT}"""
 
 
 _JOIN = "router_join\n"
@@ -154,6 +193,10 @@ in_flight() {
   echo $((others + $(router_running "$worker_url")))
 }
 """
+
+
+def _leave(routed: bool, pd_worker_url: str | None) -> str:
+    return "pd_leave" if pd_worker_url else "router_leave" if routed else ""
 
 
 def _wait_in_flight(replica: str, drain_timeout_seconds: int, poll_seconds: int) -> str:
@@ -190,13 +233,15 @@ def drain_script(
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 1,
     routed: bool = False,
+    pd_worker_url: str | None = None,
 ) -> str:
-    """Out of the router's workers (`routed`: loadBalancer.routing cache-aware) and out of
-    rotation, then wait (at most the drain timeout) for its requests in flight."""
+    """Out of the router's workers (`routed`: loadBalancer.routing cache-aware; `pd_worker_url`:
+    serving.mode disaggregated, out of its choice) and out of rotation, then wait (at most the
+    drain timeout) for its requests in flight."""
     body = f"""
 # {replica}: the containers it will run next: {fingerprint}
-{_helpers(server, conf_dir, routed).strip()}
-{"router_leave" if routed else ""}
+{_helpers(server, conf_dir, routed, pd_worker_url).strip()}
+{_leave(routed, pd_worker_url)}
 if server_flag "$address" "$upstream" any; then
   mark down
 else
@@ -217,6 +262,7 @@ def ready_script(
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 2,
     routed: bool = False,
+    pd_worker_url: str | None = None,
 ) -> str:
     """Wait until the server's /health answers 200 (at most the health timeout), then put it
     back in rotation. Fails, leaving it out, when it does not: the rollout stops there.
@@ -233,7 +279,7 @@ fi
     )
     body = f"""
 # {replica}: the containers it runs: {fingerprint}
-{_helpers(server, conf_dir, routed).strip()}
+{_helpers(server, conf_dir, routed, pd_worker_url).strip()}
 
 # The status code of GET path, or nothing (bash's /dev/tcp: no curl needed on the host).
 http_status() {{
@@ -261,7 +307,7 @@ if server_flag "$address" "$upstream" down; then
   mark up
   echo "ready: {replica} ($address) is back in rotation"
 fi
-{_JOIN if routed else ""}"""
+{"pd_join" + chr(10) if pd_worker_url else _JOIN if routed else ""}"""
     return script(f"wait for {replica}'s {HEALTH_PATH}, then put it back in rotation", body)
 
 
@@ -273,14 +319,15 @@ def retire_script(
     conf_dir: str = nginx.CONF_DIR,
     poll_seconds: int = 1,
     routed: bool = False,
+    pd_worker_url: str | None = None,
 ) -> str:
     """A replica that leaves the cluster: out of rotation if it still is in (the load
     balancer's new upstream normally dropped it already), then its streams finish before its
     container goes (the engine deletes dependents first: this runs before the container's
     delete)."""
     body = f"""
-{_helpers(server, conf_dir, routed).strip()}
-{"router_leave" if routed else ""}
+{_helpers(server, conf_dir, routed, pd_worker_url).strip()}
+{_leave(routed, pd_worker_url)}
 if server_flag "$address" "$upstream" any && ! server_flag "$address" "$upstream" down; then
   mark down
 fi

@@ -10,6 +10,10 @@ Signatures:
     kv_event_sources(cluster: ClusterConfig) -> list[str]      kv-aware: WORKER_URL=tcp://HEAD:PORT per head
     policy_flags(cluster: ClusterConfig) -> list[str]          --policy and its own flags
     command(cluster: ClusterConfig) -> list[str]               the container's command, argv[0] first
+    pool_urls(cluster: ClusterConfig, pool: str) -> list[str]  serving.mode disaggregated: a pool's workers
+    pd_listener(cluster, node_name) -> tuple[str, int]          P/D: where the router reaches a replica
+    worker_state_function(address_file: str) -> str            bash `router_worker_state URL` (P/D)
+    wait_state_function() -> str                               bash `router_wait_state STATE` (P/D)
     admin_function(address_file: str) -> str                   bash `router_ctl add|remove URL`
     running_function(address_file: str) -> str                 bash `router_running URL`
     address_line(api: tuple[str, int]) -> str                  nginx.ROUTER_FILE's line
@@ -27,6 +31,8 @@ kv_aware), so the published image's acceptance of them is unverified.
 """
 
 from __future__ import annotations
+
+import ipaddress
 
 from qwen_cluster import ports as port_table
 from qwen_cluster.render.vllm import HEALTH_PATH
@@ -127,6 +133,69 @@ def api_address(cluster) -> tuple[str, int]:
     return listen_address(cluster), int(cluster.router_port)
 
 
+# P/D mode's run-time membership (serving.mode disaggregated). Measured with the 0.1.17 wheel and
+# stand-in workers: /remove_worker takes a P/D worker out, but nothing puts one back: /add_worker
+# and POST /workers answer 400 "PD router requires specific add_prefill_server or
+# add_decode_server methods" (pd_router.rs has those methods; no route reaches them without
+# --enable-igw). What does work is the router's own health checker: a worker whose /health fails
+# --health-failure-threshold (3) checks in a row gets no requests, and gets its share again
+# after --health-success-threshold (2) passes (measured: a prefill worker answering 503 got none,
+# then its share). And a prefill worker's 500 reaches the client (measured: not retried), so a
+# replica must be out of the router's choice before vLLM's own shutdown answers 500 to new
+# requests (its /health still 200: render/vllm.py). So the router reaches each replica through
+# a listener that answers its health checks 503 while the replica's drain marker exists
+# (nginx.worker_listener): on bare metal nginx on the load-balancer host, at a loopback alias
+# per replica (LOOPBACK_ALIAS_BASE + the replica's index, the model port: 127/8 is the host's
+# own, so the alias needs no interface and no row of the table; vLLM binds the node address);
+# on AWS each node's proxy, at the `router-worker` row (render/proxy.py). The rollout writes and
+# removes the marker and waits for the router to see it (render/rollout.py).
+LOOPBACK_ALIAS_BASE = ipaddress.ip_address("127.1.0.1")
+HEALTH_FAILURES = 3  # --health-failure-threshold, the default of both CLIs (rendered)
+HEALTH_SUCCESSES = 2  # --health-success-threshold, the same
+HEALTH_CHECK_TIMEOUT_SECONDS = 5  # --health-check-timeout-secs, the same
+# How long the rollout waits for the router to take a marked replica out or a healthy one back.
+PD_HEALTH_WAIT_SECONDS = (HEALTH_FAILURES + 1) * (
+    HEALTH_CHECK_INTERVAL_SECONDS + HEALTH_CHECK_TIMEOUT_SECONDS
+)
+
+
+def pd_listener(cluster, node_name: str) -> tuple[str, int]:
+    """Where the router reaches the replica `node_name` heads in P/D mode (see above)."""
+    replica = cluster.topology.replica_of(node_name)
+    if cluster.aws is not None:
+        return str(replica.head.ip), worker_port(cluster)
+    return str(LOOPBACK_ALIAS_BASE + replica.index), cluster.model_port
+
+
+def pool_urls(cluster, pool: str) -> list[str]:
+    """The router's URLs of one pool's replicas (serving.mode disaggregated), in node order."""
+    section = getattr(cluster.serving, pool)
+    names = set(section.nodes) if section is not None else set()
+    heads = [head for head in cluster.topology.heads if head.name in names]
+    return [worker_url(*pd_listener(cluster, head.name)) for head in heads]
+
+
+# serving.mode disaggregated: the router's P/D mode with NIXL, as both CLIs of 0.1.17 take it
+# (read in the wheel's vllm_router/router_args.py and the Rust src/main.rs):
+# `--vllm-pd-disaggregation`; `--prefill URL` once per prefill worker (the Python launcher's
+# `nargs="+", action="append"`, the Rust split_prefill_args_from_others: a URL, then an optional
+# bootstrap port); `--decode URL` once per decode worker (`nargs=1, action="append"` /
+# `ArgAction::Append`); `--kv-connector nixl` (choices nixl, mooncake, moriio / KvConnector).
+# No bootstrap port: it is SGLang's and Mooncake's handshake (the router injects bootstrap_host
+# and bootstrap_port into the request, pd_router.rs inject_bootstrap_into_value); NIXL's decode
+# side learns the prefill side's side channel from vLLM's own kv_transfer_params
+# (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, render/kvtransfer.py). Measured with the 0.1.17 wheel: P/D
+# workers without a port, /workers lists them as prefill (bootstrap_port null) and decode.
+KV_CONNECTOR = "nixl"
+
+
+def _pd_workers(cluster) -> list[str]:
+    """`--vllm-pd-disaggregation --prefill URL ... --decode URL ... --kv-connector nixl`."""
+    prefill = [arg for url in pool_urls(cluster, "prefill") for arg in ("--prefill", url)]
+    decode = [arg for url in pool_urls(cluster, "decode") for arg in ("--decode", url)]
+    return ["--vllm-pd-disaggregation", *prefill, *decode, "--kv-connector", KV_CONNECTOR]
+
+
 def kv_event_sources(cluster) -> list[str]:
     """`--kv-event-source` values, one per replica head: `WORKER_URL=tcp://HEAD:PORT`, the worker
     named as in --worker-urls (the router keys its index by that URL) and the head's publisher at
@@ -177,15 +246,18 @@ def policy_flags(cluster) -> list[str]:
 def command(cluster) -> list[str]:
     """The router's argv (pure). Workers are the replica heads' vLLM; no key is sent to them
     (`--api-key` is the key the router sends workers, and vLLM has none here: nginx keeps the
-    client keys), and the router checks none (`--api-key-validation-urls` unset)."""
+    client keys), and the router checks none (`--api-key-validation-urls` unset). With
+    serving.mode disaggregated the workers are the two pools (`_pd_workers`) and the policy is
+    loadBalancer.routing's as without it: it picks the prefill and the decode worker alike
+    (router_args.py: "In PD mode, prefill and decode inherit this policy unless overridden")."""
+    workers = _pd_workers(cluster) if cluster.disaggregated else ["--worker-urls", *worker_urls(cluster)]
     return [
         "vllm-router",
         "--host",
         listen_address(cluster),
         "--port",
         str(cluster.router_port),
-        "--worker-urls",
-        *worker_urls(cluster),
+        *workers,
         *policy_flags(cluster),
         # Loopback only, read by the node's monitoring endpoint (source `router`).
         "--prometheus-host",
@@ -196,6 +268,18 @@ def command(cluster) -> list[str]:
         HEALTH_PATH,
         "--health-check-interval-secs",
         str(HEALTH_CHECK_INTERVAL_SECONDS),
+        *(
+            [
+                "--health-failure-threshold",
+                str(HEALTH_FAILURES),
+                "--health-success-threshold",
+                str(HEALTH_SUCCESSES),
+                "--health-check-timeout-secs",
+                str(HEALTH_CHECK_TIMEOUT_SECONDS),
+            ]
+            if cluster.disaggregated
+            else []
+        ),
         # The router waits this long for its workers at start (both CLIs,
         # --worker-startup-timeout-secs, default 600 s): as long as the rollout waits for a
         # replica's health, since Qwen3-32B's weights can take longer than 10 minutes to load.
@@ -314,3 +398,60 @@ def address_line(api: tuple[str, int]) -> str:
 
 def needs_router(cluster) -> bool:
     return cluster.router_port is not None
+
+
+def worker_state_function(address_file: str) -> str:
+    """bash `router_worker_state URL`: what the router thinks of the worker URL, from its worker
+    list (GET /workers, src/server.rs list_workers_rest: `{"workers": [{"url": ..., "is_healthy":
+    true|false, ...}]}`): prints healthy, unhealthy or absent. Exit 4: no router configured (no
+    file); 3: nothing listens. bash's /dev/tcp, no curl on the host."""
+    return f"""
+router_worker_state() {{
+  local api host port reply entry status=0
+  [ -s {address_file} ] || return 4
+  read -r api _ <{address_file}
+  host=${{api%:*}}
+  port=${{api##*:}}
+  # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+  reply=$(timeout 10 bash -c '
+    exec 3<>"/dev/tcp/$0/$1" || exit 3
+    printf "GET /workers HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n" "$0" >&3
+    cat <&3
+  ' "$host" "$port" 2>/dev/null </dev/null) || status=$?
+  [ "$status" = 0 ] || return 3
+  entry=$(printf '%s' "$reply" | grep -o "\\"url\\":\\"$1\\"[^}}]*" | head -n 1 || true)
+  case "$entry" in
+    "") echo absent ;;
+    *'"is_healthy":true'*) echo healthy ;;
+    *) echo unhealthy ;;
+  esac
+}}
+"""
+
+
+def wait_state_function() -> str:
+    """bash `router_wait_state healthy|unhealthy`: wait until the router calls `$worker_url` that,
+    at most PD_HEALTH_WAIT_SECONDS (worker_state_function defined before it). No router configured
+    or running: nothing to wait for (nginx, or each node's proxy, sends to the replicas meanwhile,
+    and a router that starts checks their health itself). A worker the router does not list is
+    neither sent to nor waited for."""
+    wait = PD_HEALTH_WAIT_SECONDS
+    return f"""
+router_wait_state() {{
+  local deadline=$((SECONDS + {wait})) state status
+  while :; do
+    status=0
+    state=$(router_worker_state "$worker_url") || status=$?
+    case "$status" in 3 | 4) echo "router: not running; nothing to wait for"; return 0 ;; esac
+    if [ "$state" = "$1" ] || [ "$state" = absent ]; then
+      echo "router: $worker_url is $state"
+      return 0
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "router: $worker_url is still $state after {wait} s (wanted $1)" >&2
+      return 1
+    fi
+    sleep 1
+  done
+}}
+"""

@@ -79,6 +79,11 @@ def rules(exposures: Iterable[Exposure]) -> list[RuleSpec]:
     that group: the nodes' self rule in both directions (EFA requires an all-traffic rule
     in AND out, https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security),
     the NLB to the model port (forwarding and health checks), the bastion to SSH.
+
+    serving.mode disaggregated adds no rule: NIXL's side channel (the `kv-side-channel` row,
+    scope cluster) and LIBFABRIC's traffic over EFA are node to node, inside that self rule (EFA's
+    own requirement, the page above: "allows all inbound and outbound traffic to and from the
+    security group itself"), so the other pool reaches them and nothing outside the group does.
     """
     specs: list[RuleSpec] = []
     for exposure in exposures:

@@ -44,7 +44,7 @@ from typing import Any
 
 from qwen_cluster import hostpaths, tags
 from qwen_cluster.config import ClusterConfig
-from qwen_cluster.render import collective, router, vllm, weights
+from qwen_cluster.render import collective, nginx, router, vllm, weights
 from qwen_cluster.render.shell import INTERFACE_OF, interface_of_function
 from qwen_cluster.render.sysctl import DROPIN_PATH, dropin
 
@@ -238,10 +238,45 @@ router_step() {
 """
 
 
-def run_script(routed: bool = False) -> str:
+# serving.mode disaggregated: router_leave and router_join through this node's proxy and the
+# router's own health checks, not its admin routes (0.1.17's P/D router cannot add a worker
+# back: render/router.py, "P/D mode's run-time membership").
+_PD_MEMBERSHIP = """
+__STATE__
+__WAIT__
+drain_conf=__PROXY_DIR__/__DRAIN_FILE__
+proxy_reload() { docker kill --signal=HUP __PROXY__ >/dev/null 2>&1 || true; }
+router_leave() {
+  install -d -m 0700 "${drain_conf%/*}"
+  printf 'return 503;\\n' >"$drain_conf"
+  proxy_reload
+  router_wait_state unhealthy || { rm -f "$drain_conf"; proxy_reload; return 1; }
+}
+router_join() {
+  rm -f "$drain_conf"
+  proxy_reload
+  router_wait_state healthy
+}
+"""
+
+
+def _pd_membership() -> str:
+    return (
+        _PD_MEMBERSHIP.replace("__STATE__", router.worker_state_function('"$router_file"').strip())
+        .replace("__WAIT__", router.wait_state_function().strip())
+        .replace("__PROXY_DIR__", nginx.PROXY_CONF_DIR)
+        .replace("__DRAIN_FILE__", nginx.PROXY_DRAIN_FILE)
+        .replace("__PROXY__", nginx.PROXY_CONTAINER_NAME)
+        .strip()
+    )
+
+
+def run_script(routed: bool = False, pd: bool = False) -> str:
+    """`routed`: loadBalancer.routing cache-aware or serving.mode disaggregated (`pd`: the P/D
+    router's membership, _PD_MEMBERSHIP)."""
     functions = (
         _ROUTER_FUNCTIONS.replace("__ADMIN__", router.admin_function('"$router_file"').strip())
-        .replace("__MEMBERSHIP__", router.membership_function().strip())
+        .replace("__MEMBERSHIP__", _pd_membership() if pd else router.membership_function().strip())
         if routed
         else ""
     )
@@ -286,14 +321,15 @@ def command_document(
     )
 
 
-def document(routed: bool = False) -> str:
-    """The model server's SSM Command document; `routed`: loadBalancer.routing cache-aware."""
+def document(routed: bool = False, pd: bool = False) -> str:
+    """The model server's SSM Command document; `routed`: loadBalancer.routing cache-aware or
+    serving.mode disaggregated (`pd`)."""
     return command_document(
         "qwen-cluster: run one node's model server (vLLM), draining and gating on health "
         "(qwen_cluster/render/ssm.py)",
         "modelServer",
         parameter_specs(routed),
-        run_script(routed),
+        run_script(routed, pd),
         RUN_TIMEOUT_SECONDS,
     )
 
@@ -342,7 +378,7 @@ def config_hash(cluster: ClusterConfig, node_name: str) -> str:
             vllm.server_script(cluster, member.name),
             json.dumps(environment(cluster, member.name), sort_keys=True),
             "\n".join(docker_options(cluster)),
-            run_script(router.needs_router(cluster)),
+            run_script(router.needs_router(cluster), cluster.disaggregated),
         ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 

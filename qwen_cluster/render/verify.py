@@ -24,6 +24,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from qwen_cluster import kvlink
+from qwen_cluster import ports as port_table
 from qwen_cluster.ports import SSH_PORT
 from qwen_cluster.render import nodecheck
 from qwen_cluster.render.shell import MAX_ARG_STRLEN, script
@@ -102,7 +104,38 @@ def cluster_probes(cluster, source: str | None = None) -> list[Probe]:
         Probe(pair.source, pair.source_ip, pair.dest, pair.dest_ip, name, port, expect)
         for pair in cluster_pairs(cluster, source)
         for name, port, expect in checks[pair.dest]
+    ] + [
+        Probe(node.name, str(node.ip), *check)
+        for node in cluster.nodes
+        if source is None or node.name == source
+        for check in _kv_host_checks(cluster, node.name)
     ]
+
+
+def _kv_host_checks(cluster, source: str) -> list[tuple[str, str, str, int, str]]:
+    """serving.mode disaggregated: (dest, host, name, port, expect) of the side channel of each node
+    of the other pool whose advertised host is not its node address
+    (serving.kvTransfer.sideChannelHosts): the address vLLM tells `source` to connect to."""
+    if not cluster.disaggregated:
+        return []
+    pool = cluster.serving.pool_of(source)
+    port = port_table.port_of(cluster.ports, port_table.KV_SIDE_CHANNEL)
+    return [
+        (node.name, cluster.kv_side_channel_host(node), "kv-side-channel-host", port, "reachable")
+        for node in cluster.nodes
+        if cluster.serving.pool_of(node.name) != pool and cluster.kv_side_channel_host(node) != str(node.ip)
+    ]
+
+
+def _kv_options(cluster, node_name: str | None, options: dict) -> dict:
+    """The verify script's P/D options (`_script`): this node's pool and the KV link floor."""
+    if not cluster.disaggregated or node_name is None:
+        return {}
+    demand = kvlink.demand(cluster)
+    return {
+        "kv_pool": cluster.serving.pool_of(node_name),
+        "kv_floor_gbps": demand.floor_gbps if demand is not None else None,
+    }
 
 
 def _rows(items: list, row) -> str:
@@ -140,8 +173,30 @@ def _script(
     connect_timeout_seconds: int = 2,
     service_wait_seconds: int = 0,
     node_section: str = "",
+    kv_pool: str | None = None,
+    kv_floor_gbps: float | None = None,
 ) -> str:
+    """`kv_pool`: serving.mode disaggregated, this node's pool (pair rows then name the peer's):
+    NIXL's ports report as `kv-port`, a side-channel host as `kv-host`, and with
+    `min_bandwidth_gbps` a link to the other pool below `kv_floor_gbps` (kvlink) as `kv-link`."""
     bandwidth = "" if min_bandwidth_gbps is None else f"{min_bandwidth_gbps:g}"
+    kv_checks = (
+        '\n      case "$name" in kv-side-channel-host) check=kv-host ;; kv-*) check=kv-port ;; esac'
+        if kv_pool
+        else ""
+    )
+    pair_fields = "dst dst_ip dst_pool" if kv_pool else "dst dst_ip"
+    kv_link = (
+        f"""
+      if [ -n "$dst_pool" ] && [ "$dst_pool" != {kv_pool} ] \\
+        && awk -v g="$gbps" -v m={kv_floor_gbps:.1f} 'BEGIN {{exit !(g < m)}}'; then
+        report kv-link "$src" "$dst" \\
+          "iperf3 ({IPERF_STREAMS} streams): $gbps Gbit/s to the $dst_pool pool is below the" \\
+          "KV link floor {kv_floor_gbps:.1f} Gbit/s"
+      fi"""
+        if kv_pool and kv_floor_gbps
+        else ""
+    )
     iperf = f"-t {IPERF_SECONDS} -P {IPERF_STREAMS}"
     body = f"""
 connect_timeout={connect_timeout_seconds}
@@ -204,7 +259,7 @@ while IFS='|' read -r dst dst_ip name port expect; do
     *)
       result=FAIL
       check=port
-      if [ "$name" = dynamic ]; then check=dynamic-port; fi
+      if [ "$name" = dynamic ]; then check=dynamic-port; fi{kv_checks}
       report "$check" "$src" "$dst" "$name $port/tcp: expected $expect, got $got"
       ;;
   esac
@@ -216,7 +271,7 @@ QWEN_PROBES_EOF
 echo
 printf '%-14s %-14s %12s %s\\n' source dest "rtt ms" result
 here=no
-while IFS='|' read -r dst dst_ip; do
+while IFS='|' read -r {pair_fields}; do
   [ -n "$dst" ] || continue
   if [[ $dst == @* ]]; then
     src=${{dst#@}} src_ip=$dst_ip here=no
@@ -258,7 +313,7 @@ while IFS='|' read -r dst dst_ip; do
       if awk -v g="$gbps" -v m="$min_bandwidth_gbps" 'BEGIN {{exit !(g < m)}}'; then
         report bandwidth "$src" "$dst" \\
           "iperf3 ({IPERF_STREAMS} streams): $gbps Gbit/s is below minBandwidthGbps $min_bandwidth_gbps"
-      fi
+      fi{kv_link}
     fi
   fi
 done <<'QWEN_PAIRS_EOF'
@@ -288,6 +343,7 @@ def for_cluster(cluster, node_name: str | None = None, **options) -> str:
         rows = _own_rows(cluster, node_name)
     if node_name is not None:
         options.setdefault("node_section", nodecheck.section(cluster, node_name))
+    options = {**_kv_options(cluster, node_name, options), **options}
     text = _script(*rows, max_latency_ms=latency, **options)
     if node_name is not None and len(text.encode()) >= MAX_ARG_STRLEN:
         raise ValueError(
@@ -314,7 +370,8 @@ def _own_rows(cluster, source: str) -> tuple[str, str]:
                 f"{dest.name}|{address}|{name}|{port}|{expect}"
                 for name, port, expect in _checks_of(cluster, dest.name)
             )
-            rows[dest.name] = (probe_rows, f"{dest.name}|{address}")
+            pool = f"|{cluster.serving.pool_of(dest.name)}" if cluster.disaggregated else ""
+            rows[dest.name] = (probe_rows, f"{dest.name}|{address}{pool}")
         _rows_cache[:] = [(cluster, rows)]
     rows = _rows_cache[0][1]
     node = next(n for n in cluster.nodes if n.name == source)
@@ -322,7 +379,8 @@ def _own_rows(cluster, source: str) -> tuple[str, str]:
     if not others:
         return "", ""
     header = f"@{source}|{node.ip}"
+    kv_hosts = ["|".join(map(str, check)) for check in _kv_host_checks(cluster, source)]
     return (
-        "\n".join([header, *(probe for probe, _ in others)]),
+        "\n".join([header, *(probe for probe, _ in others), *kv_hosts]),
         "\n".join([header, *(pair for _, pair in others)]),
     )

@@ -25,7 +25,7 @@ import shlex
 
 from qwen_cluster import catalog
 from qwen_cluster.config import DEFAULT_VLLM_FLAGS, ClusterConfig, Target, VllmFlagValue
-from qwen_cluster.render import weights
+from qwen_cluster.render import kvtransfer, weights
 
 # On AWS vLLM listens on loopback only, behind the node's proxy (qwen_cluster/render/proxy.py),
 # which holds the node address and the model port, checks keys and routes and terminates TLS.
@@ -81,11 +81,19 @@ def _member(cluster: ClusterConfig, node_name: str) -> tuple[int, str]:
     return rank, str(replica.members[rank].ip)
 
 
+def tensor_parallel(cluster: ClusterConfig, node_name: str) -> int:
+    """GPUs per replica on `node_name`: its pool's (serving.<pool>.tensorParallel) when
+    disaggregated, else model.tensorParallel."""
+    pool = cluster.serving.pool_of(node_name)
+    default = cluster.topology.tensor_parallel
+    return cluster.serving.pool_tensor_parallel(pool, default) if pool is not None else default
+
+
 def _engine_flags(cluster: ClusterConfig, node_name: str) -> list[str]:
     """The owned engine flags every member of a replica gives alike, then the multi-node ones."""
     topology = cluster.topology
     flags = [
-        f"--tensor-parallel-size={topology.tensor_parallel}",
+        f"--tensor-parallel-size={tensor_parallel(cluster, node_name)}",
         f"--pipeline-parallel-size={topology.pipeline_parallel}",
         f"--gpu-memory-utilization={catalog.GPU_MEMORY_UTILIZATION}",
         *block_size_flags(cluster),
@@ -112,6 +120,16 @@ def scale_out_flags(cluster: ClusterConfig) -> list[str]:
     the router routes by load alone (measured by the lab with the real router and vLLM). The
     routes stay off the client's path: nginx's allowlist (render/nginx.py API_ROUTES) holds none."""
     return ["--enable-scale-out"] if cluster.router_port is not None else []
+
+
+def kv_transfer_flags(cluster: ClusterConfig, node_name: str) -> list[str]:
+    """`--kv-transfer-config` of `node_name`'s pool with serving.mode disaggregated (a producer on
+    the prefill pool, a consumer on the decode pool: render/kvtransfer.py), else nothing. One
+    replica per node there (the config refuses pipelineParallel > 1), so only a head takes it."""
+    settings = kvtransfer.for_node(cluster, next(n for n in cluster.nodes if n.name == node_name))
+    if settings is None:
+        return []
+    return [f"--kv-transfer-config={kvtransfer.kv_transfer_flag(settings[0])}"]
 
 
 def kv_events_endpoint(port: int) -> str:
@@ -162,6 +180,7 @@ def serve_argv(cluster: ClusterConfig, node_name: str | None = None) -> list[str
         *_engine_flags(cluster, node_name),
         *scale_out_flags(cluster),
         *kv_events_flags(cluster),
+        *kv_transfer_flags(cluster, node_name),
     ]
     extras = [_argument(flag, value) for flag, value in extra_flags(cluster).items()]
     # The repository id (resolved in the staged cache) or the staged S3 copy; clients still ask
@@ -287,10 +306,17 @@ def environment(cluster: ClusterConfig, node_name: str) -> dict[str, str]:
     vllm/distributed/device_communicators/shm_broadcast.py binds `tcp://<it>:0`). No VLLM_PORT:
     in 0.33 nothing a replica opens takes its port from it (the TCPStore of a multi-node replica
     is `--master-port`, the message queues bind port 0). With Ray: the replica's Ray head, and
-    Ray's two metrics servers pinned in the range."""
+    Ray's two metrics servers pinned in the range. Disaggregated: NIXL's side channel and transport
+    (render/kvtransfer.py); UCX over TCP is told its NIC here when bareMetal.interface names it,
+    else by the container's prelude (collective.interface_prelude), from the one NIC finder."""
     topology = cluster.topology
     _, node_ip = _member(cluster, node_name)
     env = {"VLLM_HOST_IP": node_ip}
+    interface = cluster.bare_metal.interface if cluster.bare_metal is not None else None
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    kv = kvtransfer.for_node(cluster, node, tcp_device=interface if kvtransfer.over_tcp(cluster) else None)
+    if kv is not None:
+        env.update(kv[1])
     if cluster.runs_ray:
         env["RAY_ADDRESS"] = f"{topology.replica_of(node_name).head.ip}:{topology.ports.gcs}"
         env.update(topology.ports.ray_metrics_environment())

@@ -77,3 +77,23 @@ def run_in(ns: str, text: str, tmp_path: Path, *args: str) -> subprocess.Complet
     return subprocess.run(
         ["ip", "netns", "exec", ns, "bash", str(path), *args], capture_output=True, text=True, timeout=120
     )
+
+
+def disaggregated_stack(stack: str = "onprem") -> dict:
+    """A stack file's `config:` map with serving.mode disaggregated (master and worker-1 prefill,
+    worker-2 and worker-3 decode) on the NICs the link floor asks of Qwen3-32B on H100s (8 x 400
+    Gbit/s RoCE: bareMetal.nicSpeedGbps 3200)."""
+    stack_config = stackfile.read(stack)
+    bare_metal = {**stack_config["qwen-cluster:bareMetal"], "nicSpeedGbps": 3200, "gpuModel": "H100"}
+    return {
+        **stack_config,
+        "qwen-cluster:bareMetal": bare_metal,
+        "qwen-cluster:serving": {
+            "mode": "disaggregated",
+            "prefill": {"nodes": ["master", "worker-1"]},
+            "decode": {"nodes": ["worker-2", "worker-3"]},
+        },
+    }
+
+
+ONPREM_DISAGGREGATED = stackfile.validate(disaggregated_stack())

@@ -46,3 +46,16 @@ def nodes(count: int, prefix: str = "10.0.") -> list[dict]:
             entry["role"] = "master"
         result.append(entry)
     return result
+
+
+# serving.mode disaggregated over the four nodes above: master and worker-1 prefill, worker-2 and
+# worker-3 decode. Bare metal needs a GPU the link floor is derived from (bareMetal.gpuModel).
+PD_POOLS = {"prefill": {"nodes": ["master", "worker-1"]}, "decode": {"nodes": ["worker-2", "worker-3"]}}
+
+
+def disaggregated(raw: dict, **serving) -> dict:
+    """`raw` (a copy of a base config) with serving.mode disaggregated over PD_POOLS."""
+    raw["serving"] = {"mode": "disaggregated", **PD_POOLS, **serving}
+    if raw["target"] == "bare-metal":
+        raw["bareMetal"]["gpuModel"] = "H100"
+    return raw

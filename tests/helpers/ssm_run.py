@@ -102,9 +102,12 @@ class Node:
     def serving(self) -> None:
         (self.root / "serving").touch()
 
-    def run(self, parameters: dict[str, str], *, health_seconds: int = 0, routed: bool = False) -> Run:
-        """`routed`: the document of loadBalancer.routing cache-aware (its router calls)."""
-        text = ssm.run_script(routed)
+    def run(
+        self, parameters: dict[str, str], *, health_seconds: int = 0, routed: bool = False, pd: bool = False
+    ) -> Run:
+        """`routed`: the document of loadBalancer.routing cache-aware (its router calls); `pd`:
+        serving.mode disaggregated's (the P/D router's health checks through the proxy)."""
+        text = ssm.run_script(routed, pd)
         moved = {
             DROPIN_PATH: self.root / "sysctl.conf",
             ssm.ENV_FILE: self.root / "model-server.env",

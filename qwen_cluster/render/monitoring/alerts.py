@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from qwen_cluster import ports as port_table
 from qwen_cluster import tags
 from qwen_cluster.render import router
 from qwen_cluster.render.monitoring.clock import clock, duration
@@ -16,6 +17,13 @@ from qwen_cluster.render.monitoring.endpoint import ROUTER_SOURCE, XID_WINDOW_SE
 from qwen_cluster.render.monitoring.prometheus import JOB
 
 KV_CACHE_FULL = 0.95
+# serving.mode disaggregated: a decode node that computes more than this share of its prompt
+# tokens itself is prefilling instead of pulling the KV (QwenKvRecomputed). Pulled tokens are not
+# computed (the NIXL connector's load counts as a cache hit: vllm:external_prefix_cache_hits); a
+# decode node computes only the tail of a prompt that does not fill a block (measured on the lab:
+# 570 B of KV moved per prompt token against 512 B, whole 128-token blocks).
+KV_RECOMPUTED_SHARE = 0.5
+_NOT_KV = ',port_name!~"kv-.*"'
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,9 @@ def alerts(cluster) -> list[Alert]:
         Alert(
             "QwenInterNodePortUnreachable",
             "critical",
-            'probe_success{module="tcp_connect"} == 0 unless on(peer) (qwen:peer_reachable == 0)',
+            # NIXL's side channel has its own alert (_pd_alerts), with its own cause and fix.
+            f'probe_success{{module="tcp_connect"{_NOT_KV if cluster.disaggregated else ""}}} == 0 '
+            "unless on(peer) (qwen:peer_reachable == 0)",
             60,
             "{{ $labels.node }} cannot connect to {{ $labels.peer }} port {{ $labels.port }} "
             "({{ $labels.port_name }})",
@@ -183,7 +193,7 @@ def alerts(cluster) -> list[Alert]:
             "that exporter is stopped or not answering on loopback",
             "docker ps on {{ $labels.node }}; restart the {{ $labels.qwen_source }} exporter container",
         ),
-    ] + _router_alerts(cluster) + _aws_alerts(cluster, rate_window)
+    ] + _router_alerts(cluster) + _aws_alerts(cluster, rate_window) + _pd_alerts(cluster, rate_window)
 
 
 def _router_alerts(cluster) -> list[Alert]:
@@ -223,6 +233,104 @@ def _router_alerts(cluster) -> list[Alert]:
             f"{logs}; GET /list_workers on {where}; re-run the rollout (pulumi up)",
         ),
     ]
+
+
+def _pd_alerts(cluster, window: str) -> list[Alert]:
+    """serving.mode disaggregated: vLLM's NIXL connector's own counters (vLLM 0.32/0.33,
+    vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py NixlPromMetrics:
+    vllm:nixl_num_failed_transfers, failed handshakes and notifications included, on the node that
+    reads; vllm:nixl_num_kv_expired_reqs and vllm:nixl_num_notifications_after_expiry on the node
+    that holds the KV, the prefill node with the pull connector), the decode pool's own prefill
+    (vllm:request_prefill_kv_computed_tokens against vllm:prompt_tokens, vllm/v1/metrics/loggers.py)
+    and the cross-pool probe of the side channel (endpoint.probes). The targets carry `pool`
+    (prometheus.scrape_targets)."""
+    if not cluster.disaggregated:
+        return []
+    policy = cluster.serving.kv_transfer.load_failure_policy
+    outcome = (
+        "its clients got HTTP 500 (serving.kvTransfer.loadFailurePolicy fail)"
+        if policy == "fail"
+        else "the decode node prefilled those prompts again itself (loadFailurePolicy recompute): "
+        "200, but slow, and seen nowhere else"
+    )
+    doctor = "scripts/doctor.py <stack> names the blocked port or unreachable side-channel host"
+    # vLLM's own lease: the prefill node frees a request's KV blocks this long after it finished
+    # unless the decode node has read them (nixl/base_worker.py, kv_connector_extra_config
+    # kv_lease_duration, 30 s by default).
+    return [
+        Alert(
+            "QwenKvTransferFailed",
+            "critical" if policy == "fail" else "warning",
+            f"sum by (node) (increase(vllm:nixl_num_failed_transfers_total[{window}])) > 0",
+            0,
+            "KV transfers over NIXL failed on {{ $labels.node }}: " + outcome,
+            "the decode node could not reach a prefill node's side channel (a firewall, a side-channel host "
+            "it cannot route to), or the transport failed (UCX or EFA devices missing in the container, "
+            "a link down)",
+            f"{doctor}; telnet the prefill node's address {port_of(cluster)} from {{{{ $labels.node }}}}; "
+            f"docker logs {tags.MODEL_SERVER_CONTAINER} on it (handshake_failed, KV load failure)",
+            step="connectivity",
+        ),
+        Alert(
+            "QwenKvRecomputed",
+            "warning",
+            f'sum by (node) (rate(vllm:request_prefill_kv_computed_tokens_sum{{pool="decode"}}[{window}])) '
+            f'/ sum by (node) (rate(vllm:prompt_tokens_total{{pool="decode"}}[{window}])) '
+            f"> {KV_RECOMPUTED_SHARE:g}",
+            300,
+            "decode node {{ $labels.node }} computes {{ $value | humanizePercentage }} of its prompt tokens "
+            "itself instead of pulling their KV",
+            "KV loads fail and are recomputed (loadFailurePolicy recompute), or requests reach the decode "
+            "pool without the router (nginx or the node proxies fall back to it while the router is down)",
+            f"{doctor}; look at QwenKvTransferFailed and QwenRouterDown; docker logs "
+            f"{tags.MODEL_SERVER_CONTAINER} on {{{{ $labels.node }}}} (KV load failure)",
+            step="bandwidth",
+        ),
+        Alert(
+            "QwenKvLeaseExpired",
+            "warning",
+            f"sum by (node) (increase(vllm:nixl_num_kv_expired_reqs_total[{window}])) > 0",
+            0,
+            "{{ $labels.node }} freed the KV of requests that no decode node read within its lease",
+            "the decode pool took longer than the lease (vLLM's kv_lease_duration, 30 s) to read a "
+            "prompt's KV: it is overloaded, its queue is long, or its reads stall on the link",
+            "look at the decode pool's vllm:num_requests_waiting and the NIXL transfer time "
+            "(vllm:nixl_xfer_time_seconds); add decode nodes",
+            step="latency",
+        ),
+        Alert(
+            "QwenKvReadAfterLeaseExpired",
+            "critical",
+            f"sum by (node) (increase(vllm:nixl_num_notifications_after_expiry_total[{window}])) > 0",
+            0,
+            "a decode node read KV from {{ $labels.node }} after its lease expired: those blocks may "
+            "already hold another prompt",
+            "the read finished after the prefill node released the blocks (vLLM logs 'Potentially "
+            "invalid KV blocks'); under load another request may have reused them, and the answer is "
+            "wrong without any error",
+            "find the slow reads (vllm:nixl_xfer_time_seconds on the decode pool, doctor for the link "
+            "floor); add decode nodes or a faster link",
+            step="latency",
+        ),
+        Alert(
+            "QwenKvSideChannelUnreachable",
+            "critical",
+            'probe_success{module="tcp_connect",port_name=~"kv-.*"} == 0 '
+            "unless on(peer) (qwen:peer_reachable == 0)",
+            60,
+            "{{ $labels.node }} cannot reach NIXL's {{ $labels.port_name }} on {{ $labels.peer }} "
+            "(port {{ $labels.port }})",
+            "a host firewall or security group closes the port between the pools, or the model server "
+            "on {{ $labels.peer }} is down: KV transfers to and from it fail (" + outcome + ")",
+            "telnet {{ $labels.peer_ip }} {{ $labels.port }} from {{ $labels.node }}; ufw status / nft "
+            "list ruleset on {{ $labels.peer }}; " + doctor,
+            where=("node", "peer"),
+        ),
+    ]
+
+
+def port_of(cluster) -> int:
+    return port_table.port_of(cluster.ports, port_table.KV_SIDE_CHANNEL)
 
 
 def _aws_alerts(cluster, window: str) -> list[Alert]:

@@ -106,7 +106,19 @@ def probes(
             else listening_ports(cluster, peer.name)
         )
         result += [Probe(peer.name, ip, "tcp_connect", port, name) for name, port in ports]
+        result += _kv_probes(cluster, node_name, peer)
     return result
+
+
+def _kv_probes(cluster, node_name: str, peer) -> list[Probe]:
+    """serving.mode disaggregated: from a node of one pool, NIXL's side channel on each node of
+    the other (where it connects), at the address that node advertises (its side-channel host)."""
+    pools = cluster.serving
+    if not cluster.disaggregated or pools.pool_of(node_name) == pools.pool_of(peer.name):
+        return []
+    port = port_table.port_of(cluster.ports, port_table.KV_SIDE_CHANNEL)
+    host = cluster.kv_side_channel_host(peer)
+    return [Probe(peer.name, host, "tcp_connect", port, port_table.KV_SIDE_CHANNEL)]
 
 
 def _aggregator_base(cluster, node_name: str, gpu: bool | None) -> dict:

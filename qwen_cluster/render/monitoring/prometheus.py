@@ -40,6 +40,8 @@ def scrape_targets(cluster) -> list[dict]:
                     "replica": str(replica.index),
                     "replica_head": replica.head.name,
                     "role": "head" if replica.head.name == node.name else "pipeline-worker",
+                    # serving.mode disaggregated: prefill or decode (the KV alerts read it).
+                    **({"pool": cluster.serving.pool_of(node.name)} if cluster.disaggregated else {}),
                 },
             }
         )
