@@ -42,7 +42,6 @@ from labkit.hosts import netns
 from labkit.models import realvllm, router
 from qwen_cluster import catalog, kvlink
 from qwen_cluster import ports as port_table
-from qwen_cluster.render import kvtransfer
 from qwen_cluster.render import vllm as vllm_render
 
 LABEL = "pdlab"
@@ -103,7 +102,15 @@ def stack(policy: str = "fail"):
     raw["network"] = {**raw["network"], "cidr": f"{NET}.0/24"}
     raw.pop("monitoring", None)
     bare_metal = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
-    raw["bareMetal"] = {**bare_metal, "loadBalancerNode": PREFILL.name, "gpuModel": "H100"}
+    # The lab NIC named (bareMetal.interface): the program then tells UCX over TCP its device itself.
+    raw["bareMetal"] = {
+        **bare_metal,
+        "loadBalancerNode": PREFILL.name,
+        "gpuModel": "H100",
+        "interface": MEMBER_IF,
+    }
+    # No RDMA here (veths): tuning.rdma off, so the program renders UCX over TCP (UCX_TLS=tcp).
+    raw["tuning"] = {**raw.get("tuning", {}), "rdma": False}
     raw["serving"] = {
         "mode": "disaggregated",
         "prefill": {"nodes": [PREFILL.name]},
@@ -123,16 +130,12 @@ def server_command(
     buffer in host memory), the lab's CPU environment and the engine's core. `side_channel_host`
     replaces the rendered one: a departure the config refuses, for the failure rehearsal."""
     cluster = stack(policy)
-    member = next(each for each in cluster.nodes if each.name == node.name)
-    rendered = vllm_render.serve_argv(cluster, node.name)
-    config, kv_env = kvtransfer.for_node(cluster, member, tcp_device=MEMBER_IF)
-    if not any(word.startswith("--kv-transfer-config") for word in rendered):
-        rendered.append(f"--kv-transfer-config={kvtransfer.kv_transfer_flag(config)}")
-    argv = realvllm.cpu_serve_argv(rendered, realvllm.ensure_model(), KV_CACHE_BYTES)
+    argv = realvllm.cpu_serve_argv(
+        vllm_render.serve_argv(cluster, node.name), realvllm.ensure_model(), KV_CACHE_BYTES
+    )
     env = {key: value for key, value in os.environ.items() if key not in realvllm.CPU_ENVIRONMENT_REMOVED}
     env.update({key: value for key, (value, _why) in realvllm.CPU_ENVIRONMENT.items()})
     env.update(vllm_render.environment(cluster, node.name))
-    env.update(kv_env)
     if side_channel_host:
         env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = side_channel_host
     env["VLLM_CPU_OMP_THREADS_BIND"] = str(node.core % (os.cpu_count() or 1))
