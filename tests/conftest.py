@@ -62,7 +62,7 @@ LONG_MODULES = (
     "test_lab_real_vllm",  # 346 s
     "test_lab_upgrade",  # 238 s
     "test_lab_namespaces",  # 218 s
-    "test_real_pd",  # 143-189 s alone at load average 17-50 (two real servers with NIXL, the router)
+    "test_real_pd",  # 96-189 s alone, load average 17-50 (two real servers with NIXL, the router)
     "test_lab_aws",  # 135 s
     "test_lab_doctor",  # 92 s
     "test_real_vllm",  # 80 s; its group (with test_real_vllm_multinode) 133 s
