@@ -1,6 +1,7 @@
 """`make bench`: the render benchmarks (tooling/bench.py) and the lab's: `lab up` per size, the
 load balancer against a replica reached directly (wrk), the lane rehearsal under client load,
-the real vLLM (CPU) through an image bump, the AWS node side (labkit/aws/).
+the real vLLM (CPU) through an image bump, the AWS node side (labkit/aws/), the routing benchmark and
+prefill/decode over NIXL (labkit/cluster/pdlab.py).
 Figures measured in one run; the lab's need root and network namespaces."""
 
 from __future__ import annotations
@@ -504,6 +505,79 @@ def print_routing(console, figures: dict[str, Any]) -> None:
         console.print(f"  {line}", highlight=False)
 
 
+def pd(args: argparse.Namespace, console) -> dict[str, Any]:
+    """The prefill/decode rehearsal over NIXL (labkit/cluster/pdlab.py), its steps logged as they end."""
+    from labkit.cluster import pdlab
+
+    log = lambda line: console.print(line, highlight=False)  # noqa: E731
+    figures = pdlab.benchmark(requests=args.pd_requests, log=log)
+    if not args.json:
+        print_pd(console, figures)
+    return figures
+
+
+# What each figure of the P/D table does and does not show (docs/lab.md says the same).
+PD_NOTES = (
+    "KV bytes: the decode server's vllm:nixl_bytes_transferred per request; shows the KV crossed "
+    "the wire (every block the prompt touches x 512 B), not that a GPU path would move it so.",
+    "transfer s: its vllm:nixl_xfer_time_seconds; against the bandwidth arithmetic (bytes / link). "
+    "The rates keep the tiny model's KV-to-prefill ratio at Qwen3-32B's on H100 for each link: "
+    "the share of prefill time the transfer takes carries over, not the seconds.",
+    "TTFT next to aggregated: both servers share 2 cores and each NIXL process spins one, so it "
+    "shows no gain or loss of disaggregation, only what the transfer adds.",
+)
+
+
+def print_pd(console, figures: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(
+        "link Mbit/s",
+        "Qwen3-32B Gbit/s",
+        "requests",
+        "errors",
+        "prompt tokens",
+        "KV bytes",
+        "transfer s p50",
+        "predicted s",
+        "TTFT p50 s",
+        "aggregated TTFT p50 s",
+        title=(
+            f"prefill/decode over NIXL (UCX on TCP, veths): tiny model prefill "
+            f"{figures['tinyPrefillTokensPerSecond']} tokens/s x {figures['kvBytesPerToken']} B = KV at "
+            f"{figures['tinyKvGbitPerSecond'] * 1000:.0f} Mbit/s (Qwen3-32B on H100: "
+            f"{figures['qwenKvGbitPerSecond']} Gbit/s); identical to aggregated: "
+            f"{figures['identicalToAggregated']}"
+        ),
+    )
+    for row in figures["rates"]:
+        table.add_row(
+            str(row["linkMbit"] or "unshaped"),
+            str(row["equivalentGbit"] or "-"),
+            *(
+                str(row[key])
+                for key in (
+                    "requests",
+                    "errors",
+                    "promptTokensP50",
+                    "kvBytesP50",
+                    "transferSecondsP50",
+                    "predictedTransferSeconds",
+                    "ttftP50Seconds",
+                    "aggregatedTtftP50Seconds",
+                )
+            ),
+        )
+    console.print(table)
+    for note in PD_NOTES:
+        console.print(f"  {note}", highlight=False)
+    console.print(f"  first P/D requests: {figures['firstRequestsSeconds']} s", highlight=False)
+    for case, by_policy in figures["failures"].items():
+        for policy, outcome in by_policy.items():
+            console.print(f"  {case}, {policy}: {outcome}", highlight=False)
+    console.print(f"  expired KV lease: {figures['expiredLease']}", highlight=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -521,10 +595,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("routing", "aws"),
+        choices=("routing", "aws", "pd"),
         help="one section alone: routing (least-conn against vLLM's router on two real vLLM "
-        "replicas), or aws (the --aws-stack node side: up, image bump, node added, never healthy)",
+        "replicas), aws (the --aws-stack node side: up, image bump, node added, never healthy), "
+        "or pd (prefill/decode over NIXL: identity with aggregated, shaped links, failures)",
     )
+    parser.add_argument("--no-pd", action="store_true", help="leave the prefill/decode rehearsal out")
+    parser.add_argument("--pd-requests", type=int, default=8, help="P/D requests per shaped rate")
     parser.add_argument("--no-routing", action="store_true", help="leave the routing benchmark out")
     parser.add_argument("--routing-rounds", type=int, default=3, help="routing runs per policy; medians")
     parser.add_argument(
@@ -570,6 +647,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(figures, indent=2))
         return 0
+    if args.only == "pd":
+        figures = {"machine": render_bench.machine(), "pd": pd(args, console)}
+        if args.json:
+            print(json.dumps(figures, indent=2))
+        return 0
     if args.only == "aws":
         figures = {"machine": render_bench.machine(), "lab": {"aws": aws_rehearsal(args.aws_stack or "prod")}}
         console.print(f"AWS node side ({args.aws_stack}): {json.dumps(figures['lab']['aws'])}")
@@ -599,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
                 print_real_model(console, figures["lab"]["realModel"])
         if not args.no_routing:
             figures["routing"] = routing(args, console)
+        if not args.no_pd:
+            figures["pd"] = pd(args, console)
         if args.aws_stack:
             figures["lab"]["aws"] = aws_rehearsal(args.aws_stack)
             if not args.json:

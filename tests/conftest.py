@@ -48,7 +48,13 @@ def bare_metal_raw() -> dict:
 # https://github.com/pytest-dev/pytest-xdist/issues/1386), so the suite brings its scheduler
 # through xdist's pytest_xdist_make_scheduler hook.
 SERIAL_GROUPS = {
-    "real-vllm": ("test_lab_real_vllm", "test_real_vllm", "test_realvllm_setup", "test_real_router"),
+    "real-vllm": (
+        "test_lab_real_vllm",
+        "test_real_vllm",
+        "test_realvllm_setup",
+        "test_real_router",
+        "test_real_pd",
+    ),
 }
 # Seconds per module in a clean-clone run (`PYTEST_ADDOPTS=--durations=0 .ci/run`, summed per
 # module, one lab up each); a module that becomes long belongs here.
@@ -56,6 +62,7 @@ LONG_MODULES = (
     "test_lab_real_vllm",  # 346 s
     "test_lab_upgrade",  # 238 s
     "test_lab_namespaces",  # 218 s
+    "test_real_pd",  # 96-189 s alone, load average 17-50 (two real servers with NIXL, the router)
     "test_lab_aws",  # 135 s
     "test_lab_doctor",  # 92 s
     "test_real_vllm",  # 80 s; its group (with test_real_vllm_multinode) 133 s

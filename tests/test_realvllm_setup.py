@@ -3,6 +3,7 @@ the rendered `vllm serve` line (and that docs/lab.md lists them)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -109,6 +110,21 @@ def test_cpu_changes_read_both_flag_spellings():
     rendered = ["vllm", "serve", "Qwen/Qwen3-32B", "--tensor-parallel-size", "8", "--trust-remote-code"]
     adapted = realvllm.cpu_serve_argv(rendered, "/m")
     assert adapted[3:5] == ["--tensor-parallel-size=1", "--trust-remote-code"]
+
+
+def test_a_disaggregated_servers_kv_buffer_moves_to_host_memory_and_nothing_else_of_its_config():
+    from qwen_cluster.render import kvtransfer
+
+    config = kvtransfer.kv_transfer_config(
+        "decode", connector="pull", backend="ucx", load_failure_policy="recompute"
+    )
+    flag = f"--kv-transfer-config={kvtransfer.kv_transfer_flag(config)}"
+    rendered = ["vllm", "serve", "Qwen/Qwen3-32B", flag]
+    adapted = realvllm.cpu_serve_argv(rendered, "/m")
+    flag = next(word for word in adapted if word.startswith("--kv-transfer-config="))
+    assert json.loads(flag.split("=", 1)[1]) == {**config, "kv_buffer_device": "cpu"}
+    # An aggregated server gets no such flag.
+    assert not any("kv-transfer" in word for word in realvllm.cpu_serve_argv(rendered[:3], "/m"))
 
 
 MULTI_NODE_FLAGS = (

