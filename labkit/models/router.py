@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labkit.models import realvllm
+from qwen_cluster.render import router as program_router
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements-vllm-router.txt"
@@ -127,32 +128,25 @@ def pd_command(
     host: str,
     port: int,
     metrics_port: int,
-    kv_connector: str = "nixl",
     health_check_interval_secs: int = 2,
     log_level: str = "warning",
     venv: Path | None = None,
 ) -> list[str]:
-    """The router in prefill/decode mode (vllm_router/router_args.py in the 0.1.17 wheel:
-    `--vllm-pd-disaggregation`, `--prefill URL [BOOTSTRAP_PORT]` and `--decode URL`, each
-    repeated per worker, `--kv-connector` nixl|mooncake|moriio). With nixl it sends the prompt
-    to a prefill worker with `kv_transfer_params` asking for a remote decode and one token, then
-    the request with the prefill's answer's `kv_transfer_params` to a decode worker, which pulls
-    the KV."""
+    """The router in prefill/decode mode, its P/D flags as the program renders them
+    (qwen_cluster/render/router.py pd_worker_flags) for the lab's own worker URLs. With nixl it
+    sends the prompt to a prefill worker with `kv_transfer_params` asking for a remote decode and
+    one token, then the request with the prefill's answer's `kv_transfer_params` to a decode
+    worker, which pulls the KV."""
     argv = [
         str(executable(venv)),
         "--host", host,
         "--port", str(port),
-        "--vllm-pd-disaggregation",
-        "--kv-connector", kv_connector,
+        *program_router.pd_worker_flags(prefill, decode),
         "--prometheus-host", host,
         "--prometheus-port", str(metrics_port),
         "--health-check-interval-secs", str(health_check_interval_secs),
         "--log-level", log_level,
     ]  # fmt: skip
-    for url in prefill:
-        argv += ["--prefill", url]
-    for url in decode:
-        argv += ["--decode", url]
     return argv
 
 

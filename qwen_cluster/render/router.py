@@ -189,11 +189,17 @@ def pool_urls(cluster, pool: str) -> list[str]:
 KV_CONNECTOR = "nixl"
 
 
+def pd_worker_flags(prefill: list[str], decode: list[str]) -> list[str]:
+    """`--vllm-pd-disaggregation --prefill URL ... --decode URL ... --kv-connector nixl` for the
+    given worker URLs (the lab's P/D rehearsal passes its own, labkit/cluster/pdlab.py)."""
+    prefill_flags = [arg for url in prefill for arg in ("--prefill", url)]
+    decode_flags = [arg for url in decode for arg in ("--decode", url)]
+    return ["--vllm-pd-disaggregation", *prefill_flags, *decode_flags, "--kv-connector", KV_CONNECTOR]
+
+
 def _pd_workers(cluster) -> list[str]:
-    """`--vllm-pd-disaggregation --prefill URL ... --decode URL ... --kv-connector nixl`."""
-    prefill = [arg for url in pool_urls(cluster, "prefill") for arg in ("--prefill", url)]
-    decode = [arg for url in pool_urls(cluster, "decode") for arg in ("--decode", url)]
-    return ["--vllm-pd-disaggregation", *prefill, *decode, "--kv-connector", KV_CONNECTOR]
+    """The two pools' replicas as the router's P/D workers (pd_worker_flags)."""
+    return pd_worker_flags(pool_urls(cluster, "prefill"), pool_urls(cluster, "decode"))
 
 
 def kv_event_sources(cluster) -> list[str]:
