@@ -38,7 +38,7 @@ from typing import Any
 
 from labkit.cluster import routingbench
 from labkit.cluster.blueprint import BRIDGE, MEMBER_IF, PREFIX
-from labkit.hosts import netns
+from labkit.hosts import local, netns
 from labkit.models import realvllm, router
 from qwen_cluster import catalog, kvlink
 from qwen_cluster import ports as port_table
@@ -352,7 +352,7 @@ class Lab:
     # -- the client (in the router's namespace)
 
     def status(self, url: str) -> int:
-        return netns.call_in(ROUTER_NS, _status, url)
+        return netns.call_in(ROUTER_NS, local.http_status, url)
 
     def metrics(self, node: Node) -> dict[str, float]:
         return netns.call_in(ROUTER_NS, lambda: samples(_get(f"{node.url}/metrics")))
@@ -384,19 +384,6 @@ def _get(url: str, timeout: float = 60) -> str:
 
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read().decode()
-
-
-def _status(url: str) -> int:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
 
 
 def samples(metrics_text: str) -> dict[str, float]:

@@ -30,7 +30,6 @@ import http.server
 import json
 import os
 import random
-import signal
 import socket
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from labkit.cluster import routingbench
+from labkit.hosts import local
 from labkit.models import router
 
 WORKER_PORT = 5000
@@ -225,16 +225,6 @@ def _bodies(rng: random.Random, count: int, stream: bool = False) -> list[bytes]
     ]
 
 
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
-
-
 def _wait(condition, timeout: float, what: str, process: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -243,13 +233,6 @@ def _wait(condition, timeout: float, what: str, process: subprocess.Popen, log: 
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} not ready in {timeout:.0f} s: {log.read_text()[-2000:]}")
         time.sleep(0.2)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=30)
 
 
 @contextlib.contextmanager
@@ -268,10 +251,12 @@ def workers(net: str, count: int, workdir: Path) -> Iterator[list[str]]:
     urls = [f"http://{host}:{WORKER_PORT}" for host in hosts]
     try:
         for url in urls:
-            _wait(lambda url=url: _status(f"{url}/health") == 200, 60, f"stand-in {url}", process, log)
+            _wait(
+                lambda url=url: local.http_status(f"{url}/health") == 200, 60, f"stand-in {url}", process, log
+            )
         yield urls
     finally:
-        _stop(process)
+        local.kill_group(process)
 
 
 @contextlib.contextmanager
@@ -293,10 +278,10 @@ def running_router(net: str, urls: list[str], policy: str, workdir: Path) -> Ite
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://{host}:{ROUTER_PORT}"
     try:
-        _wait(lambda: _status(f"{base}/health") == 200, 120, f"the router ({policy})", process, log)
+        _wait(lambda: local.http_status(f"{base}/health") == 200, 120, f"the router ({policy})", process, log)
         yield base
     finally:
-        _stop(process)
+        local.kill_group(process)
 
 
 def _ms(values: list[float], q: float) -> float:

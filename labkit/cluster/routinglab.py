@@ -18,16 +18,15 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.cluster import routingbench
+from labkit.hosts import local
 from labkit.models import realvllm, router
 from qwen_cluster.render import vllm as vllm_render
 
@@ -172,7 +171,7 @@ class Loopback:
             outcome: int(float(value))
             for outcome, value in re.findall(
                 r'^vllm_router_prefix_routing_decisions_total\{[^}]*outcome="([a-z_]+)"[^}]*\}\s+(\S+)',
-                _get(self.router_metrics_url),
+                local.http_get(self.router_metrics_url),
                 re.M,
             )
         }
@@ -190,7 +189,7 @@ class Loopback:
         {rank: KVEventsConfig}, the bound endpoint; one rank here)."""
         sources = {}
         for url in self.replicas.values():
-            ranks = json.loads(_get(f"{url}/kv_event_sources"))
+            ranks = json.loads(local.http_get(f"{url}/kv_event_sources"))
             sources[url] = ranks["0"]["endpoint"]
         return sources
 
@@ -200,7 +199,7 @@ class Loopback:
             result: int(float(value))
             for result, value in re.findall(
                 r'^vllm_router_kv_placement_lookups_total\{[^}]*result="([a-z_]+)"[^}]*\}\s+(\S+)',
-                _get(self.kv_router_metrics_url),
+                local.http_get(self.kv_router_metrics_url),
                 re.M,
             )
         }
@@ -221,7 +220,7 @@ class Loopback:
         )
         self._start("router-kv", argv, dict(os.environ))
         _wait(
-            lambda: _status(f"{self.kv_router_url}/health") == 200,
+            lambda: local.http_status(f"{self.kv_router_url}/health") == 200,
             60,
             "the kv router's /health",
             self,
@@ -229,7 +228,10 @@ class Loopback:
         )
 
     def read_counters(self) -> dict[str, dict[str, float]]:
-        return {node: routingbench.counters(_get(f"{url}/metrics")) for node, url in self.replicas.items()}
+        return {
+            node: routingbench.counters(local.http_get(f"{url}/metrics"))
+            for node, url in self.replicas.items()
+        }
 
     def log_tail(self, name: str, size: int = 3000) -> str:
         path = self.workdir / f"{name}.log"
@@ -254,33 +256,24 @@ class Loopback:
             policy=policy,
         )
         self._start("router", argv, {**os.environ, **(env or {})})
-        _wait(lambda: _status(f"{self.router_url}/health") == 200, 60, "the router's /health", self, "router")
+        _wait(
+            lambda: local.http_status(f"{self.router_url}/health") == 200,
+            60,
+            "the router's /health",
+            self,
+            "router",
+        )
 
     def kill(self, name: str) -> None:
         process = self.processes.pop(name, None)
         if process is not None:
-            _kill_group(process)
+            local.kill_group(process)
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         with open(self.workdir / f"{name}.log", "ab") as log:
             self.processes[name] = subprocess.Popen(
                 argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-
-
-def _get(url: str, timeout: float = 10) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read().decode()
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
 
 
 def _wait(condition, timeout: float, what: str, lab: Loopback, name: str) -> None:
@@ -292,13 +285,6 @@ def _wait(condition, timeout: float, what: str, lab: Loopback, name: str) -> Non
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} not ready in {timeout:.0f} s:\n{lab.log_tail(name)}")
         time.sleep(0.5)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=30)
 
 
 @contextlib.contextmanager
@@ -333,7 +319,7 @@ def up(
             lab._start(node, replica_argv(cluster, node, kv_cache_bytes), replica_environment(index, host))
         for node, url in replicas.items():
             _wait(
-                lambda url=url: _status(f"{url}/health") == 200,
+                lambda url=url: local.http_status(f"{url}/health") == 200,
                 healthy_timeout,
                 f"{node}'s /health",
                 lab,
@@ -347,7 +333,11 @@ def up(
             lab._start(name, argv, os.environ.copy())
         for policy in routingbench.ALL_POLICIES:
             _wait(
-                lambda p=policy: _status(f"{lab.url(p)}/health") == 200, 30, f"nginx ({policy})", lab, "nginx"
+                lambda p=policy: local.http_status(f"{lab.url(p)}/health") == 200,
+                30,
+                f"nginx ({policy})",
+                lab,
+                "nginx",
             )
         yield lab
     finally:
@@ -392,7 +382,7 @@ def benchmark_endpoint(
 
     def read_counters() -> dict[str, dict[str, float]]:
         # Without the replicas' metrics: no counters, so no hit rate and no per-replica figures.
-        return {metrics: routingbench.counters(_get(metrics)) for metrics in metrics_urls}
+        return {metrics: routingbench.counters(local.http_get(metrics)) for metrics in metrics_urls}
 
     runs: dict[str, dict[str, list]] = {}
     for round_index in range(rounds):
@@ -521,7 +511,10 @@ def benchmark_in_lab(
         def read_counters() -> dict[str, dict[str, float]]:
             return netns.call_in(
                 plan.load_balancer.namespace,
-                lambda: {node: routingbench.counters(_get(f"{url}/metrics")) for node, url in heads.items()},
+                lambda: {
+                    node: routingbench.counters(local.http_get(f"{url}/metrics"))
+                    for node, url in heads.items()
+                },
             )
 
         runs: dict[str, dict[str, list]] = {
