@@ -121,7 +121,51 @@ def test_a_monitoring_password_in_plain_text_stops_the_program_without_showing_i
     assert MONITORING_PASSWORD not in result.error and not result.resources
 
 
-def test_a_monitoring_password_is_accepted_on_aws_too():
+def _monitoring_tls(ip: str = "10.42.1.100") -> dict:
+    from tests.helpers.monitoring_tls import issue
+
+    pki = issue(ip)
+    return {
+        "certificate": pki.certificate,
+        "privateKey": pki.private_key,
+        "caCertificate": pki.ca_certificate,
+    }
+
+
+def test_a_monitoring_password_with_tls_is_accepted_on_aws_too():
+    raw = stackfile.cluster_keys(stackfile.read("dev"))
+    raw["monitoring"] = {
+        **raw.get("monitoring", {}),
+        "password": MONITORING_PASSWORD,
+        "tls": _monitoring_tls(),
+    }
+    validated = config.validate(raw).monitoring
+    assert validated.password is not None  # kept, shown redacted
+    assert (validated.tls.certificate, validated.tls.private_key) == (REDACTED, REDACTED)
+    assert validated.tls.ca_certificate == _monitoring_tls()["caCertificate"]  # public: kept as text
+
+
+def test_a_monitoring_password_without_tls_is_refused_naming_monitoring_tls():
     raw = stackfile.cluster_keys(stackfile.read("dev"))
     raw["monitoring"] = {**raw.get("monitoring", {}), "password": MONITORING_PASSWORD}
-    assert config.validate(raw).monitoring.password is not None  # kept, shown redacted
+    with pytest.raises(
+        config.ConfigError, match=r"monitoring.password is set without monitoring.tls.*in clear"
+    ):
+        config.validate(raw)
+
+
+def test_a_monitoring_key_in_plain_text_stops_the_program_without_showing_it():
+    stack_config = stackfile.read("onprem")
+    key = f"{NAMESPACE}:monitoring"
+    tls = _monitoring_tls("192.168.1.100")
+    stack_config[key] = {**stack_config[key], "tls": tls}
+    result = offline.render(stack_config, "onprem")
+    assert result.error and "monitoring.tls.privateKey is in plain text in the stack file" in result.error
+    assert tls["privateKey"].splitlines()[1] not in result.error and not result.resources
+
+
+def test_a_monitoring_ca_that_is_not_pem_is_refused_naming_the_key():
+    raw = stackfile.cluster_keys(stackfile.read("dev"))
+    raw["monitoring"] = {"tls": {**_monitoring_tls(), "caCertificate": "not a certificate"}}
+    with pytest.raises(config.ConfigError, match=r"monitoring.tls.caCertificate.*is not a PEM certificate"):
+        config.validate(raw)

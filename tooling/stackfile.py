@@ -27,6 +27,12 @@ OFFLINE_SECRETS: dict[tuple[str, ...], str] = {
     (f"{config.NAMESPACE}:loadBalancer", "tls", "privateKey"): (
         "-----BEGIN PRIVATE KEY-----\noffline placeholder\n-----END PRIVATE KEY-----\n"
     ),
+    (f"{config.NAMESPACE}:monitoring", "tls", "certificate"): (
+        "-----BEGIN CERTIFICATE-----\noffline placeholder\n-----END CERTIFICATE-----\n"
+    ),
+    (f"{config.NAMESPACE}:monitoring", "tls", "privateKey"): (
+        "-----BEGIN PRIVATE KEY-----\noffline placeholder\n-----END PRIVATE KEY-----\n"
+    ),
 }
 
 

@@ -360,6 +360,14 @@ def _monitoring_errors(
     errors: list[str] = []
     if nodes is not None and monitoring.node is not None and monitoring.node not in {n.name for n in nodes}:
         errors.append(f"monitoring.node {monitoring.node} is not one of the nodes")
+    if monitoring.prometheus and monitoring.password is not None and monitoring.tls is None:
+        # Basic auth over plain HTTP hands the password to anyone on the path (docs/security.md).
+        errors.append(
+            "monitoring.password is set without monitoring.tls: the password would cross the network in "
+            "clear; set monitoring.tls (`pulumi config set --secret --path "
+            "'qwen-cluster:monitoring.tls.certificate' < chain.pem`, the same for `privateKey` < key.pem, "
+            "and `pulumi config set --path 'qwen-cluster:monitoring.tls.caCertificate' < ca.pem`)"
+        )
     if table is None:
         return errors
     for key, name in monitoring_rows(monitoring):

@@ -29,6 +29,7 @@ from qwen_cluster.config.limits import (
 from qwen_cluster.config.secrets import (
     API_KEY_RULE,
     MONITORING_PASSWORD_RULE,
+    PEM_CERTIFICATE,
     ApiKey,
     MonitoringPassword,
     PemCertificate,
@@ -58,6 +59,8 @@ def official_image(image: str) -> bool:
     for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
         repository = repository.removeprefix(prefix)
     return repository == OFFICIAL_IMAGE
+
+
 # Extra `vllm serve` flags a Qwen3 deployment wants. Every flag the program renders, checked
 # against vLLM's own argument definitions (vLLM 0.33.0, read in its wheel: `vllm serve` builds its
 # parser in vllm/entrypoints/common/cli_args.py make_arg_parser from FrontendArgs, which holds
@@ -569,6 +572,35 @@ def _sysctl_map(value: object) -> object:
     return value
 
 
+class MonitoringTls(Section):
+    """TLS on Prometheus and Alertmanager (their web config's `tls_server_config`): both serve
+    HTTPS only, and Prometheus, doctor and the lab's checks verify them against `caCertificate`."""
+
+    certificate: PemCertificate = Field(
+        description="The PEM certificate chain both servers present, server certificate first; it names "
+        "the address of `monitoring.node` (subjectAltName IP), which is where its clients connect. Set "
+        "with `pulumi config set --secret --path 'qwen-cluster:monitoring.tls.certificate' < chain.pem`.",
+    )
+    private_key: PemPrivateKey = Field(
+        description="The certificate's PEM private key, a secret: `pulumi config set --secret --path "
+        "'qwen-cluster:monitoring.tls.privateKey' < key.pem`. A new pair is read on the next "
+        "connection: no restart (docs/monitoring.md).",
+    )
+    ca_certificate: str = Field(
+        description="The PEM certificate of the CA that issued `certificate`: what Prometheus (logging "
+        "in to itself and to Alertmanager), `scripts/doctor.py` and operators verify the servers with. "
+        "Public, so plain text: `pulumi config set --path 'qwen-cluster:monitoring.tls.caCertificate' "
+        "< ca.pem`.",
+    )
+
+    @field_validator("ca_certificate")
+    @classmethod
+    def _pem(cls, value: str) -> str:
+        if not PEM_CERTIFICATE.search(value):
+            raise ValueError("is not a PEM certificate (-----BEGIN CERTIFICATE----- ... -----END ...)")
+        return value
+
+
 class Monitoring(Section):
     """The metrics endpoint on every node, and the cluster's own Prometheus + Alertmanager."""
 
@@ -598,7 +630,14 @@ class Monitoring(Section):
         "`access.monitoringCidrs`. Set it with `pulumi config set --secret --path "
         "'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\"`; "
         f"{MONITORING_PASSWORD_RULE}. A new one takes effect without a restart. On AWS the monitoring "
-        "node reads it from SecureString parameters with its role.",
+        "node reads it from SecureString parameters with its role. Needs `tls`: a password is never "
+        "sent in clear.",
+    )
+    tls: MonitoringTls | None = Field(
+        default=None,
+        description="Prometheus and Alertmanager serve HTTPS only (TLS 1.2 and 1.3, forward-secret AEAD "
+        "ciphers as the endpoint's). Required with `password`. On AWS the key is a SecureString "
+        "parameter only the monitoring node reads, as the password.",
     )
     scrape_interval_seconds: float = Field(
         default=DEFAULT_SCRAPE_INTERVAL_SECONDS,
