@@ -65,8 +65,9 @@ def prometheus_config(
     With `ca_file` (monitoring.tls), it reaches both over https and verifies them against that CA
     alone. No `server_name`: the targets are the monitoring node's address, which the certificate
     names (subjectAltName IP), and Go verifies an IP target against the IP SANs. prometheus/common
-    (config/http_config.go `tlsRoundTripper`) reads the CA file again when it changes: a new CA
-    needs no reload."""
+    v0.39 (config/http_config.go `tlsRoundTripper.RoundTrip`) hashes the CA file on every request
+    and, when it changed, builds a new transport and closes the idle connections: a new CA needs
+    no reload."""
     times = timing(cluster)
     am_port = alertmanager_port(cluster)
     here = server_address(cluster)
