@@ -3,7 +3,8 @@
 scripts/lab.py up STACK [--nodes N] [--real-model]
                                           apply the program to the lab (day 0, or what changed);
                                           --real-model: the real vLLM serves (labkit/models/realvllm.py)
-scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure
+scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure (on the lab as
+                                          it is: a lab knows its own node count)
 scripts/lab.py upgrade STACK --change KEY=VALUE [...] [--json] [--probe-matrix] [--nodes N]
                                           apply a change under client load; exit 1 on a
                                           failed step, request or cut stream (--nodes: a lab
@@ -94,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "upgrade":
         return _upgrade(args, console, options)
     try:
-        lab_plan = blueprint.load(args.stack, nodes=args.nodes, label=args.label, root=args.root)
+        lab_plan = lab_plan_for(
+            args.stack, label=args.label, nodes=args.nodes, root=args.root, as_applied=args.command == "check"
+        )
+    except lifecycle.SizeError as error:
+        console.print(f"[bold red]{error}[/]")
+        return 2
     except (ConfigError, blueprint.PlanError, FileNotFoundError) as error:
         console.print(f"[bold red]lab {args.stack}: nothing built[/]\n{error}")
         return 2
@@ -124,6 +130,24 @@ def main(argv: list[str] | None = None) -> int:
             removed = lifecycle.down(lab_plan.label)
             console.print(f"removed {len(removed)} namespaces of lab {lab_plan.label}")
     return status
+
+
+def lab_plan_for(
+    stack: str,
+    *,
+    label: str | None = None,
+    nodes: int | None = None,
+    root: Path | None = None,
+    as_applied: bool = False,
+) -> blueprint.LabPlan:
+    """The plan of the lab `label` (default: the stack's name): the stack file at the node count
+    the lab was brought up with (lifecycle.nodes_for; `nodes` for a lab not up yet), or with
+    `as_applied` the config the lab last applied (what `check` probes: the lab as it runs, as
+    `doctor --lab` reads it). SizeError when `nodes` differs from a lab that is up."""
+    count = lifecycle.nodes_for(label or stack, nodes)
+    lab_plan = blueprint.load(stack, nodes=count, label=label, root=root)
+    state = executor.load_state(lifecycle.state_file(lab_plan)) if as_applied else None
+    return lifecycle.plan_from_config(state.config, lab_plan.label) if state is not None else lab_plan
 
 
 def _is_aws(args) -> bool:
@@ -170,13 +194,13 @@ def _up_for_upgrade(args, console: Console, options: lifecycle.Options) -> int:
     is up with another node count is refused (the change would be applied to a different
     cluster than asked for)."""
     label = args.label or args.stack
-    state = executor.load_state(lifecycle.state_file_for(label))
-    if state is not None:
-        count = len(state.config.get("qwen-cluster:nodes") or [])
-        if count != args.nodes:
-            console.print(f"[bold red]lab {label} is up with {count} nodes, not --nodes {args.nodes}[/]")
-            return 2
-        return 0
+    try:
+        lifecycle.nodes_for(label, args.nodes)
+    except lifecycle.SizeError as error:
+        console.print(f"[bold red]{error}[/]")
+        return 2
+    if lifecycle.state_file_for(label).exists():
+        return 0  # up with that many nodes already
     try:
         lab_plan = blueprint.load(args.stack, nodes=args.nodes, label=args.label, root=args.root)
     except (ConfigError, blueprint.PlanError, FileNotFoundError) as error:

@@ -6,6 +6,7 @@ from pulumi_policy import ReportViolation, Severity, StackValidationArgs
 
 from policies.declaration import ADVISORY, Settings, stack_policy
 from policies.facts import Net, current_facts
+from qwen_cluster.config import x509check
 
 
 @stack_policy(
@@ -25,6 +26,46 @@ def keys_in_clear(args: StackValidationArgs, report: ReportViolation, settings: 
             "access.apiKeys are set and loadBalancer.tls is not: clients send their keys, prompts and "
             "answers in clear to the load balancer, where anyone on the path can read and reuse a key. "
             "Set loadBalancer.tls (docs/endpoint.md)"
+        )
+
+
+@stack_policy(
+    name="certificate-expiring",
+    description="The endpoint's certificate (loadBalancer.tls) is renewed before it expires: a "
+    f"certificate of the chain that expires within {x509check.EXPIRY_ADVISORY_DAYS} days is said "
+    "(an expired one is refused by the program itself).",
+    enforcement_level=ADVISORY,
+    severity=Severity.MEDIUM,
+    remediation_steps="Renew the certificate and set the new chain and key with `pulumi config set "
+    "--secret --path` (docs/endpoint.md); nginx reloads, no model server restarts.",
+)
+def certificate_expiring(args: StackValidationArgs, report: ReportViolation, settings: Settings) -> None:
+    """Once per certificate close to its end, where the pack had the pair in plain text."""
+    facts = current_facts()
+    for warning in facts.certificate_warnings if facts.known else ():
+        report(f"loadBalancer.tls {warning}")
+
+
+@stack_policy(
+    name="monitoring-open",
+    description="Prometheus and Alertmanager ask for a password (monitoring.password): a stack that runs "
+    "them open on purpose (monitoring.openToMonitoringCidrs) lets anyone in access.monitoringCidrs "
+    "query them and create or expire silences, hiding an incident from everyone.",
+    enforcement_level=ADVISORY,
+    severity=Severity.HIGH,
+    remediation_steps="Set monitoring.password (`pulumi config set --secret --path "
+    "'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\"`) and remove "
+    "monitoring.openToMonitoringCidrs (docs/monitoring.md).",
+)
+def monitoring_open(args: StackValidationArgs, report: ReportViolation, settings: Settings) -> None:
+    """Once per stack, from the stack's own config: the stack said it, the plan says it back."""
+    facts = current_facts()
+    if facts.known and facts.monitoring_open:
+        cidrs = ", ".join(map(str, facts.monitoring_cidrs)) or "no block"
+        report(
+            "monitoring.openToMonitoringCidrs is true: Prometheus and Alertmanager answer without a "
+            f"password to anyone in access.monitoringCidrs ({cidrs}), who can create a silence and hide "
+            "an incident from everyone. Set monitoring.password (docs/monitoring.md)"
         )
 
 

@@ -40,6 +40,11 @@ class Facts:
     monitoring_node: str | None = None  # where Prometheus and Alertmanager run (monitoring.node)
     api_keys: bool = False  # access.apiKeys set (the endpoint checks keys)
     tls: bool = False  # loadBalancer.tls set (clients speak TLS to the endpoint)
+    # What the parse of loadBalancer.tls warrants saying (an expiry close at hand), where the pair
+    # was at hand in plain text (qwen_cluster/config/x509check.py).
+    certificate_warnings: tuple[str, ...] = ()
+    # Prometheus and Alertmanager run without a password, as monitoring.openToMonitoringCidrs says.
+    monitoring_open: bool = False
     known: bool = False  # read from the stack config
     unknown_because: str = ""
 
@@ -97,6 +102,8 @@ def facts_for(cluster: config.ClusterConfig | None, unknown_because: str = NO_CO
         monitoring_node=cluster.monitoring_node.name if cluster.monitoring_node else None,
         api_keys=bool(cluster.access.api_keys),
         tls=cluster.load_balancer.tls is not None,
+        certificate_warnings=cluster.load_balancer.tls.warnings if cluster.load_balancer.tls else (),
+        monitoring_open=cluster.monitoring.prometheus and cluster.monitoring.open_to_monitoring_cidrs,
         known=True,
     )
 

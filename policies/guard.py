@@ -42,6 +42,8 @@ DECLARED: tuple[Declared, ...] = (
     baseline.tls_policy,
     containers.container_host_network,
     endpoint.keys_in_clear,
+    endpoint.certificate_expiring,
+    endpoint.monitoring_open,
     endpoint.monitoring_inside_clients,
     facts.stack_config,
 )

@@ -20,12 +20,13 @@ from tooling import changes, stackfile
 
 KEY = "aws-test-key-" + "7" * 40
 OTHER_KEY = "aws-test-key-" + "8" * 40
-CERTIFICATE = "-----BEGIN CERTIFICATE-----\nMIIB-test-certificate\n-----END CERTIFICATE-----\n"
-PRIVATE_KEY = "-----BEGIN PRIVATE KEY-----\nMIIE-test-private-key\n-----END PRIVATE KEY-----\n"
+# A pair the program's parse accepts (qwen_cluster/config/x509check.py), handed over as a secret.
+CERTIFICATE = stackfile.OFFLINE_TLS_CERTIFICATE
+PRIVATE_KEY = stackfile.OFFLINE_TLS_PRIVATE_KEY
 
 
 def stack(keys=(KEY,), tls: bool = True) -> dict:
-    config = stackfile.read("dev", offline_keys=False)
+    config = stackfile.read("dev")
     access = {**config[f"{NAMESPACE}:access"], "apiKeys": [{"secure": key} for key in keys]}
     config = {**config, f"{NAMESPACE}:access": access}
     if tls:
@@ -59,7 +60,15 @@ def test_the_keys_and_tls_files_are_securestring_parameters_with_secret_values()
     result = render(stack())
     parameters = {r.name: r for r in result.of_type("aws:ssm/parameter:Parameter")}
     roles = ("api-keys", "tls-certificate", "tls-private-key")
-    assert set(parameters) == {f"node-proxy-{role}" for role in roles}
+    # The monitoring password's and TLS pair's four (the stack's offline placeholders) are
+    # SecureStrings too.
+    monitoring = {
+        "monitoring-password",
+        "monitoring-web-config",
+        "monitoring-tls-certificate",
+        "monitoring-tls-private-key",
+    }
+    assert set(parameters) == {f"node-proxy-{role}" for role in roles} | monitoring
     for parameter in parameters.values():
         assert parameter.inputs["type"] == "SecureString"
         value = parameter.inputs["value"]
@@ -68,12 +77,12 @@ def test_the_keys_and_tls_files_are_securestring_parameters_with_secret_values()
 
 def test_no_secret_is_in_plain_text_in_any_registered_input_on_aws():
     result = render(stack())
-    for secret in (KEY, "MIIE-test-private-key"):
+    for secret in (KEY, PRIVATE_KEY.splitlines()[1]):  # a line of the key itself
         assert shown_in_clear(result.resources, secret) == []
 
 
 def test_no_secret_is_in_plain_text_in_any_registered_input_on_bare_metal():
-    config = stackfile.read("onprem", offline_keys=False)
+    config = stackfile.read("onprem")
     config[f"{NAMESPACE}:access"] = {**config[f"{NAMESPACE}:access"], "apiKeys": [{"secure": KEY}]}
     config[f"{NAMESPACE}:loadBalancer"] = {
         **config[f"{NAMESPACE}:loadBalancer"],
@@ -81,7 +90,7 @@ def test_no_secret_is_in_plain_text_in_any_registered_input_on_bare_metal():
     }
     result = render(config, "onprem")
     assert result.error is None
-    for secret in (KEY, "MIIE-test-private-key"):
+    for secret in (KEY, PRIVATE_KEY.splitlines()[1]):  # a line of the key itself
         assert shown_in_clear(result.resources, secret) == []
 
 

@@ -161,7 +161,12 @@ def test_an_answer_that_is_not_prometheus_exits_2(capsys):
 
 
 def test_without_a_url_it_asks_the_address_the_stack_gives_prometheus():
-    assert doctor.configured_url(ONPREM) == "http://192.168.1.100:9090"
+    # Offline, onprem has the throwaway password and TLS pair (tooling/stackfile.py): https.
+    assert doctor.configured_url(ONPREM) == "https://192.168.1.100:9090"
+    opened = {"qwen-cluster:monitoring": {"openToMonitoringCidrs": True}}
+    assert doctor.configured_url(stackfile.validate({**stackfile.read("onprem"), **opened})) == (
+        "http://192.168.1.100:9090"
+    )
 
 
 def test_with_monitoring_tls_it_asks_over_https_and_trusts_the_stacks_ca_alone():
@@ -173,4 +178,3 @@ def test_with_monitoring_tls_it_asks_over_https_and_trusts_the_stacks_ca_alone()
     )
     assert doctor.configured_url(cluster) == "https://192.168.1.100:9090"
     assert doctor.monitoring_ca(cluster) == pki.ca_certificate
-    assert doctor.monitoring_ca(ONPREM) is None

@@ -5,12 +5,14 @@ metal rewrites the load balancer's files and replaces no container."""
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
 
 from qwen_cluster import config
 from qwen_cluster.config import NAMESPACE, REDACTED, ConfigError
+from tests.helpers import certificates
 from tests.helpers.aws_stacks import render
 from tests.helpers.configs import BASE_BARE_METAL, TEST_API_KEY
 from tooling import changes, offline, stackfile
@@ -70,7 +72,7 @@ def test_the_offline_tools_give_a_keyless_stack_a_throwaway_secret_key():
 
 
 def test_a_key_written_in_plain_text_in_the_stack_file_stops_the_program_without_showing_it():
-    stack_config = stackfile.read("onprem", offline_keys=False)
+    stack_config = stackfile.read("onprem")
     stack_config[f"{NAMESPACE}:access"] = {**stack_config[f"{NAMESPACE}:access"], "apiKeys": [KEY]}
     result = offline.render(stack_config, "onprem")
     assert result.error and "access.apiKeys is in plain text in the stack file" in result.error
@@ -78,7 +80,7 @@ def test_a_key_written_in_plain_text_in_the_stack_file_stops_the_program_without
 
 
 def _onprem(*keys: str) -> dict:
-    stack_config = stackfile.read("onprem", offline_keys=False)
+    stack_config = stackfile.read("onprem")
     access = {**stack_config[f"{NAMESPACE}:access"], "apiKeys": [{"secure": key} for key in keys]}
     return {**stack_config, f"{NAMESPACE}:access": access}
 
@@ -113,7 +115,8 @@ MONITORING_PASSWORD = "monitoring-password-in-a-test-0123"
 
 
 def test_a_monitoring_password_in_plain_text_stops_the_program_without_showing_it():
-    stack_config = stackfile.read("onprem")
+    # Without the offline placeholders: a `secure:` value beside it would mark the whole object.
+    stack_config = stackfile.read("onprem", offline_keys=False)
     key = f"{NAMESPACE}:monitoring"
     stack_config[key] = {**stack_config[key], "password": MONITORING_PASSWORD}
     result = offline.render(stack_config, "onprem")
@@ -146,7 +149,7 @@ def test_a_monitoring_password_with_tls_is_accepted_on_aws_too():
 
 
 def test_a_monitoring_password_without_tls_is_refused_naming_monitoring_tls():
-    raw = stackfile.cluster_keys(stackfile.read("dev"))
+    raw = stackfile.cluster_keys(stackfile.read("dev", offline_keys=False))
     raw["monitoring"] = {**raw.get("monitoring", {}), "password": MONITORING_PASSWORD}
     with pytest.raises(
         config.ConfigError, match=r"monitoring.password is set without monitoring.tls.*in clear"
@@ -155,7 +158,7 @@ def test_a_monitoring_password_without_tls_is_refused_naming_monitoring_tls():
 
 
 def test_a_monitoring_key_in_plain_text_stops_the_program_without_showing_it():
-    stack_config = stackfile.read("onprem")
+    stack_config = stackfile.read("onprem", offline_keys=False)
     key = f"{NAMESPACE}:monitoring"
     tls = _monitoring_tls("192.168.1.100")
     stack_config[key] = {**stack_config[key], "tls": tls}
@@ -169,3 +172,80 @@ def test_a_monitoring_ca_that_is_not_pem_is_refused_naming_the_key():
     raw["monitoring"] = {"tls": {**_monitoring_tls(), "caCertificate": "not a certificate"}}
     with pytest.raises(config.ConfigError, match=r"monitoring.tls.caCertificate.*is not a PEM certificate"):
         config.validate(raw)
+
+
+def _onprem_with_tls(certificate: str, private_key: str) -> dict:
+    stack_config = stackfile.read("onprem")
+    key = f"{NAMESPACE}:loadBalancer"
+    tls = {"certificate": {"secure": certificate}, "privateKey": {"secure": private_key}}
+    return {**stack_config, key: {**stack_config[key], "tls": tls}}
+
+
+def _refused_at_preview(certificate: str, private_key: str) -> str:
+    result = offline.render(_onprem_with_tls(certificate, private_key), "onprem")
+    assert result.error and not result.resources
+    assert private_key not in result.error
+    return result.error
+
+
+def test_a_tls_key_that_is_not_the_certificates_is_refused_at_preview_naming_the_key():
+    _, intermediate, leaf = certificates.chain()
+    error = _refused_at_preview(leaf.pem + intermediate.pem, certificates.issue("other").key_pem)
+    assert "loadBalancer.tls privateKey does not match the server certificate" in error
+
+
+def test_an_expired_tls_certificate_is_refused_at_preview_naming_the_key():
+    now = datetime.now(UTC)
+    leaf = certificates.issue("old", not_before=now - timedelta(days=90), not_after=now - timedelta(days=1))
+    error = _refused_at_preview(leaf.pem, leaf.key_pem)
+    assert "loadBalancer.tls certificate: certificate 1 (CN=old) expired on" in error
+
+
+def test_a_reversed_tls_chain_is_refused_at_preview_naming_the_key():
+    root, intermediate, leaf = certificates.chain()
+    error = _refused_at_preview(root.pem + intermediate.pem + leaf.pem, leaf.key_pem)
+    assert "loadBalancer.tls " in error and "certificate is in reverse order" in error
+
+
+def test_a_good_tls_pair_renders_and_the_committed_stacks_ciphertext_is_left_unjudged():
+    _, intermediate, leaf = certificates.chain()
+    assert offline.render(_onprem_with_tls(leaf.pem + intermediate.pem, leaf.key_pem), "onprem").error is None
+    raw = stackfile.cluster_keys(_onprem_with_tls("v1:ciphertext", "v1:ciphertext"))
+    assert config.validate(raw).load_balancer.tls.warnings == ()
+
+
+def _dev_with_monitoring_tls(tls: dict) -> dict:
+    raw = stackfile.cluster_keys(stackfile.read("dev"))
+    raw["monitoring"] = {**raw["monitoring"], "password": MONITORING_PASSWORD, "tls": tls}
+    return raw
+
+
+def test_a_monitoring_certificate_that_does_not_name_the_monitoring_node_is_refused():
+    """Prometheus, doctor and operators connect to monitoring.node's address: a certificate for
+    another one would be refused by every client."""
+    with pytest.raises(config.ConfigError) as caught:
+        config.validate(_dev_with_monitoring_tls(_monitoring_tls("10.42.1.101")))
+    (error,) = caught.value.errors
+    assert error.startswith(
+        "monitoring.tls.certificate does not name 10.42.1.100, the address of monitoring.node"
+    )
+    assert "holds 10.42.1.101" in error
+
+
+def test_a_monitoring_chain_another_ca_issued_is_refused_naming_ca_certificate():
+    from tests.helpers.monitoring_tls import issue
+
+    tls = {**_monitoring_tls(), "caCertificate": issue("10.42.1.100", serial=7).ca_certificate}
+    with pytest.raises(
+        config.ConfigError, match=r"monitoring.tls caCertificate \(CN=qwen-cluster test CA 7\) did not"
+    ):
+        config.validate(_dev_with_monitoring_tls(tls))
+
+
+def test_an_expired_monitoring_certificate_is_refused_naming_the_key():
+    from tests.helpers.monitoring_tls import issue
+
+    pki = issue("10.42.1.100", serial=3, days=-1)
+    tls = {"certificate": pki.certificate, "privateKey": pki.private_key, "caCertificate": pki.ca_certificate}
+    with pytest.raises(config.ConfigError, match=r"monitoring.tls certificate: certificate 1 .* expired on"):
+        config.validate(_dev_with_monitoring_tls(tls))

@@ -87,3 +87,45 @@ def test_an_operator_it_does_not_model_is_refused_not_guessed():
     document = _allow({"NumericLessThan": {"s3:max-keys": "10"}})
     with pytest.raises(ValueError, match="NumericLessThan is not modelled"):
         iampolicy.allows(document, "ssm:GetParameter", "x", {"s3:max-keys": "5"})
+
+
+def test_condition_key_names_match_whatever_their_case():
+    """IAM User Guide, "IAM JSON policy elements: Condition": context key names are not
+    case-sensitive (aws:SourceIP is AWS:SourceIp); values keep their operator's rule."""
+    document = _allow({"StringEquals": {"AWS:RequestedRegion": "us-west-2"}})
+    assert iampolicy.allows(document, "ssm:GetParameter", "x", {"aws:requestedregion": "us-west-2"})
+    assert not iampolicy.allows(document, "ssm:GetParameter", "x", {"aws:RequestedRegion": "US-WEST-2"})
+    negated = _allow({"StringNotEquals": {"ec2:ResourceTag/Role": "master"}})
+    assert not iampolicy.allows(negated, "ssm:GetParameter", "x", {"EC2:resourcetag/role": "master"})
+
+
+def test_a_resource_wildcard_stays_in_its_arn_segment_unless_it_ends_the_segment():
+    """IAM User Guide, "IAM JSON policy elements: Resource", Using wildcards in resource ARNs: `*`
+    and `?` work within a segment (the parts between colons); a `*` that is the last character of
+    a segment can expand beyond the colon."""
+    inside = _allow(resource="arn:aws:logs:us-west-2:1:log-group:qwen-*-app")
+    assert iampolicy.allows(inside, "ssm:GetParameter", "arn:aws:logs:us-west-2:1:log-group:qwen-x-app", {})
+    assert not iampolicy.allows(
+        inside, "ssm:GetParameter", "arn:aws:logs:us-west-2:1:log-group:qwen-x:log-stream:y-app", {}
+    )
+    one = _allow(resource="arn:aws:logs:us-west-2:1:log-group:a?b")
+    assert not iampolicy.allows(one, "ssm:GetParameter", "arn:aws:logs:us-west-2:1:log-group:a:b", {})
+    ending = _allow(resource="arn:aws:logs:us-west-2:1:log-group:qwen-*")
+    assert iampolicy.allows(
+        ending, "ssm:GetParameter", "arn:aws:logs:us-west-2:1:log-group:qwen-x:log-stream:y", {}
+    )
+    region = _allow(resource="arn:aws:ssm:*:1:parameter/x")
+    assert iampolicy.allows(region, "ssm:GetParameter", "arn:aws:ssm:us-west-2:1:parameter/x", {})
+    assert iampolicy.allows(_allow(), "ssm:GetParameter", "arn:aws:logs:us-west-2:1:log-group:g:x", {})
+
+
+def test_arn_like_checks_each_of_the_six_components_apart():
+    """IAM User Guide, condition operators, ARN condition operators: each of the six colon-delimited
+    components of the ARN is checked separately."""
+    document = _allow({"ArnLike": {"aws:SourceArn": "arn:aws:ec2:*:1:instance/*"}})
+    assert iampolicy.allows(
+        document, "ssm:GetParameter", "x", {"aws:SourceArn": "arn:aws:ec2:us-west-2:1:instance/i-1"}
+    )
+    assert not iampolicy.allows(
+        document, "ssm:GetParameter", "x", {"aws:SourceArn": "arn:aws:ec2:us-west-2:2:1:instance/i"}
+    )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.aws import elb, iam, machine, model, ssmrun
+from labkit.aws import elb, iam, machine, model, service, ssmrun
 from labkit.aws.lab import lab_config, pace_documents
 from labkit.cluster import endpoint
 from labkit.engine import executor, substitutions
@@ -372,3 +372,25 @@ def test_the_cli_finds_its_waiters_polling_on_the_lab_clock(tmp_path):
     done = subprocess.run(["/usr/bin/python3", "-c", probe], env={**os.environ, "AWS_DATA_PATH": str(data)},
                           capture_output=True, text=True, check=True)  # fmt: skip
     assert done.stdout.split() == ["1", "40"]  # 15 s x 1/30 at the 1 s floor; attempts as AWS's
+
+
+@pytest.mark.parametrize(
+    ("method", "query", "action"),
+    [
+        # S3 API Reference, HeadBucket: "you must have permissions to perform the s3:ListBucket action".
+        ("HEAD", {}, "s3:ListBucket"),
+        ("HEAD", {"x-id": ["HeadBucket"]}, "s3:ListBucket"),
+        # GetBucketLocation (`GET /?location`) is its own action, s3:GetBucketLocation.
+        ("GET", {"location": [""]}, "s3:GetBucketLocation"),
+        ("GET", {"list-type": ["2"], "prefix": ["Qwen/"]}, "s3:ListBucket"),
+        ("GET", {}, "s3:ListBucket"),
+    ],
+)
+def test_the_lab_s3_names_a_bucket_call_as_iam_does(method, query, action):
+    request = service.s3_request("qwen-weights.s3.us-west-2.amazonaws.com", method, "/", query)
+    assert (request.action, request.resources) == (action, ("arn:aws:s3:::qwen-weights",))
+
+
+def test_a_head_bucket_carries_no_prefix_so_a_prefix_bound_listing_grant_does_not_cover_it():
+    request = service.s3_request("s3.us-west-2.amazonaws.com", "HEAD", "/qwen-weights", {})
+    assert request.context == {}

@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from labkit import cli as lab_cli
 from labkit.cluster import blueprint, check, lifecycle, probes, upgrade
 from labkit.hosts import netns
 from qwen_cluster.config import NAMESPACE
@@ -35,6 +36,18 @@ def lab():
         yield lab_plan, options, {result.what: result for result in check.endpoint(lab_plan)}
     finally:
         lifecycle.down(LABEL)
+
+
+def test_a_command_without_nodes_works_on_the_two_node_lab_as_it_is(lab, capsys):
+    """The lab was brought up with two nodes (the stack file has four): `check` without --nodes
+    plans the lab as it runs, every namespace of it there; another --nodes is refused."""
+    planned = lab_cli.lab_plan_for("onprem", label=LABEL, as_applied=True)
+    assert [member.node for member in planned.nodes] == ["master", "worker-1"]
+    assert all(netns.exists(member.namespace) for member in planned.nodes)
+    assert lab_cli.main(["check", "onprem", "--label", LABEL, "--nodes", "4"]) == 2
+    assert capsys.readouterr().out.strip() == (
+        f"lab {LABEL} is up with 2 nodes, not --nodes 4: leave --nodes out, or `lab.py down` it first"
+    )
 
 
 def _failed(results) -> list:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qwen_cluster.config import ConfigError, validate
+from tooling import stackfile
 
 
 def errors_of(raw: dict) -> list[str]:
@@ -67,7 +68,7 @@ def test_prometheus_row_must_be_monitoring_scope(bare_metal_raw):
 
 
 def test_monitoring_node_must_be_a_node(bare_metal_raw):
-    bare_metal_raw["monitoring"] = {"node": "worker-9"}
+    bare_metal_raw["monitoring"] = {**bare_metal_raw["monitoring"], "node": "worker-9"}
     assert errors_of(bare_metal_raw) == ["monitoring.node worker-9 is not one of the nodes"]
 
 
@@ -88,3 +89,50 @@ def test_bounds_are_checked(bare_metal_raw):
 def test_unknown_monitoring_key_is_an_error(bare_metal_raw):
     bare_metal_raw["monitoring"] = {"prometheus": True, "grafana": True}
     assert errors_of(bare_metal_raw) == ["monitoring.grafana is not a known key"]
+
+
+# --- the password, or a word that the monitoring surface is open -------------------------------
+
+SET_PASSWORD = (
+    "pulumi config set --secret --path 'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\""
+)
+
+
+def test_prometheus_without_a_password_is_refused_naming_the_key_and_the_command(bare_metal_raw):
+    bare_metal_raw["monitoring"] = {"prometheus": True}
+    (error,) = errors_of(bare_metal_raw)
+    assert error.startswith("monitoring.password is not set: Prometheus and Alertmanager would answer")
+    assert SET_PASSWORD in error and "monitoring.openToMonitoringCidrs: true" in error
+
+
+def test_a_stack_may_say_its_monitoring_is_open_on_purpose(bare_metal_raw):
+    bare_metal_raw["monitoring"] = {"openToMonitoringCidrs": True}
+    assert validate(bare_metal_raw).monitoring.open_to_monitoring_cidrs
+
+
+def test_a_password_and_the_open_word_together_are_refused(bare_metal_raw):
+    bare_metal_raw["monitoring"] = {**bare_metal_raw["monitoring"], "openToMonitoringCidrs": True}
+    assert errors_of(bare_metal_raw) == [
+        "monitoring.openToMonitoringCidrs is true but monitoring.password is set: remove one or the other"
+    ]
+
+
+def test_without_prometheus_no_password_is_needed(bare_metal_raw):
+    bare_metal_raw["monitoring"] = {"prometheus": False}
+    assert validate(bare_metal_raw).monitoring.password is None
+
+
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_the_committed_stacks_without_their_secret_are_refused_naming_the_monitoring_password(stack):
+    raw = stackfile.cluster_keys(stackfile.read(stack, offline_keys=False))
+    (error,) = errors_of({**raw, "access": {**raw["access"], "openEndpoint": True}})
+    assert error.startswith("monitoring.password is not set") and SET_PASSWORD in error
+
+
+@pytest.mark.parametrize("stack", stackfile.STACKS)
+def test_the_offline_tools_give_them_a_throwaway_password_and_say_so(stack):
+    stack_config = stackfile.read(stack)
+    assert validate(stackfile.cluster_keys(stack_config)).monitoring.password is not None
+    values, _ = stackfile.as_pulumi_config(stack_config)
+    assert stackfile.OFFLINE_MONITORING_PASSWORD in values["qwen-cluster:monitoring"]
+    assert "monitoring.password" in stackfile.offline_placeholders(stack_config)

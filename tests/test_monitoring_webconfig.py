@@ -56,7 +56,9 @@ def loopback_cluster(prometheus_port: int = 9090, alertmanager_port: int = 9093)
                 "adminCidrs": ["203.0.113.10/32"],
                 "openEndpoint": True,
             },
-            "monitoring": {"scrapeIntervalSeconds": 1},
+            # Its files are written by the tests themselves (password, TLS): the config renders the
+            # servers' own config and command lines only.
+            "monitoring": {"scrapeIntervalSeconds": 1, "openToMonitoringCidrs": True},
             "ports": [
                 {"name": "model-service", "port": 5000, "scope": "clients"},
                 {"name": "inter-node", "port": "6000-6100", "scope": "cluster"},

@@ -6,6 +6,7 @@ groups, the load balancer and the hosts they refer to exist; resource-level fixt
 
 import ipaddress
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ from policies import facts as pack_facts
 from policies import guard
 from policies import normalized as net
 from qwen_cluster import config
+from qwen_cluster.config import x509check
+from tests.helpers import certificates
+from tests.helpers.configs import TEST_API_KEY
 from tests.helpers.policy_fixtures import (
     CONTAINER,
     aws_stack,
@@ -91,12 +95,63 @@ def test_api_keys_with_tls_get_none():
     assert refused(aws_stack(), "keys-in-clear", cluster=served) == set()
 
 
+# --- certificate-expiring -----------------------------------------------------------------------
+
+
+def with_certificate(cluster_config, days_left: float):
+    """`cluster_config` validated again with a TLS pair whose certificate ends in `days_left`."""
+    now = datetime.now(UTC)
+    leaf = certificates.issue(
+        "lb", not_before=now - timedelta(days=60), not_after=now + timedelta(days=days_left)
+    )
+    raw = cluster_config.model_dump(by_alias=True, exclude_none=True, mode="json")
+    raw["access"]["apiKeys"] = [TEST_API_KEY]
+    raw["loadBalancer"]["tls"] = {"certificate": leaf.pem, "privateKey": leaf.key_pem}
+    return config.validate(raw)
+
+
+def test_a_certificate_close_to_its_end_gets_an_advisory_naming_the_key():
+    soon = with_certificate(DEV, x509check.EXPIRY_ADVISORY_DAYS - 10)
+    violations = [
+        v for v in policy_harness.analyze(aws_stack(), cluster=soon) if v.policy == "certificate-expiring"
+    ]
+    assert [(v.enforcement, v.resource) for v in violations] == [("advisory", None)]
+    assert violations[0].message.startswith("loadBalancer.tls certificate: certificate 1 (CN=lb) expires on")
+
+
+def test_a_certificate_far_from_its_end_gets_none():
+    later = with_certificate(DEV, x509check.EXPIRY_ADVISORY_DAYS + 10)
+    assert refused(aws_stack(), "certificate-expiring", cluster=later) == set()
+
+
 def test_an_open_endpoint_has_no_keys_to_expose():
     assert refused(aws_stack(), "keys-in-clear", cluster=in_clear(DEV)) == set()
 
 
 def test_without_the_stack_config_nothing_is_said_about_keys():
     assert refused(aws_stack(), "keys-in-clear", cluster=None) == set()
+
+
+# --- monitoring-open ------------------------------------------------------------------------------
+
+
+def test_a_monitoring_surface_open_on_purpose_gets_an_advisory_naming_the_key():
+    raw = stackfile.cluster_keys(stackfile.read("onprem", offline_keys=False))
+    raw["access"] = {**raw["access"], "apiKeys": [TEST_API_KEY]}
+    raw["monitoring"] = {**raw["monitoring"], "openToMonitoringCidrs": True}
+    opened = config.validate(raw)
+    violations = [
+        v for v in policy_harness.analyze(bare_metal_stack(), cluster=opened) if v.policy == "monitoring-open"
+    ]
+    assert [(v.enforcement, v.resource) for v in violations] == [("advisory", None)]
+    assert violations[0].message.startswith(
+        "monitoring.openToMonitoringCidrs is true: Prometheus and Alertmanager answer without a password "
+        "to anyone in access.monitoringCidrs (10.20.0.0/16)"
+    )
+
+
+def test_a_monitoring_password_gets_no_monitoring_open_advisory():
+    assert refused(bare_metal_stack(), "monitoring-open", cluster=ONPREM) == set()
 
 
 # --- monitoring-inside-clients -------------------------------------------------------------------

@@ -31,6 +31,8 @@ PACK = {
     "baseline-tls-policy",
     "container-host-network",
     "keys-in-clear",
+    "certificate-expiring",
+    "monitoring-open",
     "monitoring-inside-clients",
     "stack-config",
 }
@@ -38,6 +40,8 @@ ADVISORY = {
     "bandwidth-recommended",
     "baseline-idle-timeout",
     "keys-in-clear",
+    "certificate-expiring",
+    "monitoring-open",
     "monitoring-inside-clients",
     "stack-config",
 }

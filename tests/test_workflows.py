@@ -156,12 +156,31 @@ def test_the_committed_stacks_say_which_secret_ci_lacks(tmp_path, capsys):
     assert stackfile.main(["--check-secrets", "prod"]) == 1
     out = capsys.readouterr().out
     assert "missing secret qwen-cluster:access.apiKeys: pulumi config set --stack prod --secret --path" in out
+    assert (
+        "missing secret qwen-cluster:monitoring.password: pulumi config set --stack prod --secret --path "
+        "'qwen-cluster:monitoring.password'" in out
+    )
+
+
+def test_a_stack_whose_monitoring_is_open_on_purpose_needs_no_monitoring_password(tmp_path):
+    document = yaml.safe_load(stackfile.stack_path("prod").read_text())
+    document["config"]["qwen-cluster:monitoring"] = {"openToMonitoringCidrs": True}
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(document))
+    assert [line.split(":")[1] for line in stackfile.missing_secrets("prod", tmp_path)] == ["access.apiKeys"]
 
 
 def test_a_stack_file_with_its_secrets_encrypted_or_from_esc_passes(tmp_path):
     document = yaml.safe_load(stackfile.stack_path("prod").read_text())
     access = document["config"]["qwen-cluster:access"]
     access["apiKeys"] = [{"secure": "v1:abc"}]
+    document["config"]["qwen-cluster:monitoring"] = {
+        "password": {"secure": "v1:p"},
+        "tls": {
+            "certificate": {"secure": "v1:mc"},
+            "privateKey": {"secure": "v1:mk"},
+            "caCertificate": "PEM",
+        },
+    }
     document["config"]["qwen-cluster:loadBalancer"]["tls"] = {"certificate": {"secure": "v1:c"}}
     (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(document))
     assert stackfile.missing_secrets("prod", tmp_path) == [

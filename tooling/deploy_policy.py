@@ -49,8 +49,8 @@ PROVIDER_CALLS = ("sts:GetCallerIdentity",)
 
 
 # Placeholders with the shape the config accepts (the render only carries them into parameters).
-_PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nMIIB-placeholder\n-----END CERTIFICATE-----\n"
-_PEM_KEY = "-----BEGIN PRIVATE KEY-----\nMIIE-placeholder\n-----END PRIVATE KEY-----\n"
+_PEM_CERTIFICATE = stackfile.OFFLINE_TLS_CERTIFICATE
+_PEM_KEY = stackfile.OFFLINE_TLS_PRIVATE_KEY
 _MONITORING_PASSWORD = "placeholder-monitoring-password"
 
 # Variants of every AWS stack whose registrations differ (what each switches on), rendered with

@@ -141,6 +141,8 @@ def plan(
         "deploy": [{"message": n.message, "certain": n.certain} for n in lockout],
         "target": cluster.target.value,
         "policyConfig": str(policy_harness.POLICY_CONFIG.relative_to(stackfile.PROJECT_ROOT)),
+        # The secrets rendered with the offline tools' throwaway values: said, not hidden.
+        "placeholders": stackfile.offline_placeholders(stack_config),
         "resources": resource_rows(render),
         "counts": dict(sorted(Counter(r.type for r in custom).items())),
         "total": len(custom),
@@ -374,6 +376,12 @@ def print_report(console, report: dict[str, Any]) -> None:
                 f"[{style}]{v['enforcement']}[/]", v["policy"], v["resource"] or "(stack)", v["message"]
             )
         console.print(policy)
+    if report.get("placeholders"):
+        console.print(
+            f"offline placeholders for {', '.join(report['placeholders'])}: the stack file holds none, or "
+            "ciphertext nothing here decrypts; `pulumi preview` and `up` use the stack's own and refuse a "
+            "stack without them (set each with `pulumi config set --secret`)"
+        )
     for notice in report.get("deploy", []):
         level = "[red]will stop[/]" if notice["certain"] else "[yellow]may stop[/]"
         console.print(f"deploy {level}: {notice['message']}")

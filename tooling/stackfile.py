@@ -14,25 +14,49 @@ from qwen_cluster import config
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STACKS = ("dev", "prod", "onprem")
-# The committed stacks hold no API key (a real one is set with `pulumi config set --secret`, and
-# a stack without one is refused). Offline, where nothing is served, they get this throwaway one.
+# The committed stacks hold no API key and no monitoring password (a real one is set with
+# `pulumi config set --secret`, and a stack without one is refused). Offline, where nothing is
+# served, they get these throwaway ones.
 OFFLINE_API_KEY = "offline-throwaway-key-never-served-anywhere-0000"
+OFFLINE_MONITORING_PASSWORD = "offline-throwaway-monitoring-password-0000"
+# The TLS pair offline renders stand in for a stack's: a real self-signed EC P-256 certificate
+# (CN and subjectAltName `offline.invalid`, a name RFC 2606 reserves, valid until 9999-12-31, the
+# "no well-defined expiration" date of RFC 5280 section 4.1.2.5) and its key, so that the program's
+# parse of the pair (qwen_cluster/config/x509check.py) passes as a good stack's would. Published
+# here, so never served anywhere.
+OFFLINE_TLS_CERTIFICATE = """-----BEGIN CERTIFICATE-----
+MIIBcjCCARmgAwIBAgIBATAKBggqhkjOPQQDAjArMSkwJwYDVQQDDCBxd2VuLWNs
+dXN0ZXIgb2ZmbGluZSBwbGFjZWhvbGRlcjAgFw0yNjAxMDEwMDAwMDBaGA85OTk5
+MTIzMTIzNTk1OVowKzEpMCcGA1UEAwwgcXdlbi1jbHVzdGVyIG9mZmxpbmUgcGxh
+Y2Vob2xkZXIwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAAQrptkKU2IPav4EQRU8
+Y1b9m4Bshy0exseuJzFCk6MaYxHZZp0CVTprTA6/LA2gqkgRsIMocZUvdPfaVpZF
+Jr+QoywwKjAaBgNVHREEEzARgg9vZmZsaW5lLmludmFsaWQwDAYDVR0TAQH/BAIw
+ADAKBggqhkjOPQQDAgNHADBEAiAQ/ne8NWajt3jfwvRsk2Eo8/Et63YsjQ3hS0uf
+RlYwKgIgWevCHDavQ7qOW6FYqngdVs15bM0qZb+I+eoe/Wp4VlA=
+-----END CERTIFICATE-----
+"""
+OFFLINE_TLS_PRIVATE_KEY = """-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgV3drH5ZJ2O2b/OR5
+YWVYDWrH00v5I6v6YjJKU4GHBN+hRANCAAQrptkKU2IPav4EQRU8Y1b9m4Bshy0e
+xseuJzFCk6MaYxHZZp0CVTprTA6/LA2gqkgRsIMocZUvdPfaVpZFJr+Q
+-----END PRIVATE KEY-----
+"""
+# monitoring.tls offline: the same pair; its certificate, self-signed, is its own CA. It names
+# only `offline.invalid`, which the monitoring name check passes over (config/rules.py).
+OFFLINE_MONITORING_TLS = {
+    "certificate": {"secure": OFFLINE_TLS_CERTIFICATE},
+    "privateKey": {"secure": OFFLINE_TLS_PRIVATE_KEY},
+    "caCertificate": OFFLINE_TLS_CERTIFICATE,
+}
 # What the program gets offline for a nested `secure:` value (nothing here can decrypt a real
 # stack's ciphertext): a placeholder of the right shape, by where the value sits.
 OFFLINE_SECRETS: dict[tuple[str, ...], str] = {
     (f"{config.NAMESPACE}:access", "apiKeys"): OFFLINE_API_KEY,
-    (f"{config.NAMESPACE}:loadBalancer", "tls", "certificate"): (
-        "-----BEGIN CERTIFICATE-----\noffline placeholder\n-----END CERTIFICATE-----\n"
-    ),
-    (f"{config.NAMESPACE}:loadBalancer", "tls", "privateKey"): (
-        "-----BEGIN PRIVATE KEY-----\noffline placeholder\n-----END PRIVATE KEY-----\n"
-    ),
-    (f"{config.NAMESPACE}:monitoring", "tls", "certificate"): (
-        "-----BEGIN CERTIFICATE-----\noffline placeholder\n-----END CERTIFICATE-----\n"
-    ),
-    (f"{config.NAMESPACE}:monitoring", "tls", "privateKey"): (
-        "-----BEGIN PRIVATE KEY-----\noffline placeholder\n-----END PRIVATE KEY-----\n"
-    ),
+    (f"{config.NAMESPACE}:loadBalancer", "tls", "certificate"): OFFLINE_TLS_CERTIFICATE,
+    (f"{config.NAMESPACE}:loadBalancer", "tls", "privateKey"): OFFLINE_TLS_PRIVATE_KEY,
+    (f"{config.NAMESPACE}:monitoring", "password"): OFFLINE_MONITORING_PASSWORD,
+    (f"{config.NAMESPACE}:monitoring", "tls", "certificate"): OFFLINE_TLS_CERTIFICATE,
+    (f"{config.NAMESPACE}:monitoring", "tls", "privateKey"): OFFLINE_TLS_PRIVATE_KEY,
 }
 
 
@@ -43,7 +67,9 @@ def stack_path(stack: str, root: Path = PROJECT_ROOT) -> Path:
 def read(stack: str, root: Path = PROJECT_ROOT, *, offline_keys: bool = True) -> dict[str, Any]:
     """The stack file's `config:` map, keys as written (`qwen-cluster:nodes`, `aws:region`);
     with `offline_keys`, a stack without API keys (and not explicitly open) gets the throwaway
-    OFFLINE_API_KEY, as a secret, so that it renders offline (with_offline_keys)."""
+    OFFLINE_API_KEY, and one that runs Prometheus without a password (and not explicitly open)
+    OFFLINE_MONITORING_PASSWORD, each as a secret, so that it renders offline (with_offline_keys;
+    offline_placeholders says which it got)."""
     path = stack_path(stack, root)
     if not path.exists():
         known = ", ".join(sorted(p.name[7:-5] for p in root.glob("Pulumi.*.yaml")))
@@ -55,12 +81,45 @@ def read(stack: str, root: Path = PROJECT_ROOT, *, offline_keys: bool = True) ->
 
 def with_offline_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
     """The stack config with OFFLINE_API_KEY when it has no `access.apiKeys` and does not say
-    `access.openEndpoint`, written as a stack file holds a secret (`{secure: ...}`)."""
+    `access.openEndpoint`, and with OFFLINE_MONITORING_PASSWORD when it runs Prometheus without
+    `monitoring.password` and does not say `monitoring.openToMonitoringCidrs` (and the offline TLS
+    pair as its `monitoring.tls` when it has none), each written as a stack file holds a secret
+    (`{secure: ...}`)."""
+    result = dict(stack_config)
     key = f"{config.NAMESPACE}:access"
     access = stack_config.get(key)
-    if not isinstance(access, dict) or access.get("apiKeys") or access.get("openEndpoint"):
-        return stack_config
-    return {**stack_config, key: {**access, "apiKeys": [{"secure": OFFLINE_API_KEY}]}}
+    if isinstance(access, dict) and not access.get("apiKeys") and not access.get("openEndpoint"):
+        result[key] = {**access, "apiKeys": [{"secure": OFFLINE_API_KEY}]}
+    key = f"{config.NAMESPACE}:monitoring"
+    monitoring = stack_config.get(key)
+    monitoring = monitoring if isinstance(monitoring, dict) else {} if monitoring is None else None
+    if (
+        monitoring is not None
+        and monitoring.get("prometheus", True)
+        and not monitoring.get("password")
+        and not monitoring.get("openToMonitoringCidrs")
+    ):
+        result[key] = {
+            **monitoring,
+            "password": {"secure": OFFLINE_MONITORING_PASSWORD},
+            # A password is never sent in clear (config/rules.py): the offline pair with it, its
+            # self-signed certificate standing for the CA too.
+            **({} if monitoring.get("tls") else {"tls": OFFLINE_MONITORING_TLS}),
+        }
+    return result
+
+
+def offline_placeholders(stack_config: dict[str, Any]) -> list[str]:
+    """The secrets of `stack_config` that are the offline tools' throwaway placeholders (set by
+    with_offline_keys, or what a stack file's ciphertext becomes offline), by key."""
+    values, _ = as_pulumi_config(stack_config)
+    ns = config.NAMESPACE
+    found = []
+    for (key, *inner), placeholder in OFFLINE_SECRETS.items():
+        text = values.get(key)
+        if text and json.dumps(placeholder)[1:-1] in text:
+            found.append(f"{key.removeprefix(ns + ':')}.{'.'.join(inner)}")
+    return found
 
 
 def cluster_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
@@ -153,7 +212,8 @@ def _secure(value: Any) -> bool:
 def missing_secrets(stack: str, root: Path = PROJECT_ROOT) -> list[str]:
     """What `pulumi up` of `stack` needs from the stack file's encrypted values and does not find
     there, each with the command that sets it: the API keys (unless access.openEndpoint), the
-    TLS pair when one half is set, Ray's token with pipelineParallel > 1. A stack that imports a
+    monitoring password (with Prometheus, unless monitoring.openToMonitoringCidrs), the TLS pair
+    when one half is set, Ray's token with pipelineParallel > 1. A stack that imports a
     Pulumi ESC environment (`environment:`) gets its values from there: nothing is listed."""
     path = stack_path(stack, root)
     document = yaml.safe_load(path.read_text()) or {}
@@ -175,6 +235,26 @@ def missing_secrets(stack: str, root: Path = PROJECT_ROOT) -> list[str]:
             missing.append(
                 f"{ns}:loadBalancer.tls.{half}: pulumi config set --stack {stack} --secret --path "
                 f"'{ns}:loadBalancer.tls.{half}' < {source}"
+            )
+    monitoring = stack_config.get(f"{ns}:monitoring") or {}
+    open_monitoring = monitoring.get("openToMonitoringCidrs")
+    if monitoring.get("prometheus", True) and not open_monitoring and not _secure(monitoring.get("password")):
+        missing.append(
+            f"{ns}:monitoring.password: pulumi config set --stack {stack} --secret --path "
+            f"'{ns}:monitoring.password' \"$(openssl rand -hex 24)\""
+        )
+    monitoring_tls = monitoring.get("tls") or {}
+    if monitoring.get("prometheus", True) and not open_monitoring:
+        for half, source in (("certificate", "chain.pem"), ("privateKey", "key.pem")):
+            if not _secure(monitoring_tls.get(half)):
+                missing.append(
+                    f"{ns}:monitoring.tls.{half}: pulumi config set --stack {stack} --secret --path "
+                    f"'{ns}:monitoring.tls.{half}' < {source}"
+                )
+        if not monitoring_tls.get("caCertificate"):
+            missing.append(
+                f"{ns}:monitoring.tls.caCertificate: pulumi config set --stack {stack} --path "
+                f"'{ns}:monitoring.tls.caCertificate' < ca.pem"
             )
     model = stack_config.get(f"{ns}:model") or {}
     runs_ray = int(model.get("pipelineParallel") or 1) > 1 and model.get("distributedBackend") == "ray"

@@ -99,7 +99,7 @@ def _access_key(headers) -> str:
     return ""
 
 
-def _s3_request(host: str, method: str, path: str, query: dict[str, list[str]]) -> iampolicy.Request:
+def s3_request(host: str, method: str, path: str, query: dict[str, list[str]]) -> iampolicy.Request:
     bucket, key = "", ""
     first = host.split(".s3.", 1)
     if len(first) == 2 and first[0]:
@@ -109,10 +109,18 @@ def _s3_request(host: str, method: str, path: str, query: dict[str, list[str]]) 
         bucket, key = parts[0], parts[1] if len(parts) > 1 else ""
     key = urllib.parse.unquote(key)
     if not key:
-        if method in ("GET", "HEAD") and ("list-type" in query or not query or "prefix" in query):
+        bucket_arn = (f"arn:aws:s3:::{bucket}",)
+        if method == "HEAD":
+            # S3 API Reference, HeadBucket: "you must have permissions to perform the s3:ListBucket
+            # action"; the request lists nothing, so it carries no s3:prefix.
+            return iampolicy.Request("s3:ListBucket", bucket_arn)
+        if method == "GET" and "location" in query:
+            # S3 API Reference, GetBucketLocation (`GET /?location`): its own action.
+            return iampolicy.Request("s3:GetBucketLocation", bucket_arn)
+        if method == "GET" and ("list-type" in query or not query or "prefix" in query):
             context = {"s3:prefix": query.get("prefix", [""])[0]}
-            return iampolicy.Request("s3:ListBucket", (f"arn:aws:s3:::{bucket}",), context)
-        return iampolicy.Request(f"s3:{method.title()}Bucket", (f"arn:aws:s3:::{bucket}",))
+            return iampolicy.Request("s3:ListBucket", bucket_arn, context)
+        return iampolicy.Request(f"s3:{method.title()}Bucket", bucket_arn)
     action = {
         "GET": "s3:GetObject",
         "HEAD": "s3:GetObject",
@@ -175,7 +183,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 f"ssm:{action}", tuple(_ssm_parameter_arn(gateway.region, n) for n in names)
             )
         elif service == "s3":
-            request = _s3_request(host, self.command, parsed.path, query)
+            request = s3_request(host, self.command, parsed.path, query)
         else:
             self._send(400, b"lab: no such service here", "text/plain")
             return

@@ -266,6 +266,50 @@ def state_file_for(label: str) -> Path:
     return Path(STATE_ROOT) / label / "applied.json"
 
 
+# --------------------------------------------------------------- the lab's size
+
+
+def size_file_for(label: str) -> Path:
+    """How many nodes the lab `label` was built with, written before its machines are made (so a
+    lab whose `up` stopped half-way knows it too) and removed with the rest by `down`."""
+    return Path(STATE_ROOT) / label / "size.json"
+
+
+def record_size(plan: LabPlan) -> None:
+    path = size_file_for(plan.label)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"nodes": [member.node for member in plan.nodes]}))
+
+
+def recorded_nodes(label: str) -> int | None:
+    """The node count of the lab `label` as it is (None: no lab of that label): its size record,
+    else the config it last applied."""
+    path = size_file_for(label)
+    if path.exists():
+        return len(json.loads(path.read_text())["nodes"])
+    applied = state_file_for(label)
+    if applied.exists():
+        return len(json.loads(applied.read_text())["config"].get(f"{NAMESPACE}:nodes") or [])
+    return None
+
+
+class SizeError(ValueError):
+    """A command given a node count other than the lab's own."""
+
+
+def nodes_for(label: str, given: int | None) -> int | None:
+    """The node count a lab command works with: `given` (--nodes) for a lab that is not up, the
+    lab's own otherwise (None: neither, the stack file's). A lab is never checked, applied or
+    upgraded as a cluster of another size than the one it is: SizeError, in one line."""
+    recorded = recorded_nodes(label)
+    if recorded is not None and given is not None and given != recorded:
+        raise SizeError(
+            f"lab {label} is up with {recorded} nodes, not --nodes {given}: leave --nodes out, "
+            f"or `lab.py down` it first"
+        )
+    return given if given is not None else recorded
+
+
 def mark(plan: LabPlan, member: Member | None, what: str) -> str:
     """The cgroup mark of a lab process (netns.kill_marked): <label>/<node>/<what>."""
     return f"{plan.label}/{member.node if member else 'lab'}/{what}"
@@ -527,6 +571,7 @@ def apply(
     """`pulumi up` of `config` (default: the plan's) onto the lab: the program rendered under
     mocks, then what it registered executed in the namespaces, from the last applied render
     (none: day 0) to this one. The machines come first; nodes that left go last."""
+    record_size(plan)
     report = UpReport(steps=machines(plan, options))
     config = stack_config(plan) if config is None else config
     rendered, report.notes = executor.render(

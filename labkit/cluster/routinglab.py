@@ -47,7 +47,8 @@ def _loopback_cluster(net: str):
         {"name": "worker-1", "ip": f"{net}.11"},
     ]
     raw["network"] = {**raw["network"], "cidr": f"{net}.0/24"}
-    raw.pop("monitoring", None)
+    # Monitoring's defaults, with the offline tools' throwaway password the stack file was given.
+    raw["monitoring"] = {"password": (raw.get("monitoring") or {}).get("password")}
     raw.update(_scale_out({key: raw[key] for key in ("model", "loadBalancer") if key in raw}, "cache-aware"))
     raw["bareMetal"] = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
     from qwen_cluster import config

@@ -98,9 +98,9 @@ class SshIdentity:
 
 def _is_lab_secret(value: Any) -> bool:
     """A key the lab itself wrote (plain text, or `{secure: <plain>}`), not a stack's ciphertext
-    or the offline tools' throwaway key."""
+    or the offline tools' throwaway key or password."""
     text = value.get("secure") if isinstance(value, dict) and set(value) == {"secure"} else value
-    # The offline tools' throwaway values; a validated config's mark.
+    # The offline tools' throwaway values (key, password, TLS pairs); a validated config's mark.
     offline = (stackfile.OFFLINE_API_KEY, REDACTED, *stackfile.OFFLINE_SECRETS.values())
     return isinstance(text, str) and not text.startswith("v1:") and text not in offline
 
@@ -120,13 +120,18 @@ def endpoint_secrets(config: dict[str, Any], endpoint: Any) -> list[str]:
             made.append("access.apiKeys: the lab's own key")
         access["apiKeys"] = [{"secure": key} for key in chosen]
     # Every stack with Prometheus gets the lab's monitoring password (bare metal's web config,
-    # AWS's SecureString parameters); a password the lab already wrote (a rotation test's) is kept,
-    # handed over as a secret like the keys.
+    # AWS's SecureString parameters), unless it says its monitoring is open on purpose; a password
+    # the lab already wrote (a rotation test's) is kept, handed over as a secret like the keys.
     password = getattr(endpoint, "monitoring_password", "")
     monitoring = config.get(f"{NAMESPACE}:monitoring")
     if password and monitoring is None:
         monitoring = config[f"{NAMESPACE}:monitoring"] = {}
-    if password and isinstance(monitoring, dict) and monitoring.get("prometheus", True):
+    if (
+        password
+        and isinstance(monitoring, dict)
+        and monitoring.get("prometheus", True)
+        and not monitoring.get("openToMonitoringCidrs")
+    ):
         current = monitoring.get("password")
         if _is_lab_secret(current):
             text = current.get("secure") if isinstance(current, dict) else current

@@ -137,6 +137,7 @@ def cross_errors(sections: Mapping[str, Any], given: set[str]) -> list[str]:
 
     if monitoring is not None:
         errors += _monitoring_errors(monitoring, nodes, table)
+        errors += _monitoring_password_errors(monitoring)
     if load_balancer is not None:
         errors += _routing_errors(load_balancer, table, target)
 
@@ -167,6 +168,23 @@ def _endpoint_errors(access: Access) -> list[str]:
             "access.apiKeys is empty: clients would reach the model without a key. Set one with "
             f'`{secrets.set_command(secrets.API_KEYS_PATH)} "$(openssl rand -hex 32)"`, or say the '
             "endpoint is open with access.openEndpoint: true"
+        ]
+    return []
+
+
+def _monitoring_password_errors(monitoring: Monitoring) -> list[str]:
+    """A password, or a monitoring surface explicitly open: as the API keys, never open by omission
+    (whoever reaches Alertmanager unauthenticated can silence every alert)."""
+    if monitoring.open_to_monitoring_cidrs and monitoring.password is not None:
+        return [
+            "monitoring.openToMonitoringCidrs is true but monitoring.password is set: remove one or the other"
+        ]
+    if monitoring.prometheus and monitoring.password is None and not monitoring.open_to_monitoring_cidrs:
+        return [
+            "monitoring.password is not set: Prometheus and Alertmanager would answer anyone in "
+            "access.monitoringCidrs, who could silence any alert. Set it with "
+            f'`{secrets.set_command(secrets.MONITORING_PASSWORD_PATH)} "$(openssl rand -hex 24)"`, or say '
+            "the monitoring surface is open with monitoring.openToMonitoringCidrs: true"
         ]
     return []
 
@@ -360,6 +378,18 @@ def _monitoring_errors(
     errors: list[str] = []
     if nodes is not None and monitoring.node is not None and monitoring.node not in {n.name for n in nodes}:
         errors.append(f"monitoring.node {monitoring.node} is not one of the nodes")
+    where = monitoring.node or next((n.name for n in nodes or () if n.role == "master"), None)
+    address = next((str(n.ip) for n in nodes or () if n.name == where), None)
+    names = monitoring.tls.names if monitoring.tls is not None else None
+    # A certificate naming only RFC 2606's reserved `.invalid` names stands for no server: the
+    # offline tools' placeholder (tooling/stackfile.py), never served.
+    placeholder = bool(names) and all(name.endswith(".invalid") for name in names or ())
+    if names is not None and address and address not in names and not placeholder:
+        errors.append(
+            f"monitoring.tls.certificate does not name {address}, the address of monitoring.node {where} "
+            f"(its subjectAltName holds {', '.join(names) or 'nothing'}): Prometheus, doctor and "
+            f"operators connect there and would refuse it; issue it with subjectAltName IP:{address}"
+        )
     if monitoring.prometheus and monitoring.password is not None and monitoring.tls is None:
         # Basic auth over plain HTTP hands the password to anyone on the path (docs/security.md).
         errors.append(

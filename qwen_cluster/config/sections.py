@@ -12,12 +12,21 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from qwen_cluster import catalog, hostpaths
 from qwen_cluster import ports as port_table
+from qwen_cluster.config import x509check
 from qwen_cluster.config.limits import (
     AWS_RESERVED_HEAD,
     AWS_SUBNET_PREFIX,
@@ -30,6 +39,7 @@ from qwen_cluster.config.secrets import (
     API_KEY_RULE,
     MONITORING_PASSWORD_RULE,
     PEM_CERTIFICATE,
+    REDACTED,
     ApiKey,
     MonitoringPassword,
     PemCertificate,
@@ -246,8 +256,38 @@ class Tls(Section):
     )
     private_key: PemPrivateKey = Field(
         description="The certificate's PEM private key, a secret: `pulumi config set --secret --path "
-        "'qwen-cluster:loadBalancer.tls.privateKey' < key.pem`.",
+        "'qwen-cluster:loadBalancer.tls.privateKey' < key.pem`. Where the program is handed the values "
+        "(every preview and up), the pair is parsed: a key that is not the server certificate's, a "
+        "certificate expired or not yet valid, or a chain out of order is refused; one that expires "
+        f"within {x509check.EXPIRY_ADVISORY_DAYS} days is said by the pack (`certificate-expiring`).",
     )
+    # What the parsed pair warrants saying without refusing it (an expiry close at hand); empty when
+    # the values were not at hand (ciphertext read offline, the redacted mark). No secret in it.
+    _warnings: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _parsed_pair(cls, data: Any, handler: ModelWrapValidatorHandler[Tls]) -> Tls:
+        """The pair judged as nginx would load it, when both values are at hand in plain text (the
+        engine hands them decrypted; a stack file read offline holds ciphertext, left unjudged)."""
+        tls = handler(data)
+        if not isinstance(data, Mapping):
+            return tls
+        chain = data.get("certificate")
+        key = data.get("privateKey", data.get("private_key"))
+        if not all(isinstance(v, str) and v != REDACTED for v in (chain, key)):
+            return tls
+        # Names: the stack states none (clients reach bare metal's load balancer and AWS's NLB by
+        # whatever name the user's DNS gives them), so the subjectAltName is not judged here.
+        errors, warnings = x509check.certificate_problems(chain, key, now=x509check.utc_now())
+        if errors:
+            raise ValueError("; ".join(errors))
+        tls._warnings = tuple(warnings)
+        return tls
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self._warnings
 
 
 class LoadBalancer(Section):
@@ -584,7 +624,11 @@ class MonitoringTls(Section):
     private_key: PemPrivateKey = Field(
         description="The certificate's PEM private key, a secret: `pulumi config set --secret --path "
         "'qwen-cluster:monitoring.tls.privateKey' < key.pem`. A new pair is read on the next "
-        "connection: no restart (docs/monitoring.md).",
+        "connection: no restart (docs/monitoring.md). Parsed where the program is handed the values, "
+        "as `loadBalancer.tls`: a key that is not the certificate's, a certificate out of date, a chain "
+        "out of order or not issued by `caCertificate`, or one that does not name `monitoring.node`'s "
+        f"address is refused; one that expires within {x509check.EXPIRY_ADVISORY_DAYS} days is said by "
+        "the pack (`certificate-expiring`).",
     )
     ca_certificate: str = Field(
         description="The PEM certificate of the CA that issued `certificate`: what Prometheus (logging "
@@ -593,12 +637,49 @@ class MonitoringTls(Section):
         "< ca.pem`.",
     )
 
+    # From the parsed chain (when at hand, as Tls): the names the server certificate holds (DNS and
+    # IP subjectAltNames, public) for the rule that it names monitoring.node's address
+    # (config/rules.py), and what warrants saying without refusing it. No secret in either.
+    _names: tuple[str, ...] | None = PrivateAttr(default=None)
+    _warnings: tuple[str, ...] = PrivateAttr(default=())
+
     @field_validator("ca_certificate")
     @classmethod
     def _pem(cls, value: str) -> str:
         if not PEM_CERTIFICATE.search(value):
             raise ValueError("is not a PEM certificate (-----BEGIN CERTIFICATE----- ... -----END ...)")
         return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _parsed_pair(cls, data: Any, handler: ModelWrapValidatorHandler[MonitoringTls]) -> MonitoringTls:
+        """The pair judged as exporter-toolkit would load it (x509check, as loadBalancer.tls), and
+        the chain checked against `caCertificate`, which Prometheus and doctor trust alone, when
+        the values are at hand in plain text (a stack file read offline holds ciphertext)."""
+        tls = handler(data)
+        if not isinstance(data, Mapping):
+            return tls
+        chain = data.get("certificate")
+        key = data.get("privateKey", data.get("private_key"))
+        if not all(isinstance(v, str) and v != REDACTED for v in (chain, key)):
+            return tls
+        errors, warnings = x509check.certificate_problems(chain, key, now=x509check.utc_now())
+        if not errors:
+            errors += x509check.issuer_problems(chain, tls.ca_certificate)
+        if errors:
+            raise ValueError("; ".join(errors))
+        tls._names = x509check.server_names(chain)
+        tls._warnings = tuple(warnings)
+        return tls
+
+    @property
+    def names(self) -> tuple[str, ...] | None:
+        """The server certificate's subjectAltNames; None when the chain was not at hand."""
+        return self._names
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self._warnings
 
 
 class Monitoring(Section):
@@ -626,8 +707,9 @@ class Monitoring(Section):
     password: MonitoringPassword | None = Field(
         default=None,
         description="Secret: the password Prometheus and Alertmanager ask for (user `qwen-monitoring`, "
-        "HTTP basic auth, a bcrypt hash in their web config); without it they answer anyone in "
-        "`access.monitoringCidrs`. Set it with `pulumi config set --secret --path "
+        "HTTP basic auth, a bcrypt hash in their web config). Required with `prometheus` unless "
+        "`openToMonitoringCidrs`: without it they would answer anyone in `access.monitoringCidrs`, "
+        "who could silence any alert. Set it with `pulumi config set --secret --path "
         "'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\"`; "
         f"{MONITORING_PASSWORD_RULE}. A new one takes effect without a restart. On AWS the monitoring "
         "node reads it from SecureString parameters with its role. Needs `tls`: a password is never "
@@ -638,6 +720,13 @@ class Monitoring(Section):
         description="Prometheus and Alertmanager serve HTTPS only (TLS 1.2 and 1.3, forward-secret AEAD "
         "ciphers as the endpoint's). Required with `password`. On AWS the key is a SecureString "
         "parameter only the monitoring node reads, as the password.",
+    )
+    open_to_monitoring_cidrs: bool = Field(
+        default=False,
+        description="Run Prometheus and Alertmanager without a password: anyone in "
+        "`access.monitoringCidrs` may query them, and create or expire silences. An explicit choice, "
+        "said by the pack's advisory `monitoring-open`; without it a stack with `prometheus` and no "
+        "`password` is refused.",
     )
     scrape_interval_seconds: float = Field(
         default=DEFAULT_SCRAPE_INTERVAL_SECONDS,

@@ -28,14 +28,18 @@ def _pem(certificate: x509.Certificate) -> str:
 
 
 def issue(ip: str, serial: int = 1, days: int = 30) -> Pki:
-    """A CA and a certificate for `ip` (subjectAltName IP) from it; the same for the same
-    arguments within one test run, another for another `serial` (a rotation)."""
+    """A CA and a certificate for `ip` (subjectAltName IP) from it, valid for `days` from now (or
+    expired `-days` ago); the same for the same arguments within one test run, another for
+    another `serial` (a rotation)."""
     return _issue(ip, serial, days)
 
 
 @functools.lru_cache(maxsize=16)
 def _issue(ip: str, serial: int, days: int) -> Pki:
     now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+    if days <= 0:  # expired `-days` ago: valid for as long before that
+        now += datetime.timedelta(days=2 * days - 1)
+        days = -days + 1
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"qwen-cluster test CA {serial}")])
     ca = (
