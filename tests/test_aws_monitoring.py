@@ -10,6 +10,7 @@ import subprocess
 from qwen_cluster.node import NODEMETRICS_SCRIPT
 from qwen_cluster.render import monitoring_ssm
 from qwen_cluster.render.monitoring import containers
+from tests.helpers.configs import open_monitoring
 from tooling import changes, offline, stackfile
 
 NODEMETRICS = NODEMETRICS_SCRIPT.read_text()
@@ -33,7 +34,7 @@ def test_every_node_gets_its_monitoring_association_and_the_master_the_servers()
     assert "--name=qwen-prometheus" in master and "--name=qwen-prometheus" not in worker
     assert associations["monitoring-worker-1"]["parameters"]["ServerFiles"] == ""
     assert "--gpus=all" in worker and containers.DCGM_EXPORTER_IMAGE in worker
-    assert dev.outputs["prometheus"] == "http://10.42.1.100:9090"
+    assert dev.outputs["prometheus"] == "https://10.42.1.100:9090"  # the offline TLS pair
 
 
 def test_a_new_alert_bound_updates_the_monitoring_nodes_association_only():
@@ -128,7 +129,7 @@ def _secret(value):
 
 
 def test_without_a_password_there_are_no_credential_parameters_and_no_read_grant():
-    dev = render("dev")
+    dev = _render(open_monitoring(stackfile.read("dev")))
     assert _credentials(dev) == {}
     assert [r.name for r in dev.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "monitoring-read"] == []
     for association in dev.of_type(ASSOCIATION):
@@ -295,7 +296,7 @@ def _check_new_versions(before, after, parameters: set[str]):
 
 
 def test_turning_tls_and_the_password_on_touches_the_monitoring_node_only():
-    before, after = render("dev"), _render(with_password())
+    before, after = _render(open_monitoring(stackfile.read("dev"))), _render(with_password())
     moved = {c.name: c.action for c in changes.diff(before, after) if c.action != "same"}
     assert moved == {
         "monitoring-web-config": "create",

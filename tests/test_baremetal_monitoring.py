@@ -8,6 +8,8 @@ import functools
 import pytest
 
 from qwen_cluster.render.monitoring import containers as monitoring_containers
+from tests.helpers.configs import open_monitoring
+from tests.helpers.secrets import plain
 from tooling import changes, offline, stackfile
 
 CONTAINER = "docker:index/container:Container"
@@ -62,7 +64,7 @@ def test_prometheus_and_alertmanager_run_on_the_monitoring_node_only(onprem):
     assert "--web.listen-address=192.168.1.100:9090" in found["monitoring-prometheus"]["command"]
     assert "--web.listen-address=192.168.1.100:9093" in found["monitoring-alertmanager"]["command"]
     assert "--cluster.listen-address=" in found["monitoring-alertmanager"]["command"]
-    assert onprem.outputs["prometheus"] == "http://192.168.1.100:9090"
+    assert onprem.outputs["prometheus"] == "https://192.168.1.100:9090"  # the offline TLS pair
     assert onprem.outputs["monitoringEndpoints"]["worker-2"] == "http://192.168.1.102:8000/metrics"
 
 
@@ -70,7 +72,7 @@ def test_prometheus_has_no_http_lifecycle_api(onprem):
     """Without --web.enable-lifecycle, POST /-/quit and /-/reload answer 403: reload is by SIGHUP."""
     command = containers(onprem)["monitoring-prometheus"]["command"]
     assert not [flag for flag in command if "lifecycle" in flag]
-    script = onprem.named("monitoring-config").inputs["create"]
+    script = plain(onprem.named("monitoring-config").inputs["create"])  # a secret: it writes the password
     assert "docker kill --signal HUP" in script and "/-/reload" not in script
 
 
@@ -189,9 +191,9 @@ def test_with_a_password_prometheus_and_alertmanager_read_a_web_config_with_its_
 def test_a_password_without_tls_is_refused_naming_the_key():
     from tooling import offline, stackfile
 
-    stack_config = stackfile.read("onprem")
+    stack_config = stackfile.read("onprem", offline_keys=False)
     key = "qwen-cluster:monitoring"
-    stack_config[key] = {**stack_config[key], "password": {"secure": MONITORING_PASSWORD}}
+    stack_config[key] = {**(stack_config.get(key) or {}), "password": {"secure": MONITORING_PASSWORD}}
     render = offline.render(stack_config, "onprem")
     assert render.error is not None and "monitoring.password is set without monitoring.tls" in str(
         render.error
@@ -221,15 +223,23 @@ def test_a_new_certificate_rewrites_the_files_step_only():
     assert moved == {"monitoring-config": "update"}
 
 
-def test_turning_tls_on_starts_prometheus_and_alertmanager_again_and_nothing_else(onprem):
+def test_turning_tls_on_starts_prometheus_and_alertmanager_again_and_nothing_else(opened):
     """exporter-toolkit chooses HTTP or HTTPS when a server starts: the web config's name is in
     their command lines, so turning TLS on replaces the two containers (their data is on the host)."""
     after = _with_password()
-    moved = {c.name: c.action for c in changes.diff(onprem, after) if c.action != "same"}
+    moved = {c.name: c.action for c in changes.diff(opened, after) if c.action != "same"}
     assert set(moved) == {"monitoring-config", "monitoring-prometheus", "monitoring-alertmanager"}, moved
     assert moved["monitoring-config"] == "update"
 
 
-def test_without_a_password_nothing_asks_for_credentials(onprem):
-    servers = {c.inputs["name"]: c.inputs for c in onprem.of_type(CONTAINER)}
+@pytest.fixture(scope="module")
+def opened() -> offline.Render:
+    """onprem open on purpose: no password, no TLS."""
+    render = offline.render(open_monitoring(stackfile.read("onprem")), "onprem")
+    assert render.error is None, render.error
+    return render
+
+
+def test_without_a_password_nothing_asks_for_credentials(opened):
+    servers = {c.inputs["name"]: c.inputs for c in opened.of_type(CONTAINER)}
     assert not [arg for arg in servers["qwen-prometheus"]["command"] if "web.config" in arg]

@@ -42,7 +42,7 @@ def cluster() -> config.ClusterConfig:
                 "adminCidrs": ["203.0.113.10/32"],
                 "openEndpoint": True,
             },
-            "monitoring": {"scrapeIntervalSeconds": 1},
+            "monitoring": {"scrapeIntervalSeconds": 1, "openToMonitoringCidrs": True},
             "bareMetal": {"nicSpeedGbps": 10, "gpusPerNode": 8, "gpuMemoryGb": 80},
         }
     )

@@ -47,6 +47,15 @@ BASE_BARE_METAL = {
 }
 
 
+def open_monitoring(stack_config: dict) -> dict:
+    """A stack file's `config:` map that runs Prometheus without a password, as a stack says it on
+    purpose (`monitoring.openToMonitoringCidrs`): the offline tools' throwaway password and TLS pair
+    taken out."""
+    key = "qwen-cluster:monitoring"
+    monitoring = {k: v for k, v in (stack_config.get(key) or {}).items() if k not in ("password", "tls")}
+    return {**stack_config, key: {**monitoring, "openToMonitoringCidrs": True}}
+
+
 def nodes(count: int, prefix: str = "10.0.") -> list[dict]:
     """`count` nodes with unique names and addresses, the first the master."""
     result = []

@@ -19,6 +19,11 @@ def in_clear(value: Any) -> Any:
     return value
 
 
+def plain(value: Any) -> Any:
+    """The value inside a secret wrapper (a render's input that carries a secret), else the value."""
+    return value["value"] if isinstance(value, dict) and SECRET_SIG in value else value
+
+
 def shown_in_clear(resources, text: str) -> list[str]:
     """Names of the resources whose inputs show `text` outside a secret."""
     return [r.name for r in resources if text in json.dumps(in_clear(r.inputs))]
