@@ -60,8 +60,14 @@ def test_the_keys_and_tls_files_are_securestring_parameters_with_secret_values()
     result = render(stack())
     parameters = {r.name: r for r in result.of_type("aws:ssm/parameter:Parameter")}
     roles = ("api-keys", "tls-certificate", "tls-private-key")
-    # The monitoring password's two (the stack's offline placeholder) are SecureStrings too.
-    monitoring = {"monitoring-password", "monitoring-web-config"}
+    # The monitoring password's and TLS pair's four (the stack's offline placeholders) are
+    # SecureStrings too.
+    monitoring = {
+        "monitoring-password",
+        "monitoring-web-config",
+        "monitoring-tls-certificate",
+        "monitoring-tls-private-key",
+    }
     assert set(parameters) == {f"node-proxy-{role}" for role in roles} | monitoring
     for parameter in parameters.values():
         assert parameter.inputs["type"] == "SecureString"

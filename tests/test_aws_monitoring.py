@@ -34,7 +34,7 @@ def test_every_node_gets_its_monitoring_association_and_the_master_the_servers()
     assert "--name=qwen-prometheus" in master and "--name=qwen-prometheus" not in worker
     assert associations["monitoring-worker-1"]["parameters"]["ServerFiles"] == ""
     assert "--gpus=all" in worker and containers.DCGM_EXPORTER_IMAGE in worker
-    assert dev.outputs["prometheus"] == "http://10.42.1.100:9090"
+    assert dev.outputs["prometheus"] == "https://10.42.1.100:9090"  # the offline TLS pair
 
 
 def test_a_new_alert_bound_updates_the_monitoring_nodes_association_only():
@@ -80,21 +80,31 @@ def test_an_unchanged_container_is_kept_a_changed_one_replaced():
     assert changed["qwen-nodemetrics"] != same["qwen-nodemetrics"]  # other peers to probe
 
 
-# --- monitoring.password on AWS -----------------------------------------------------------------
+# --- monitoring.password and monitoring.tls on AWS --------------------------------------------------
 
 PASSWORD = "aws-monitoring-password-0123456789"
 ROTATED = "aws-monitoring-password-rotated-9876"
 PARAMETER = "aws:ssm/parameter:Parameter"
-CREDENTIAL_NAMES = {"/qwen-cluster/dev/monitoring/web-config", "/qwen-cluster/dev/monitoring/password"}
-CREDENTIAL_KEYS = {"Region", "WebConfigParameter", "PasswordParameter", "SecretsVersion"}
+CREDENTIAL_NAMES = {
+    f"/qwen-cluster/dev/monitoring/{role}"
+    for role in ("web-config", "password", "tls-certificate", "tls-private-key")
+}
+CREDENTIAL_KEYS = {
+    "Region",
+    "WebConfigParameter",
+    "PasswordParameter",
+    "TlsCertificateParameter",
+    "TlsPrivateKeyParameter",
+    "SecretsVersion",
+}
 READ_ACTIONS = ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetParameterHistory")
+MONITORING_IPS = {"dev": "10.42.1.100", "prod": "10.50.1.100"}
 
 
-def with_password(password: str = PASSWORD, stack: str = "dev") -> dict:
-    config = stackfile.read(stack)
-    key = "qwen-cluster:monitoring"
-    config[key] = {**config.get(key, {}), "password": {"secure": password}}
-    return config
+def with_password(password: str = PASSWORD, stack: str = "dev", serial: int = 1) -> dict:
+    from tests.helpers.monitoring_tls import issue, with_monitoring
+
+    return with_monitoring(stackfile.read(stack), issue(MONITORING_IPS[stack], serial), password)
 
 
 def _render(config: dict, stack: str = "dev") -> offline.Render:
@@ -127,22 +137,38 @@ def test_without_a_password_there_are_no_credential_parameters_and_no_read_grant
             assert not CREDENTIAL_KEYS & set(association.inputs["parameters"]), association.name
 
 
-def test_with_a_password_the_web_config_and_password_are_securestring_parameters_bare_metal_would_write():
+def _files(password: str = PASSWORD, serial: int = 1) -> dict[str, str]:
+    from tests.helpers.monitoring_tls import issue
+
+    pki = issue(MONITORING_IPS["dev"], serial)
+    return containers.secret_files(
+        "dev", certificate=pki.certificate, private_key=pki.private_key, password=password
+    )
+
+
+def test_with_tls_and_a_password_the_secret_files_are_securestring_parameters_bare_metal_would_write():
     import bcrypt
     import yaml
 
     from qwen_cluster.render.monitoring import webconfig
+    from tests.helpers.monitoring_tls import issue
 
     parameters = _credentials(_render(with_password()))
     assert set(parameters) == CREDENTIAL_NAMES
     assert {p.inputs["type"] for p in parameters.values()} == {"SecureString"}
-    web = _secret(parameters["/qwen-cluster/dev/monitoring/web-config"].inputs["value"])
-    password = _secret(parameters["/qwen-cluster/dev/monitoring/password"].inputs["value"])
-    # The same files, from the same function, as bare metal writes (containers.credential_files).
-    files = containers.credential_files(PASSWORD, "dev")
-    assert (web, password) == (files["web.yml"].rstrip(), PASSWORD)
-    hashed = yaml.safe_load(web)["basic_auth_users"][webconfig.USER]
-    assert bcrypt.checkpw(PASSWORD.encode(), hashed.encode())
+    value = {name.rsplit("/", 1)[1]: _secret(p.inputs["value"]) for name, p in parameters.items()}
+    # The same files, from the same function, as bare metal writes (containers.secret_files); the
+    # node joins the chain and the key as containers.tls_pem does.
+    files, pki = _files(), issue(MONITORING_IPS["dev"])
+    assert (value["web-config"], value["password"]) == (files["web-tls.yml"].rstrip(), PASSWORD)
+    assert (value["tls-certificate"], value["tls-private-key"]) == (
+        pki.certificate.rstrip(),
+        pki.private_key.rstrip(),
+    )
+    assert containers.tls_pem(value["tls-certificate"], value["tls-private-key"]) == files["tls.pem"]
+    web = yaml.safe_load(value["web-config"])
+    assert bcrypt.checkpw(PASSWORD.encode(), web["basic_auth_users"][webconfig.USER].encode())
+    assert web["tls_server_config"]["cert_file"] == "/etc/qwen-monitoring/tls.pem"
 
 
 def test_the_association_names_the_parameters_and_holds_no_secret():
@@ -153,15 +179,21 @@ def test_the_association_names_the_parameters_and_holds_no_secret():
     master = result.named("monitoring-master").inputs["parameters"]
     arn = {name.rsplit("/", 1)[1]: p.outputs["arn"] for name, p in parameters.items()}
     assert (master["WebConfigParameter"], master["PasswordParameter"]) == (arn["web-config"], arn["password"])
+    assert (master["TlsCertificateParameter"], master["TlsPrivateKeyParameter"]) == (
+        arn["tls-certificate"],
+        arn["tls-private-key"],
+    )
     assert master["Region"] == "us-west-2"
-    hashed = containers.credential_files(PASSWORD, "dev")["web.yml"].split(": ")[-1].strip()
+    hashed = _files()["web-tls.yml"].split(": ")[-1].strip()
+    key_line = _files()["tls.pem"].split("PRIVATE KEY-----\n", 1)[1].splitlines()[0]
+    secrets = (PASSWORD, hashed, key_line)
     texts = [str(value) for value in master.values()]
     texts += [monitoring_ssm.unpack(master[name]) for name in ("Containers", "ServerFiles")]
-    assert not [text for text in texts if PASSWORD in text or hashed in text]
-    assert "--web.config.file=/etc/qwen-monitoring/web.yml" in monitoring_ssm.unpack(master["Containers"])
-    assert shown_in_clear(result.resources, PASSWORD) == [] and shown_in_clear(result.resources, hashed) == []
+    assert not [text for text in texts if any(secret in text for secret in secrets)]
+    assert "--web.config.file=/etc/qwen-monitoring/web-tls.yml" in monitoring_ssm.unpack(master["Containers"])
+    assert all(shown_in_clear(result.resources, secret) == [] for secret in secrets)
     for document in result.of_type("aws:ssm/document:Document"):
-        assert PASSWORD not in document.inputs["content"] and hashed not in document.inputs["content"]
+        assert not [secret for secret in secrets if secret in document.inputs["content"]]
     # The other nodes' associations know nothing of the credentials.
     assert not CREDENTIAL_KEYS & set(result.named("monitoring-worker-1").inputs["parameters"])
 
@@ -226,6 +258,20 @@ class _VersionedMocks(offline.RecordingMocks):
 def test_a_new_password_is_a_new_version_in_the_association_and_updates_it_in_place(monkeypatch):
     monkeypatch.setattr(offline, "RecordingMocks", _VersionedMocks)
     before, after = _render(with_password(PASSWORD)), _render(with_password(ROTATED))
+    _check_new_versions(before, after, {"monitoring-web-config", "monitoring-password"})
+    again = _render(with_password(PASSWORD)).named("monitoring-master").inputs["parameters"]["SecretsVersion"]
+    assert (
+        again == before.named("monitoring-master").inputs["parameters"]["SecretsVersion"]
+    )  # the same secrets
+
+
+def test_a_new_certificate_is_a_new_version_in_the_association_and_updates_it_in_place(monkeypatch):
+    monkeypatch.setattr(offline, "RecordingMocks", _VersionedMocks)
+    before, after = _render(with_password()), _render(with_password(serial=2))
+    _check_new_versions(before, after, {"monitoring-tls-certificate", "monitoring-tls-private-key"})
+
+
+def _check_new_versions(before, after, parameters: set[str]):
 
     def carried(result):
         versions = [str(int(p.outputs["version"])) for p in _credentials(result).values()]
@@ -234,23 +280,29 @@ def test_a_new_password_is_a_new_version_in_the_association_and_updates_it_in_pl
     (old, old_versions), (new, new_versions) = carried(before), carried(after)
     assert sorted(old.split(",")) == sorted(old_versions) and sorted(new.split(",")) == sorted(new_versions)
     assert old != new
-    assert carried(_render(with_password(PASSWORD)))[0] == old  # the same password: the same version
     moved = {c.name: c.action for c in changes.diff(before, after) if c.action != "same"}
     assert moved == {
-        "monitoring-web-config": "update",
-        "monitoring-password": "update",
+        **{name: "update" for name in parameters},
         "monitoring-master": "update",  # in place: UpdateAssociation runs it again
     }
+    # The containers' specs (their hashes decide a restart) are the same.
+    unpacked = [
+        monitoring_ssm.unpack(r.named("monitoring-master").inputs["parameters"]["Containers"])
+        for r in (before, after)
+    ]
+    assert unpacked[0] == unpacked[1]
     summary = changes.rollout(before, after)
     assert summary.servers_restarted == [] and summary.nodes_replaced == []
 
 
-def test_turning_the_password_on_touches_the_monitoring_node_only():
+def test_turning_tls_and_the_password_on_touches_the_monitoring_node_only():
     before, after = _render(open_monitoring(stackfile.read("dev"))), _render(with_password())
     moved = {c.name: c.action for c in changes.diff(before, after) if c.action != "same"}
     assert moved == {
         "monitoring-web-config": "create",
         "monitoring-password": "create",
+        "monitoring-tls-certificate": "create",
+        "monitoring-tls-private-key": "create",
         "monitoring-read": "create",
         "monitoring-master": "update",
     }

@@ -3,6 +3,8 @@ what a day-2 change does to it (tooling/changes/)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from qwen_cluster.render.monitoring import containers as monitoring_containers
@@ -62,7 +64,7 @@ def test_prometheus_and_alertmanager_run_on_the_monitoring_node_only(onprem):
     assert "--web.listen-address=192.168.1.100:9090" in found["monitoring-prometheus"]["command"]
     assert "--web.listen-address=192.168.1.100:9093" in found["monitoring-alertmanager"]["command"]
     assert "--cluster.listen-address=" in found["monitoring-alertmanager"]["command"]
-    assert onprem.outputs["prometheus"] == "http://192.168.1.100:9090"
+    assert onprem.outputs["prometheus"] == "https://192.168.1.100:9090"  # the offline TLS pair
     assert onprem.outputs["monitoringEndpoints"]["worker-2"] == "http://192.168.1.102:8000/metrics"
 
 
@@ -114,17 +116,23 @@ def test_the_lab_has_a_stand_in_for_every_monitoring_container_serving_its_ports
     }
 
 
-# --- credentials (monitoring.password) ------------------------------------------------------------
+# --- credentials (monitoring.password) and TLS (monitoring.tls) --------------------------------------
 
 MONITORING_PASSWORD = "a-monitoring-password-for-the-test-0123"
+MONITORING_IP = "192.168.1.100"  # onprem's master, monitoring.node by default
 
 
-def _with_password(password: str = MONITORING_PASSWORD):
+def _with_password(password: str = MONITORING_PASSWORD, serial: int = 1):
+    return _rendered(password, serial)
+
+
+@functools.lru_cache(maxsize=4)
+def _rendered(password: str, serial: int, again: int = 0):
+    """Each render once (~6 s); `again` renders the same config anew."""
+    from tests.helpers.monitoring_tls import issue, with_monitoring
     from tooling import offline, stackfile
 
-    stack_config = stackfile.read("onprem")
-    key = "qwen-cluster:monitoring"
-    stack_config[key] = {**stack_config[key], "password": {"secure": password}}
+    stack_config = with_monitoring(stackfile.read("onprem"), issue(MONITORING_IP, serial), password)
     return offline.render(stack_config, "onprem")
 
 
@@ -135,40 +143,103 @@ def _secret_value(value):
     return value["value"]
 
 
-def test_with_a_password_prometheus_and_alertmanager_read_a_web_config_with_its_hash():
+def _heredoc(script: str, name: str) -> str:
+    marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
+    return script.split(f"<<'{marker}'\n", 1)[1].split(f"\n{marker}", 1)[0]
+
+
+def test_with_a_password_prometheus_and_alertmanager_read_a_web_config_with_its_hash_and_tls():
     import bcrypt
     import yaml
 
     from qwen_cluster.render.monitoring import webconfig
+    from tests.helpers.monitoring_tls import issue
     from tests.helpers.secrets import shown_in_clear
 
     render = _with_password()
     assert render.error is None, render.error
     servers = {c.inputs["name"]: c.inputs for c in render.of_type(CONTAINER)}
     for name in ("qwen-prometheus", "qwen-alertmanager"):
-        assert "--web.config.file=/etc/qwen-monitoring/web.yml" in servers[name]["command"], name
+        assert "--web.config.file=/etc/qwen-monitoring/web-tls.yml" in servers[name]["command"], name
     (files,) = [c for c in render.of_type("command:remote:Command") if c.name == "monitoring-config"]
     script = _secret_value(files.inputs["create"])
-    web = yaml.safe_load(script.split("<<'QWEN_WEB_YML_EOF'\n", 1)[1].split("\nQWEN_WEB_YML_EOF", 1)[0])
+    web = yaml.safe_load(_heredoc(script, "web-tls.yml"))
     hashed = web["basic_auth_users"][webconfig.USER]
     assert bcrypt.checkpw(MONITORING_PASSWORD.encode(), hashed.encode())
+    assert web["tls_server_config"] == {
+        "cert_file": "/etc/qwen-monitoring/tls.pem",
+        "key_file": "/etc/qwen-monitoring/tls.pem",
+        "min_version": "TLS12",
+        "cipher_suites": webconfig.cipher_suites(),
+    }
+    pki = issue(MONITORING_IP)
+    assert _heredoc(script, "tls.pem") == pki.certificate.strip() + "\n" + pki.private_key.strip()
+    assert _heredoc(script, "ca.pem") == pki.ca_certificate.strip()
     assert "chmod 0640" in script and "password_file: /etc/qwen-monitoring/password" in script
-    assert shown_in_clear(render.resources, MONITORING_PASSWORD) == []
+    prometheus = yaml.safe_load(_heredoc(script, "prometheus.yml"))
+    tls_client = {"scheme": "https", "tls_config": {"ca_file": "/etc/qwen-monitoring/ca.pem"}}
+    for job in prometheus["scrape_configs"][1:]:
+        assert tls_client.items() <= job.items(), job
+    assert tls_client.items() <= prometheus["alerting"]["alertmanagers"][0].items()
+    assert "scheme" not in prometheus["scrape_configs"][0]  # the nodes' endpoints stay plain
+    for secret in (MONITORING_PASSWORD, pki.private_key.splitlines()[1]):
+        assert shown_in_clear(render.resources, secret) == []
+    assert render.outputs["prometheus"] == f"https://{MONITORING_IP}:9090"
+    assert render.outputs["alertmanager"] == f"https://{MONITORING_IP}:9093"
 
 
-def test_the_same_password_renders_the_same_step_and_a_new_one_another():
-    def script(password):
-        render = _with_password(password)
+def test_a_password_without_tls_is_refused_naming_the_key():
+    from tooling import offline, stackfile
+
+    stack_config = stackfile.read("onprem", offline_keys=False)
+    key = "qwen-cluster:monitoring"
+    stack_config[key] = {**(stack_config.get(key) or {}), "password": {"secure": MONITORING_PASSWORD}}
+    render = offline.render(stack_config, "onprem")
+    assert render.error is not None and "monitoring.password is set without monitoring.tls" in str(
+        render.error
+    )
+    assert "monitoring.tls.certificate" in str(render.error)
+
+
+def test_the_same_secrets_render_the_same_step_and_new_ones_another():
+    def script(password, serial=1):
+        render = _with_password(password, serial)
         (files,) = [c for c in render.of_type("command:remote:Command") if c.name == "monitoring-config"]
         return _secret_value(files.inputs["create"])
 
     first = script(MONITORING_PASSWORD)
-    assert script(MONITORING_PASSWORD) == first
+    (again,) = [c for c in _rendered(MONITORING_PASSWORD, 1, again=1).of_type("command:remote:Command")
+                if c.name == "monitoring-config"]  # fmt: skip
+    assert _secret_value(again.inputs["create"]) == first
     assert script(MONITORING_PASSWORD + "-rotated") != first
+    assert script(MONITORING_PASSWORD, serial=2) != first
 
 
-def test_without_a_password_nothing_asks_for_credentials():
-    opened = offline.render(open_monitoring(stackfile.read("onprem")), "onprem")
-    assert opened.error is None, opened.error
+def test_a_new_certificate_rewrites_the_files_step_only():
+    """exporter-toolkit reads the certificate again on every connection (webconfig.py): a new
+    one is the files step's in-place update, no container replaced."""
+    before, after = _with_password(), _with_password(serial=2)
+    moved = {c.name: c.action for c in changes.diff(before, after) if c.action != "same"}
+    assert moved == {"monitoring-config": "update"}
+
+
+def test_turning_tls_on_starts_prometheus_and_alertmanager_again_and_nothing_else(opened):
+    """exporter-toolkit chooses HTTP or HTTPS when a server starts: the web config's name is in
+    their command lines, so turning TLS on replaces the two containers (their data is on the host)."""
+    after = _with_password()
+    moved = {c.name: c.action for c in changes.diff(opened, after) if c.action != "same"}
+    assert set(moved) == {"monitoring-config", "monitoring-prometheus", "monitoring-alertmanager"}, moved
+    assert moved["monitoring-config"] == "update"
+
+
+@pytest.fixture(scope="module")
+def opened() -> offline.Render:
+    """onprem open on purpose: no password, no TLS."""
+    render = offline.render(open_monitoring(stackfile.read("onprem")), "onprem")
+    assert render.error is None, render.error
+    return render
+
+
+def test_without_a_password_nothing_asks_for_credentials(opened):
     servers = {c.inputs["name"]: c.inputs for c in opened.of_type(CONTAINER)}
     assert not [arg for arg in servers["qwen-prometheus"]["command"] if "web.config" in arg]

@@ -161,4 +161,20 @@ def test_an_answer_that_is_not_prometheus_exits_2(capsys):
 
 
 def test_without_a_url_it_asks_the_address_the_stack_gives_prometheus():
-    assert doctor.configured_url(ONPREM) == "http://192.168.1.100:9090"
+    # Offline, onprem has the throwaway password and TLS pair (tooling/stackfile.py): https.
+    assert doctor.configured_url(ONPREM) == "https://192.168.1.100:9090"
+    opened = {"qwen-cluster:monitoring": {"openToMonitoringCidrs": True}}
+    assert doctor.configured_url(stackfile.validate({**stackfile.read("onprem"), **opened})) == (
+        "http://192.168.1.100:9090"
+    )
+
+
+def test_with_monitoring_tls_it_asks_over_https_and_trusts_the_stacks_ca_alone():
+    from tests.helpers.monitoring_tls import issue, with_monitoring
+
+    pki = issue("192.168.1.100")
+    cluster = stackfile.validate(
+        with_monitoring(stackfile.read("onprem"), pki, "a-monitoring-password-0123456789")
+    )
+    assert doctor.configured_url(cluster) == "https://192.168.1.100:9090"
+    assert doctor.monitoring_ca(cluster) == pki.ca_certificate

@@ -115,7 +115,8 @@ MONITORING_PASSWORD = "monitoring-password-in-a-test-0123"
 
 
 def test_a_monitoring_password_in_plain_text_stops_the_program_without_showing_it():
-    stack_config = stackfile.read("onprem")
+    # Without the offline placeholders: a `secure:` value beside it would mark the whole object.
+    stack_config = stackfile.read("onprem", offline_keys=False)
     key = f"{NAMESPACE}:monitoring"
     stack_config[key] = {**stack_config[key], "password": MONITORING_PASSWORD}
     result = offline.render(stack_config, "onprem")
@@ -123,10 +124,54 @@ def test_a_monitoring_password_in_plain_text_stops_the_program_without_showing_i
     assert MONITORING_PASSWORD not in result.error and not result.resources
 
 
-def test_a_monitoring_password_is_accepted_on_aws_too():
+def _monitoring_tls(ip: str = "10.42.1.100") -> dict:
+    from tests.helpers.monitoring_tls import issue
+
+    pki = issue(ip)
+    return {
+        "certificate": pki.certificate,
+        "privateKey": pki.private_key,
+        "caCertificate": pki.ca_certificate,
+    }
+
+
+def test_a_monitoring_password_with_tls_is_accepted_on_aws_too():
     raw = stackfile.cluster_keys(stackfile.read("dev"))
+    raw["monitoring"] = {
+        **raw.get("monitoring", {}),
+        "password": MONITORING_PASSWORD,
+        "tls": _monitoring_tls(),
+    }
+    validated = config.validate(raw).monitoring
+    assert validated.password is not None  # kept, shown redacted
+    assert (validated.tls.certificate, validated.tls.private_key) == (REDACTED, REDACTED)
+    assert validated.tls.ca_certificate == _monitoring_tls()["caCertificate"]  # public: kept as text
+
+
+def test_a_monitoring_password_without_tls_is_refused_naming_monitoring_tls():
+    raw = stackfile.cluster_keys(stackfile.read("dev", offline_keys=False))
     raw["monitoring"] = {**raw.get("monitoring", {}), "password": MONITORING_PASSWORD}
-    assert config.validate(raw).monitoring.password is not None  # kept, shown redacted
+    with pytest.raises(
+        config.ConfigError, match=r"monitoring.password is set without monitoring.tls.*in clear"
+    ):
+        config.validate(raw)
+
+
+def test_a_monitoring_key_in_plain_text_stops_the_program_without_showing_it():
+    stack_config = stackfile.read("onprem", offline_keys=False)
+    key = f"{NAMESPACE}:monitoring"
+    tls = _monitoring_tls("192.168.1.100")
+    stack_config[key] = {**stack_config[key], "tls": tls}
+    result = offline.render(stack_config, "onprem")
+    assert result.error and "monitoring.tls.privateKey is in plain text in the stack file" in result.error
+    assert tls["privateKey"].splitlines()[1] not in result.error and not result.resources
+
+
+def test_a_monitoring_ca_that_is_not_pem_is_refused_naming_the_key():
+    raw = stackfile.cluster_keys(stackfile.read("dev"))
+    raw["monitoring"] = {"tls": {**_monitoring_tls(), "caCertificate": "not a certificate"}}
+    with pytest.raises(config.ConfigError, match=r"monitoring.tls.caCertificate.*is not a PEM certificate"):
+        config.validate(raw)
 
 
 def _onprem_with_tls(certificate: str, private_key: str) -> dict:
@@ -167,3 +212,40 @@ def test_a_good_tls_pair_renders_and_the_committed_stacks_ciphertext_is_left_unj
     assert offline.render(_onprem_with_tls(leaf.pem + intermediate.pem, leaf.key_pem), "onprem").error is None
     raw = stackfile.cluster_keys(_onprem_with_tls("v1:ciphertext", "v1:ciphertext"))
     assert config.validate(raw).load_balancer.tls.warnings == ()
+
+
+def _dev_with_monitoring_tls(tls: dict) -> dict:
+    raw = stackfile.cluster_keys(stackfile.read("dev"))
+    raw["monitoring"] = {**raw["monitoring"], "password": MONITORING_PASSWORD, "tls": tls}
+    return raw
+
+
+def test_a_monitoring_certificate_that_does_not_name_the_monitoring_node_is_refused():
+    """Prometheus, doctor and operators connect to monitoring.node's address: a certificate for
+    another one would be refused by every client."""
+    with pytest.raises(config.ConfigError) as caught:
+        config.validate(_dev_with_monitoring_tls(_monitoring_tls("10.42.1.101")))
+    (error,) = caught.value.errors
+    assert error.startswith(
+        "monitoring.tls.certificate does not name 10.42.1.100, the address of monitoring.node"
+    )
+    assert "holds 10.42.1.101" in error
+
+
+def test_a_monitoring_chain_another_ca_issued_is_refused_naming_ca_certificate():
+    from tests.helpers.monitoring_tls import issue
+
+    tls = {**_monitoring_tls(), "caCertificate": issue("10.42.1.100", serial=7).ca_certificate}
+    with pytest.raises(
+        config.ConfigError, match=r"monitoring.tls caCertificate \(CN=qwen-cluster test CA 7\) did not"
+    ):
+        config.validate(_dev_with_monitoring_tls(tls))
+
+
+def test_an_expired_monitoring_certificate_is_refused_naming_the_key():
+    from tests.helpers.monitoring_tls import issue
+
+    pki = issue("10.42.1.100", serial=3, days=-1)
+    tls = {"certificate": pki.certificate, "privateKey": pki.private_key, "caCertificate": pki.ca_certificate}
+    with pytest.raises(config.ConfigError, match=r"monitoring.tls certificate: certificate 1 .* expired on"):
+        config.validate(_dev_with_monitoring_tls(tls))

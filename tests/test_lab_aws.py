@@ -9,10 +9,12 @@ a rotation changes in place; `down` leaves nothing.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import secrets
 import shutil
+import ssl
 import threading
 import time
 import urllib.error
@@ -246,8 +248,17 @@ def test_a_key_rotation_reloads_the_proxies_and_restarts_no_model_server(day0):
     assert _chat(aws_plan, key_index=0).status == 401
 
 
-def _http(namespace: str, url: str, login: str | None, method: str = "GET", body: bytes | None = None):
-    """(status, body) of one request from inside `namespace`, with basic auth `user:password`."""
+def _http(
+    namespace: str,
+    url: str,
+    login: str | None,
+    method: str = "GET",
+    body: bytes | None = None,
+    ca_file: str | None = None,
+):
+    """(status, body) of one request from inside `namespace`, with basic auth `user:password`;
+    over https verifying `ca_file` alone (the lab's CA: monitoring.tls, the lab's own)."""
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
     def send() -> tuple[int, bytes]:
         request = urllib.request.Request(url, data=body, method=method)
@@ -256,7 +267,7 @@ def _http(namespace: str, url: str, login: str | None, method: str = "GET", body
         if body is not None:
             request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
+            with urllib.request.urlopen(request, timeout=10, context=context) as answer:
                 return answer.status, answer.read()
         except urllib.error.HTTPError as error:
             return error.code, error.read()
@@ -271,19 +282,23 @@ def _monitoring_pids(aws_plan) -> dict[str, int]:
 
 
 def test_prometheus_and_alertmanager_ask_for_the_password_and_a_rotation_keeps_their_state(day0):
-    """monitoring.password on AWS (the lab's own, as on bare metal): the monitoring node's run read
-    the web config and password from SecureString parameters. Without the password, or with a
-    wrong one, both servers answer 401 from a member and from their own node; with it, 200. A new
-    password is one run of the monitoring node's association: the old one is refused at once, the
-    new one accepted, and the same processes keep Alertmanager's silence and Prometheus's data
-    from before (its own scrapes log in with the new password)."""
+    """monitoring.password and monitoring.tls on AWS (the lab's own, as on bare metal): the
+    monitoring node's run read the web config, the password and the certificate and key from
+    SecureString parameters; both servers speak TLS only and are verified against the lab CA.
+    Without the password, or with a wrong one, both servers answer 401 from a member and from their
+    own node; with it, 200. A new password is one run of the monitoring node's association: the
+    old one is refused at once, the new one accepted, and the same processes keep Alertmanager's
+    silence and Prometheus's data from before (its own scrapes log in with the new password)."""
     aws_plan, _, _ = day0
     cluster = aws_plan.plan.cluster
     where = cluster.monitoring_node
-    password = lifecycle.endpoint_identity(aws_plan.plan).monitoring_password
+    identity = lifecycle.endpoint_identity(aws_plan.plan)
+    password = identity.monitoring_password
     login = f"{webconfig.USER}:{password}"
-    prometheus = f"http://{where.ip}:{port_of(cluster.ports, PROMETHEUS)}"
-    alertmanager = f"http://{where.ip}:{port_of(cluster.ports, ALERTMANAGER)}"
+    # Over https (monitoring.tls from the lab's CA, read from its SecureString parameters).
+    prometheus = f"https://{where.ip}:{port_of(cluster.ports, PROMETHEUS)}"
+    alertmanager = f"https://{where.ip}:{port_of(cluster.ports, ALERTMANAGER)}"
+    http = functools.partial(_http, ca_file=identity.ca_file)
     urls = [
         *(prometheus + path for path in ("/-/healthy", "/-/ready", "/api/v1/query?query=up")),
         *(alertmanager + path for path in ("/-/healthy", "/-/ready", "/api/v2/silences")),
@@ -293,17 +308,21 @@ def test_prometheus_and_alertmanager_ask_for_the_password_and_a_rotation_keeps_t
     def statuses(current: str) -> dict[str, tuple[int, ...]]:
         return {
             f"{namespace} {url}": tuple(
-                _http(namespace, url, auth)[0] for auth in (None, f"{webconfig.USER}:wrong-password", current)
+                http(namespace, url, auth)[0] for auth in (None, f"{webconfig.USER}:wrong-password", current)
             )
             for namespace in namespaces
             for url in urls
         }
 
     for url in (prometheus, alertmanager):  # up since day 0; ready once their storage is open
-        wait_until(lambda url=url: _http(namespaces[0], f"{url}/-/ready", login)[0] == 200,
+        wait_until(lambda url=url: http(namespaces[0], f"{url}/-/ready", login)[0] == 200,
                    what=f"{url} ready", timeout=60)  # fmt: skip
     seen = statuses(login)
     assert set(seen.values()) == {(401, 401, 200)}, seen
+    # TLS only: plain HTTP gets Go's fixed refusal (net/http server.go) and nothing else.
+    for port in (port_of(cluster.ports, PROMETHEUS), port_of(cluster.ports, ALERTMANAGER)):
+        plain = netns.call_in(namespaces[1], probes.request, str(where.ip), port, "GET", "/-/healthy")
+        assert plain.status == 400 and b"HTTP request to an HTTPS server" in plain.body, plain
     silence = {
         "matchers": [{"name": "alertname", "value": "QwenReplicaDown", "isRegex": False}],
         "startsAt": "2026-01-01T00:00:00Z",
@@ -313,15 +332,21 @@ def test_prometheus_and_alertmanager_ask_for_the_password_and_a_rotation_keeps_t
     }
     master_ns = namespaces[0]
     silences, body = f"{alertmanager}/api/v2/silences", json.dumps(silence).encode()
-    assert _http(master_ns, silences, None, "POST", body)[0] == 401
-    posted = _http(master_ns, silences, login, "POST", body)
+    assert http(master_ns, silences, None, "POST", body)[0] == 401
+    posted = http(master_ns, silences, login, "POST", body)
     assert posted[0] == 200, posted
     before_rotation = time.time()
     pids = _monitoring_pids(aws_plan)
     model_pids = _model_pids(aws_plan)
 
     rotated = "rotated-" + secrets.token_hex(20)
-    result = lab.upgrade(LABEL, [f"monitoring.password={rotated}"], max_requests=0)
+    # A password needs monitoring.tls (config/rules.py): the lab's own pair, as it gives every
+    # stack (labkit/engine/substitutions.py), so the certificate's parameters stay as they are.
+    certificate, private_key = identity.monitoring_tls(str(where.ip))
+    tls = {"certificate": certificate, "privateKey": private_key, "caCertificate": identity.ca_certificate}
+    result = lab.upgrade(
+        LABEL, [f"monitoring.password={rotated}", f"monitoring.tls={json.dumps(tls)}"], max_requests=0
+    )
     assert result["ok"], [s for s in result["steps"] if not s["ok"]]
     assert result["parametersUpdated"] == [
         "/qwen-cluster/dev/monitoring/password",
@@ -332,19 +357,19 @@ def test_prometheus_and_alertmanager_ask_for_the_password_and_a_rotation_keeps_t
     new_login = f"{webconfig.USER}:{rotated}"
     seen = statuses(new_login)
     assert set(seen.values()) == {(401, 401, 200)}, seen
-    assert _http(master_ns, f"{prometheus}/-/healthy", login)[0] == 401  # the old one is refused
+    assert http(master_ns, f"{prometheus}/-/healthy", login)[0] == 401  # the old one is refused
     # The same processes: no restart, so the silence and the data from before are there.
     assert _monitoring_pids(aws_plan) == pids and _model_pids(aws_plan) == model_pids
-    status, body = _http(master_ns, silences, new_login)
+    status, body = http(master_ns, silences, new_login)
     assert status == 200 and [s for s in json.loads(body) if s["comment"] == silence["comment"]], body
-    status, body = _http(master_ns, f"{prometheus}/api/v1/query?query=up&time={before_rotation}", new_login)
+    status, body = http(master_ns, f"{prometheus}/api/v1/query?query=up&time={before_rotation}", new_login)
     assert status == 200 and json.loads(body)["data"]["result"], body
 
     rotated_at = time.time()  # after the run that wrote the new files
 
     def scraped_since() -> dict[str, str]:
         since = urllib.parse.quote(f"up and timestamp(up) > {rotated_at}")
-        answer = _http(master_ns, f"{prometheus}/api/v1/query?query={since}", new_login)[1]
+        answer = http(master_ns, f"{prometheus}/api/v1/query?query={since}", new_login)[1]
         return {r["metric"]["job"]: r["value"][1] for r in json.loads(answer)["data"]["result"]}
 
     up = wait_until(

@@ -248,16 +248,20 @@ def test_policies_and_parameters_name_the_same_arns(dev):
 
 
 def test_the_lab_sets_a_monitoring_password_that_only_the_monitoring_instance_reads(dev):
-    """The lab's dev has Prometheus behind the lab's monitoring password, as its bare-metal labs:
-    the monitoring node's association names the two SecureString parameters, and the role (one
+    """The lab's dev has Prometheus behind the lab's monitoring password and a certificate of the
+    lab's CA, as its bare-metal labs: the monitoring node's association names the four
+    SecureString parameters, and the role (one
     for every node) lets that instance read them and no other, with the context the lab's API
     stand-in gives each node's credentials (labkit/aws/standins.py)."""
     master = dev.associations["monitoring-master"].parameters
-    wanted = {master["WebConfigParameter"], master["PasswordParameter"]}
+    keys = ("WebConfigParameter", "PasswordParameter", "TlsCertificateParameter", "TlsPrivateKeyParameter")
+    wanted = {master[key] for key in keys}
     names = {p["arn"]: p["name"] for p in dev.parameters.values()}
     assert {names[arn] for arn in wanted} == {
         "/qwen-cluster/dev/monitoring/web-config",
         "/qwen-cluster/dev/monitoring/password",
+        "/qwen-cluster/dev/monitoring/tls-certificate",
+        "/qwen-cluster/dev/monitoring/tls-private-key",
     }
     assert "WebConfigParameter" not in dev.associations["monitoring-worker-1"].parameters
     principal = _node_role(dev)

@@ -13,9 +13,16 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -84,11 +91,10 @@ def _until(what: str, condition, timeout: float = WITHIN):
 
 
 def _ask(lab_plan):
-    """Prometheus's API from its node, with doctor's own timeout (tooling/doctor.py http_fetch)."""
+    """Prometheus's API from its node over https, with doctor's own timeout and CA check
+    (tooling/doctor.py http_fetch)."""
     cluster = lab_plan.cluster
-    fetch = doctor.http_fetch(
-        doctor.configured_url(cluster), password=labdoctor.monitoring_password(lab_plan)
-    )
+    _, fetch = labdoctor.monitoring_fetch(lab_plan)
     where = lab_plan.node(cluster.monitoring_node.name).namespace
     return lambda path: netns.call_in(where, fetch, path)
 
@@ -101,8 +107,16 @@ def test_check_has_a_monitoring_group_that_passes(running):
     lab_plan, _, report = running
     assert report.ok, [step for step in report.steps if not step.ok]
     results = check.monitoring(lab_plan)
-    assert len(results) == len(lab_plan.cluster.nodes) + 2
+    # Every endpoint, the rules, the alerts; then per server (2) from the monitoring range: plain
+    # HTTP, https without and with the password, four TLS versions.
+    assert len(results) == len(lab_plan.cluster.nodes) + 2 + 2 * 7
     assert all(result.ok for result in results), [r for r in results if not r.ok]
+    tls_rows = {
+        (r.target, r.what.split(" ")[0], r.observed.split(" ")[0])
+        for r in results
+        if r.source == "monitoring"
+    }
+    assert {("prometheus", "TLSv1", "refused"), ("alertmanager", "TLSv1.1", "refused")} <= tls_rows
     code, answer = _doctor(LABEL)
     assert (code, answer["healthy"], answer["findings"]) == (0, True, [])
 
@@ -213,8 +227,12 @@ def test_prometheus_refuses_quit_and_reload_over_http_from_a_member(running):
     prometheus_port = port_of(cluster.ports, PROMETHEUS)
     login = f"{webconfig.USER}:{labdoctor.monitoring_password(lab_plan)}"
 
+    verified = probes.ClientAccess(ca_file=lifecycle.endpoint_identity(lab_plan).ca_file)
+
     def post(port, path, basic_auth=login):
-        return netns.call_in(member.namespace, probes.post, str(where.ip), port, path, basic_auth=basic_auth)
+        return netns.call_in(
+            member.namespace, probes.post, str(where.ip), port, path, basic_auth=basic_auth, access=verified
+        )
 
     answers = {path: post(prometheus_port, path).status for path in ("/-/quit", "/-/reload")}
     alertmanager = post(port_of(cluster.ports, ALERTMANAGER), "/-/quit").status
@@ -226,9 +244,9 @@ def test_prometheus_refuses_quit_and_reload_over_http_from_a_member(running):
 
 
 def test_without_the_password_prometheus_and_alertmanager_answer_401_from_every_vantage(running):
-    """The audit's vantages that reach 9090/9093 (the monitoring host, a member): no route,
-    the health probes included, answers without the password; with it, they do. A silence
-    cannot be created without it."""
+    """The audit's vantages that reach 9090/9093 (the monitoring host, a member), over https
+    verifying the lab CA: no route, the health probes included, answers without the password;
+    with it, they do. A silence cannot be created without it."""
     lab_plan, _, _ = running
     cluster = lab_plan.cluster
     where = cluster.monitoring_node
@@ -239,10 +257,19 @@ def test_without_the_password_prometheus_and_alertmanager_answer_401_from_every_
         port_of(cluster.ports, ALERTMANAGER): ("/-/healthy", "/-/ready", "/api/v2/silences"),
     }
 
+    verified = probes.ClientAccess(ca_file=lifecycle.endpoint_identity(lab_plan).ca_file)
+
     def status(source, port: int, path: str, auth: str | None) -> int:
         headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
         reply = netns.call_in(
-            source.namespace, probes.request, str(where.ip), port, "GET", path, headers=headers
+            source.namespace,
+            probes.request,
+            str(where.ip),
+            port,
+            "GET",
+            path,
+            headers=headers,
+            access=verified,
         )
         return reply.status
 
@@ -259,5 +286,163 @@ def test_without_the_password_prometheus_and_alertmanager_answer_401_from_every_
             str(where.ip),
             port_of(cluster.ports, ALERTMANAGER),
             "/api/v2/silences",
+            access=verified,
         )
         assert silence.status == 401
+
+
+def _served_certificate(ip: str, port: int) -> bytes:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((ip, port), timeout=5) as raw, context.wrap_socket(raw) as tls:
+        return tls.getpeercert(binary_form=True)
+
+
+def _load(urls: list[str], ca_file: str, login: dict[str, str], stop: threading.Event, seen: Counter) -> None:
+    """A client reading both servers over https until `stop`, with the password in `login` (the
+    test switches it once the rotation is applied): counts each answer's status, and each
+    connection that failed (a handshake with a certificate and a key that do not match would)."""
+    context = ssl.create_default_context(cafile=ca_file)
+    while not stop.is_set():
+        for url in urls:
+            token = base64.b64encode(f"{webconfig.USER}:{login['password']}".encode()).decode()
+            request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+            try:
+                with urllib.request.urlopen(request, timeout=5, context=context) as response:
+                    response.read()
+                    seen[response.status] += 1
+            except urllib.error.HTTPError as error:
+                seen[error.code] += 1
+            except (OSError, urllib.error.URLError) as error:
+                seen[f"failed: {type(error).__name__}"] += 1
+
+
+def test_rotating_the_certificate_and_the_password_under_load_keeps_alert_state_and_restarts_nothing(running):
+    """Day 2: a new certificate (from the lab CA) and a new password in one apply, while a client
+    reads both servers: one step, `monitoring-config` update in place; the servers present the new
+    certificate on the next connection and ask for the new password, no connection of the client
+    fails, Alertmanager keeps its silence, Prometheus its history, and no process starts again.
+    Last in the module: the lab's password is this test's from here on."""
+    lab_plan, options, _ = running
+    cluster = lab_plan.cluster
+    where = cluster.monitoring_node
+    ip = str(where.ip)
+    identity = lifecycle.endpoint_identity(lab_plan)
+    old_password = labdoctor.monitoring_password(lab_plan)
+    new_password = "rotated-lab-monitoring-password-0123456789"
+    source = lab_plan.vantage(Vantage.MONITORING).namespace
+    prometheus_port, alertmanager_port = (
+        port_of(cluster.ports, PROMETHEUS),
+        port_of(cluster.ports, ALERTMANAGER),
+    )
+    prometheus_url = labdoctor.monitoring_url(lab_plan)
+    alertmanager_url = labdoctor.monitoring_url(lab_plan, alertmanager_port)
+    verified = probes.ClientAccess(ca_file=identity.ca_file)
+    silence = {
+        "matchers": [{"name": "alertname", "value": "QwenReplicaDown", "isRegex": False}],
+        "startsAt": "2026-01-01T00:00:00Z",
+        "endsAt": "2099-01-01T00:00:00Z",
+        "createdBy": "test_lab_monitoring",
+        "comment": "kept across the rotation",
+    }
+
+    def login(password: str) -> dict[str, str]:
+        return {
+            "Authorization": "Basic " + base64.b64encode(f"{webconfig.USER}:{password}".encode()).decode()
+        }
+
+    def silences(password: str) -> tuple[int, list]:
+        reply = netns.call_in(
+            source, probes.request, ip, alertmanager_port, "GET", "/api/v2/silences",
+            access=verified, headers=login(password),
+        )  # fmt: skip
+        return reply.status, (json.loads(reply.body) if reply.status == 200 else [])
+
+    created = netns.call_in(
+        source, _post_json, f"{alertmanager_url}/api/v2/silences", silence, identity.ca_file, old_password
+    )
+    assert created == 200
+    before_rotation = time.time()
+    pids = {
+        "prometheus": _pid(lab_plan, where.name, "qwen-prometheus"),
+        "alertmanager": _pid(lab_plan, where.name, "qwen-alertmanager"),
+        **{n.name: _pid(lab_plan, n.name, tags.MODEL_SERVER_CONTAINER) for n in cluster.nodes},
+    }
+    certificate, private_key = identity.monitoring_tls(ip, stem="rotated")
+    config = lifecycle.stack_config(lab_plan)
+    key = "qwen-cluster:monitoring"
+    config[key] = {
+        **(config.get(key) or {}),
+        "password": {"secure": new_password},
+        "tls": {
+            "certificate": {"secure": certificate},
+            "privateKey": {"secure": private_key},
+            "caCertificate": identity.ca_certificate,
+        },
+    }
+    client = {"password": old_password}
+    stop, seen = threading.Event(), Counter()
+    urls = [f"{prometheus_url}/api/v1/query?query=up", f"{alertmanager_url}/api/v2/silences"]
+    loader = threading.Thread(
+        target=netns.call_in, args=(source, _load, urls, identity.ca_file, client, stop, seen)
+    )
+    loader.start()
+    try:
+        _until("the client's first answers", lambda: seen[200] > 0)
+        report = lifecycle.apply(lab_plan, options, config=config)
+        client["password"] = new_password
+        answered = seen[200]
+        _until("the client's answers with the new password", lambda: seen[200] > answered + 4)
+    finally:
+        stop.set()
+        loader.join(timeout=30)
+    assert report.ok, [step for step in report.steps if not step.ok]
+    ran = {(step.resource, step.op) for step in report.steps if step.op in ("create", "update", "delete")}
+    assert ran == {("monitoring-config", "update")}
+    # Between the rewrite and the client's switch its old password is refused: 401, never a failed
+    # connection (one file holds the chain and the key: no handshake sees a half-written pair).
+    assert set(seen) <= {200, 401}, dict(seen)
+
+    served = {
+        port: netns.call_in(source, _served_certificate, ip, port)
+        for port in (prometheus_port, alertmanager_port)
+    }
+    assert set(served.values()) == {ssl.PEM_cert_to_DER_cert(certificate)}
+    assert silences(old_password)[0] == 401
+    status, kept = silences(new_password)
+    assert status == 200 and [s for s in kept if s["comment"] == "kept across the rotation"]
+    # Prometheus's own history from before the rotation, and its scrapes of itself and of
+    # Alertmanager after it (it reads the new password from its file, trusts the same CA).
+    ask = doctor.http_fetch(prometheus_url, password=new_password, ca_certificate=identity.ca_certificate)
+    earlier = netns.call_in(source, ask, f"/api/v1/query?query=up&time={before_rotation - 2:.3f}")
+    assert earlier["result"], "no samples from before the rotation"
+    rotated_at = time.time()
+
+    def scraped_since() -> bool:
+        query = urllib.parse.quote(
+            f'up{{job=~"prometheus|alertmanager"}} == 1 and timestamp(up) > {rotated_at}'
+        )
+        return len(netns.call_in(source, ask, f"/api/v1/query?query={query}")["result"]) == 2
+
+    _until("Prometheus's scrapes of itself and Alertmanager with the new password", scraped_since)
+    after = {
+        "prometheus": _pid(lab_plan, where.name, "qwen-prometheus"),
+        "alertmanager": _pid(lab_plan, where.name, "qwen-alertmanager"),
+        **{n.name: _pid(lab_plan, n.name, tags.MODEL_SERVER_CONTAINER) for n in cluster.nodes},
+    }
+    assert after == pids
+    print(f"rotation under load: the client's answers {dict(seen)}")
+
+
+def _post_json(url: str, body: dict, ca_file: str, password: str) -> int:
+    token = base64.b64encode(f"{webconfig.USER}:{password}".encode()).decode()
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Basic {token}"},
+    )
+    with urllib.request.urlopen(
+        request, timeout=10, context=ssl.create_default_context(cafile=ca_file)
+    ) as reply:
+        return reply.status

@@ -156,19 +156,28 @@ def test_the_plan_says_when_api_keys_would_travel_in_clear():
 
 
 def test_the_plan_says_which_secrets_are_offline_placeholders(capsys):
-    """The committed stacks hold no API key and no monitoring password: offline they get throwaway
-    ones (tooling/stackfile.py), pass, and the plan says so rather than hide it."""
+    """The committed stacks hold no API key, no monitoring password and no monitoring TLS pair:
+    offline they get throwaway ones (tooling/stackfile.py), pass, and the plan says so rather than
+    hide it."""
     from tooling import preview
 
     for stack in stackfile.STACKS:
         report = preview.plan(stack)
-        assert report["placeholders"] == ["access.apiKeys", "monitoring.password"], stack
+        assert report["placeholders"] == [
+            "access.apiKeys",
+            "monitoring.password",
+            "monitoring.tls.certificate",
+            "monitoring.tls.privateKey",
+        ], stack
         assert report["mandatory"] == 0 and not any(
             v["policy"] == "monitoring-open" for v in report["violations"]
         )
     assert preview.main(["onprem"]) == 0
     printed = " ".join(capsys.readouterr().out.split())
-    assert "offline placeholders for access.apiKeys, monitoring.password" in printed
+    assert (
+        "offline placeholders for access.apiKeys, monitoring.password, monitoring.tls.certificate, "
+        "monitoring.tls.privateKey" in printed
+    )
 
 
 def test_a_stack_open_on_purpose_passes_with_the_monitoring_open_advisory():
@@ -176,7 +185,7 @@ def test_a_stack_open_on_purpose_passes_with_the_monitoring_open_advisory():
 
     stack_config = stackfile.read("onprem")
     key = f"{config.NAMESPACE}:monitoring"
-    monitoring = {k: v for k, v in stack_config[key].items() if k != "password"}
+    monitoring = {k: v for k, v in stack_config[key].items() if k not in ("password", "tls")}
     report = preview.plan("onprem", {**stack_config, key: {**monitoring, "openToMonitoringCidrs": True}})
     assert report["valid"] and report["mandatory"] == 0
     assert [v["enforcement"] for v in report["violations"] if v["policy"] == "monitoring-open"] == [

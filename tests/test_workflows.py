@@ -173,7 +173,14 @@ def test_a_stack_file_with_its_secrets_encrypted_or_from_esc_passes(tmp_path):
     document = yaml.safe_load(stackfile.stack_path("prod").read_text())
     access = document["config"]["qwen-cluster:access"]
     access["apiKeys"] = [{"secure": "v1:abc"}]
-    document["config"]["qwen-cluster:monitoring"] = {"password": {"secure": "v1:p"}}
+    document["config"]["qwen-cluster:monitoring"] = {
+        "password": {"secure": "v1:p"},
+        "tls": {
+            "certificate": {"secure": "v1:mc"},
+            "privateKey": {"secure": "v1:mk"},
+            "caCertificate": "PEM",
+        },
+    }
     document["config"]["qwen-cluster:loadBalancer"]["tls"] = {"certificate": {"secure": "v1:c"}}
     (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(document))
     assert stackfile.missing_secrets("prod", tmp_path) == [

@@ -70,9 +70,18 @@ VARIANTS: tuple[dict[str, dict[str, Any]], ...] = (
             "tls": {"certificate": {"secure": _PEM_CERTIFICATE}, "privateKey": {"secure": _PEM_KEY}}
         }
     },
-    # monitoring.password: its web config and password in Parameter Store, and the monitoring
-    # node's read policy (components/aws/monitoring.py).
-    {"monitoring": {"password": {"secure": _MONITORING_PASSWORD}}},
+    # monitoring.tls and monitoring.password: the web config, the certificate and key and the
+    # password in Parameter Store, and the monitoring node's read policy (components/aws/monitoring.py).
+    {
+        "monitoring": {
+            "password": {"secure": _MONITORING_PASSWORD},
+            "tls": {
+                "certificate": {"secure": _PEM_CERTIFICATE},
+                "privateKey": {"secure": _PEM_KEY},
+                "caCertificate": _PEM_CERTIFICATE,
+            },
+        }
+    },
 )
 
 

@@ -15,9 +15,11 @@ and the fix, in the guide's order: connectivity, then latency, then bandwidth.
 
 Which Prometheus: `--prometheus URL`; with `--lab`, the lab's (inside the lab's namespaces);
 otherwise the stack's `prometheus` output (`pulumi stack output`, when the CLI is there), else
-the address the stack config gives it. Which hosts: with `--lab`, the lab's nodes (root); on bare
-metal over SSH as bareMetal.sshUser with sudo (the keys of your ssh agent or config); on AWS the
-hosts are asked through monitoring only (SSM is not driven from here).
+the address the stack config gives it; with monitoring.tls over https, verified against
+monitoring.tls.caCertificate alone, logged in with QWEN_MONITORING_PASSWORD. Which hosts: with
+`--lab`, the lab's nodes (root); on bare metal over SSH as bareMetal.sshUser with sudo (the keys
+of your ssh agent or config); on AWS the hosts are asked through monitoring only (SSM is not
+driven from here).
 
 Exit 0 healthy, 1 with findings, 2 when a source cannot be asked.
 `--json` prints {"healthy": bool, "prometheus": url, "findings": [{"step", "check", "severity",
@@ -32,6 +34,7 @@ import ipaddress
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -44,7 +47,7 @@ from typing import Any
 from qwen_cluster import kvlink
 from qwen_cluster.config import ClusterConfig, ConfigError
 from qwen_cluster.render import verify
-from qwen_cluster.render.monitoring import alerts, prometheus, webconfig
+from qwen_cluster.render.monitoring import alerts, containers, prometheus, webconfig
 from tooling import stackfile
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -353,9 +356,13 @@ Fetch = Callable[[str], Any]  # API path -> the decoded `data` of the answer
 PASSWORD_ENV = "QWEN_MONITORING_PASSWORD"
 
 
-def http_fetch(base: str, timeout: float = 5.0, password: str | None = None) -> Fetch:
+def http_fetch(
+    base: str, timeout: float = 5.0, password: str | None = None, ca_certificate: str | None = None
+) -> Fetch:
     """Prometheus's API at `base`; with `password`, logged in as the web config's user
-    (qwen_cluster/render/monitoring/webconfig.py)."""
+    (qwen_cluster/render/monitoring/webconfig.py). Over https it verifies the server against
+    `ca_certificate` (PEM text, monitoring.tls.caCertificate) alone, else the system's CAs."""
+    context = ssl.create_default_context(cadata=ca_certificate) if ca_certificate else None
     headers = {}
     if password is not None:
         token = base64.b64encode(f"{webconfig.USER}:{password}".encode()).decode()
@@ -365,7 +372,7 @@ def http_fetch(base: str, timeout: float = 5.0, password: str | None = None) -> 
         url = base.rstrip("/") + path
         try:
             request = urllib.request.Request(url, headers=headers)
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as error:
             if error.code == 401:
@@ -374,6 +381,13 @@ def http_fetch(base: str, timeout: float = 5.0, password: str | None = None) -> 
                     f"{url}: HTTP 401: Prometheus asks for credentials and the monitoring password {given}"
                 ) from None
             raise Unreachable(f"{url}: HTTP {error.code}") from None
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, ssl.SSLCertVerificationError):
+                raise Unreachable(
+                    f"{url}: its certificate is not one monitoring.tls.caCertificate issued for this "
+                    f"address ({error.reason.verify_message})"
+                ) from None
+            raise Unreachable(f"{url}: {error.reason}") from None
         except (OSError, ValueError) as error:
             raise Unreachable(f"{url}: {error}") from None
         if not isinstance(body, dict) or body.get("status") != "success":
@@ -642,7 +656,12 @@ def configured_url(cluster: ClusterConfig) -> str | None:
     where = cluster.monitoring_node
     if where is None:
         return None
-    return f"http://{where.ip}:{prometheus.prometheus_port(cluster)}"
+    return f"{containers.scheme(cluster)}://{where.ip}:{prometheus.prometheus_port(cluster)}"
+
+
+def monitoring_ca(cluster: ClusterConfig) -> str | None:
+    """The CA the stack's Prometheus is verified with (monitoring.tls.caCertificate)."""
+    return cluster.monitoring.tls.ca_certificate if cluster.monitoring.tls is not None else None
 
 
 def print_human(
@@ -713,7 +732,8 @@ def main(argv: list[str] | None = None, lab: Lab | None = None) -> int:
         try:
             if args.prometheus:
                 password = os.environ.get(PASSWORD_ENV)
-                fetch, url = http_fetch(args.prometheus, password=password), args.prometheus
+                url = args.prometheus
+                fetch = http_fetch(url, password=password, ca_certificate=monitoring_ca(cluster))
             elif args.lab:
                 if lab is None:
                     raise Unreachable("--lab needs the lab library: run scripts/doctor.py")
@@ -724,7 +744,9 @@ def main(argv: list[str] | None = None, lab: Lab | None = None) -> int:
                     raise Unreachable(
                         f"stack {args.stack} runs no Prometheus (monitoring.prometheus is false)"
                     )
-                fetch = http_fetch(url, password=os.environ.get(PASSWORD_ENV))
+                fetch = http_fetch(
+                    url, password=os.environ.get(PASSWORD_ENV), ca_certificate=monitoring_ca(cluster)
+                )
             found += findings(fetch, cluster)
         except Unreachable as error:
             errors.append(f"cannot ask Prometheus: {error}")

@@ -41,6 +41,13 @@ YWVYDWrH00v5I6v6YjJKU4GHBN+hRANCAAQrptkKU2IPav4EQRU8Y1b9m4Bshy0e
 xseuJzFCk6MaYxHZZp0CVTprTA6/LA2gqkgRsIMocZUvdPfaVpZFJr+Q
 -----END PRIVATE KEY-----
 """
+# monitoring.tls offline: the same pair; its certificate, self-signed, is its own CA. It names
+# only `offline.invalid`, which the monitoring name check passes over (config/rules.py).
+OFFLINE_MONITORING_TLS = {
+    "certificate": {"secure": OFFLINE_TLS_CERTIFICATE},
+    "privateKey": {"secure": OFFLINE_TLS_PRIVATE_KEY},
+    "caCertificate": OFFLINE_TLS_CERTIFICATE,
+}
 # What the program gets offline for a nested `secure:` value (nothing here can decrypt a real
 # stack's ciphertext): a placeholder of the right shape, by where the value sits.
 OFFLINE_SECRETS: dict[tuple[str, ...], str] = {
@@ -48,6 +55,8 @@ OFFLINE_SECRETS: dict[tuple[str, ...], str] = {
     (f"{config.NAMESPACE}:loadBalancer", "tls", "certificate"): OFFLINE_TLS_CERTIFICATE,
     (f"{config.NAMESPACE}:loadBalancer", "tls", "privateKey"): OFFLINE_TLS_PRIVATE_KEY,
     (f"{config.NAMESPACE}:monitoring", "password"): OFFLINE_MONITORING_PASSWORD,
+    (f"{config.NAMESPACE}:monitoring", "tls", "certificate"): OFFLINE_TLS_CERTIFICATE,
+    (f"{config.NAMESPACE}:monitoring", "tls", "privateKey"): OFFLINE_TLS_PRIVATE_KEY,
 }
 
 
@@ -73,8 +82,9 @@ def read(stack: str, root: Path = PROJECT_ROOT, *, offline_keys: bool = True) ->
 def with_offline_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
     """The stack config with OFFLINE_API_KEY when it has no `access.apiKeys` and does not say
     `access.openEndpoint`, and with OFFLINE_MONITORING_PASSWORD when it runs Prometheus without
-    `monitoring.password` and does not say `monitoring.openToMonitoringCidrs`, each written as a
-    stack file holds a secret (`{secure: ...}`)."""
+    `monitoring.password` and does not say `monitoring.openToMonitoringCidrs` (and the offline TLS
+    pair as its `monitoring.tls` when it has none), each written as a stack file holds a secret
+    (`{secure: ...}`)."""
     result = dict(stack_config)
     key = f"{config.NAMESPACE}:access"
     access = stack_config.get(key)
@@ -89,7 +99,13 @@ def with_offline_keys(stack_config: dict[str, Any]) -> dict[str, Any]:
         and not monitoring.get("password")
         and not monitoring.get("openToMonitoringCidrs")
     ):
-        result[key] = {**monitoring, "password": {"secure": OFFLINE_MONITORING_PASSWORD}}
+        result[key] = {
+            **monitoring,
+            "password": {"secure": OFFLINE_MONITORING_PASSWORD},
+            # A password is never sent in clear (config/rules.py): the offline pair with it, its
+            # self-signed certificate standing for the CA too.
+            **({} if monitoring.get("tls") else {"tls": OFFLINE_MONITORING_TLS}),
+        }
     return result
 
 
@@ -227,6 +243,19 @@ def missing_secrets(stack: str, root: Path = PROJECT_ROOT) -> list[str]:
             f"{ns}:monitoring.password: pulumi config set --stack {stack} --secret --path "
             f"'{ns}:monitoring.password' \"$(openssl rand -hex 24)\""
         )
+    monitoring_tls = monitoring.get("tls") or {}
+    if monitoring.get("prometheus", True) and not open_monitoring:
+        for half, source in (("certificate", "chain.pem"), ("privateKey", "key.pem")):
+            if not _secure(monitoring_tls.get(half)):
+                missing.append(
+                    f"{ns}:monitoring.tls.{half}: pulumi config set --stack {stack} --secret --path "
+                    f"'{ns}:monitoring.tls.{half}' < {source}"
+                )
+        if not monitoring_tls.get("caCertificate"):
+            missing.append(
+                f"{ns}:monitoring.tls.caCertificate: pulumi config set --stack {stack} --path "
+                f"'{ns}:monitoring.tls.caCertificate' < ca.pem"
+            )
     model = stack_config.get(f"{ns}:model") or {}
     runs_ray = int(model.get("pipelineParallel") or 1) > 1 and model.get("distributedBackend") == "ray"
     if runs_ray and not _secure(stack_config.get(f"{ns}:rayAuthToken")):

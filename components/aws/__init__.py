@@ -140,6 +140,8 @@ def build(
                 instance_ids=nodes.instance_ids,
                 tags=tags,
                 password=(secrets or EndpointSecrets()).monitoring_password,
+                tls_certificate=(secrets or EndpointSecrets()).monitoring_tls_certificate,
+                tls_private_key=(secrets or EndpointSecrets()).monitoring_tls_private_key,
                 role_name=role.role_name,
                 instance_arns=nodes.instance_arns,
             ),

@@ -12,17 +12,19 @@ in-place update: a new alert bound changes the monitoring node's parameters only
 rewrites the files and sends SIGHUP, and no model server association or instance changes. A
 new instance (its id in `targets`) gets its monitoring by the same update.
 
-With monitoring.password (components/aws/proxy.py's way for the endpoint's secrets): the web
-config and Prometheus's password file (containers.credential_files, the files bare metal writes)
-are SecureString parameters under /qwen-cluster/<stack>/monitoring/. The monitoring node's
-association holds their ARNs and versions, never a value, and its run reads them with the node's
-role (render/monitoring_ssm.py). A new password updates the parameters in place with a new
-version (internal/service/ssm/parameter.go), so the association's parameters change and it is
-updated in place: resourceAssociationUpdate sends every parameter with UpdateAssociation
+With monitoring.tls (components/aws/proxy.py's way for the endpoint's secrets): the web config,
+the servers' certificate chain and its private key, and with monitoring.password Prometheus's
+password file (containers.secret_files, what bare metal writes) are SecureString parameters under
+/qwen-cluster/<stack>/monitoring/. The monitoring node's association holds their ARNs and
+versions, never a value, and its run reads them with the node's role (render/monitoring_ssm.py).
+A new password or certificate updates the parameters in place with a new version
+(internal/service/ssm/parameter.go), so the association's parameters change and it is updated in
+place: resourceAssociationUpdate sends every parameter with UpdateAssociation
 (internal/service/ssm/association.go), and "when you update an association, the association
 immediately runs against the specified targets" (SSM API Reference, UpdateAssociation). That run
-rewrites the two files; both servers read them on the next request: no restart, so Prometheus's
-data and Alertmanager's silences stay. No other node's association and no container changes.
+rewrites the files; both servers read them on the next request or connection: no restart, so
+Prometheus's data and Alertmanager's silences stay. No other node's association and no container
+changes.
 
 Who may read them: every GPU node has the one role (serving.py NodeRole), whose managed
 AmazonSSMManagedInstanceCore allows ssm:GetParameter on every parameter. So the read policy
@@ -50,8 +52,14 @@ from qwen_cluster.render.monitoring import containers
 
 from .serving import PARAMETER_PREFIX
 
-# The credential files (containers.credential_files) -> the last part of their parameter's name.
-CREDENTIAL_PARAMETERS = {containers.WEB_CONFIG_FILE: "web-config", containers.PASSWORD_FILE: "password"}
+# The secret parameters -> the association parameter that names each (monitoring_ssm.PARAMETERS);
+# the last part of a parameter's name is its key here.
+SECRET_PARAMETERS = {
+    "web-config": "web_config_parameter",
+    "password": "password_parameter",
+    "tls-certificate": "tls_certificate_parameter",
+    "tls-private-key": "tls_private_key_parameter",
+}
 # What reads a parameter's value: GetParameter (the run), GetParameters, GetParameterHistory
 # (every version's value). GetParametersByPath names the path, not these ARNs; no policy of the
 # node role allows it.
@@ -90,7 +98,10 @@ class MonitoringArgs:
     tags: dict[str, str]
     # monitoring.password, an Output secret (None: Prometheus and Alertmanager ask for nothing).
     password: pulumi.Input[str] | None = None
-    role_name: pulumi.Input[str] | None = None  # the GPU nodes' role (with the password)
+    # monitoring.tls's chain and key, Output secrets (None: the servers speak plain HTTP).
+    tls_certificate: pulumi.Input[str] | None = None
+    tls_private_key: pulumi.Input[str] | None = None
+    role_name: pulumi.Input[str] | None = None  # the GPU nodes' role (with monitoring.tls)
     instance_arns: dict[str, pulumi.Input[str]] = field(default_factory=dict)  # node name -> ARN
 
 
@@ -104,7 +115,7 @@ class Monitoring(pulumi.ComponentResource):
         self.parameters: dict[str, aws.ssm.Parameter] = {}
         self.read_policy: aws.iam.RolePolicy | None = None
         credentials: dict[str, Any] = {}
-        if monitoring_ssm.with_credentials(cluster) and args.password is not None:
+        if monitoring_ssm.with_secrets(cluster):
             credentials = self._credentials(name, args, child)
         self.associations = {}
         for node in cluster.nodes:
@@ -127,23 +138,44 @@ class Monitoring(pulumi.ComponentResource):
         self.register_outputs({"document": document.name})
 
     def _credentials(self, name: str, args: MonitoringArgs, child: pulumi.ResourceOptions) -> dict[str, Any]:
-        """The credential files as SecureString parameters, the monitoring node's read on them,
-        and what its association carries: their ARNs and versions."""
-        where = args.cluster.monitoring_node
+        """The secret files as SecureString parameters, the monitoring node's read on them, and
+        what its association carries: their ARNs and versions."""
+        cluster = args.cluster
+        where = cluster.monitoring_node
         if args.role_name is None or where is None or where.name not in args.instance_arns:
-            raise ValueError("monitoring.password on AWS needs the node role and the monitoring instance")
+            raise ValueError("monitoring.tls on AWS needs the node role and the monitoring instance")
+        if args.tls_certificate is None or args.tls_private_key is None:
+            raise ValueError("monitoring.tls needs its certificate and private key as secrets")
         stack = pulumi.get_stack()
         prefix = f"{PARAMETER_PREFIX.format(stack=stack)}monitoring"
-        # The same files bare metal writes, from the same function: one source of truth.
-        files = pulumi.Output.secret(args.password).apply(lambda p: containers.credential_files(p, stack))
-        for file_name, role in CREDENTIAL_PARAMETERS.items():
-            self.parameters[file_name] = aws.ssm.Parameter(
+        password = args.password if containers.credentials(cluster) else None
+        # The same files bare metal writes, from the same function: one source of truth. The
+        # chain and the key are apart (the node joins them, monitoring_ssm.secret_sources).
+        files = pulumi.Output.secret(
+            pulumi.Output.all(args.tls_certificate, args.tls_private_key, password)
+        ).apply(
+            lambda values: containers.secret_files(
+                stack, certificate=values[0], private_key=values[1], password=values[2]
+            )
+        )
+        values = {
+            "web-config": files.apply(lambda texts: texts[containers.WEB_CONFIG_FILE]),
+            "tls-certificate": args.tls_certificate,
+            "tls-private-key": args.tls_private_key,
+        }
+        if password is not None:
+            values["password"] = files.apply(lambda texts: texts[containers.PASSWORD_FILE])
+        for role, value in values.items():
+            self.parameters[role] = aws.ssm.Parameter(
                 f"{name}-{role}",
                 name=f"{prefix}/{role}",
                 type="SecureString",  # encrypted with the account's aws/ssm key
                 value=pulumi.Output.secret(
-                    files.apply(lambda texts, f=file_name: monitoring_ssm.parameter_value(texts[f]))
+                    pulumi.Output.from_input(value).apply(monitoring_ssm.parameter_value)
                 ),
+                # A certificate chain can pass the standard tier's 4 KB; this tier moves up alone
+                # (as the endpoint's, components/aws/proxy.py).
+                tier="Intelligent-Tiering" if role == "tls-certificate" else None,
                 tags={**args.tags, "Name": f"{name}-{role}"},
                 opts=child,
             )
@@ -158,8 +190,7 @@ class Monitoring(pulumi.ComponentResource):
         )
         versions = [parameter.version for parameter in self.parameters.values()]
         return {
-            "web_config_parameter": self.parameters[containers.WEB_CONFIG_FILE].arn,
-            "password_parameter": self.parameters[containers.PASSWORD_FILE].arn,
+            **{SECRET_PARAMETERS[role]: parameter.arn for role, parameter in self.parameters.items()},
             "secrets_version": pulumi.Output.all(*versions).apply(
                 lambda resolved: ",".join(str(int(v)) for v in resolved if v is not None)
             ),

@@ -93,8 +93,9 @@ class Cluster(pulumi.ComponentResource):
             after=list(self.stage_resources.values()),
             opts=child,
         )
-        password = (secrets or EndpointSecrets()).monitoring_password
-        self.monitoring = _monitoring(cluster, self.servers, connections, setup_done, child, password)
+        self.monitoring = _monitoring(
+            cluster, self.servers, connections, setup_done, child, secrets or EndpointSecrets()
+        )
         self.load_balancer = LoadBalancer(
             "load-balancer",
             LoadBalancerArgs(
@@ -187,7 +188,9 @@ async def _raise(error: BaseException) -> pulumi.Resource:
     raise error
 
 
-def _monitoring(cluster, servers, connections, setup_done, child, password) -> list[pulumi.ComponentResource]:
+def _monitoring(
+    cluster, servers, connections, setup_done, child, secrets: EndpointSecrets
+) -> list[pulumi.ComponentResource]:
     """The monitoring pieces (components/baremetal/monitoring.py), beside the model servers."""
     built: list[pulumi.ComponentResource] = []
     if cluster.monitoring.exporters:
@@ -196,7 +199,13 @@ def _monitoring(cluster, servers, connections, setup_done, child, password) -> l
             built.append(node_monitoring.NodeMonitoring(f"{node.name}-monitoring", args, opts=child))
     if (where := cluster.monitoring_node) is not None:
         args = node_monitoring.ClusterMonitoringArgs(
-            cluster, servers[where.name].provider, connections[where.name], setup_done, password=password
+            cluster,
+            servers[where.name].provider,
+            connections[where.name],
+            setup_done,
+            password=secrets.monitoring_password,
+            tls_certificate=secrets.monitoring_tls_certificate,
+            tls_private_key=secrets.monitoring_tls_private_key,
         )
         built.append(node_monitoring.ClusterMonitoring("monitoring", args, opts=child))
     return built

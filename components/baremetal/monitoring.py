@@ -7,8 +7,9 @@ What a change does on `pulumi up` (tooling/changes/rules.py, from the providers'
   ForceNew; pulumi-docker sets DeleteBeforeReplace, so the fixed name and host ports are free
   before the new one starts). The exporters' configs are uploads, so a new peer replaces this
   node's endpoint containers only; the model server is a separate resource and never moves.
-- With monitoring.password, their web config and Prometheus's password file are written by the
-  same command (a new password: a new file, read by both servers on the next request).
+- With monitoring.tls (and monitoring.password), their web config, their certificate file and
+  Prometheus's password file are written by the same command (a new password or certificate: a
+  new file, read by both servers on the next request or connection).
 - Prometheus's and Alertmanager's files (scrape config, rules, routes) are not container
   inputs: a remote Command writes them on the host, and a change of its `create` is an
   in-place update that runs it again (pulumi/pulumi-command: only `triggers` replaces; Update
@@ -103,6 +104,9 @@ class ClusterMonitoringArgs:
     depends_on: list[pulumi.Resource] = field(default_factory=list)
     # monitoring.password, an Output secret (None: Prometheus and Alertmanager ask for nothing).
     password: pulumi.Input[str] | None = None
+    # monitoring.tls's chain and key, Output secrets (None: the servers speak plain HTTP).
+    tls_certificate: pulumi.Input[str] | None = None
+    tls_private_key: pulumi.Input[str] | None = None
 
 
 class ClusterMonitoring(pulumi.ComponentResource):
@@ -113,14 +117,22 @@ class ClusterMonitoring(pulumi.ComponentResource):
         cluster = args.cluster
         files = containers.server_files(cluster)
         create: pulumi.Input[str] = containers.server_files_script(files)
-        if containers.credentials(cluster) and args.password is not None:
-            # The web config and password file ride in the same script, so the step stays one
-            # Output secret; its text is the same for the same password (webconfig.py: the hash's
-            # salt comes from the stack), so an unchanged password changes nothing on `up`.
+        if containers.tls(cluster):
+            if args.tls_certificate is None or args.tls_private_key is None:
+                raise ValueError("monitoring.tls needs its certificate and private key as secrets")
+            # The secret files ride in the same script, so the step stays one Output secret; its
+            # text is the same for the same secrets (webconfig.py: the hash's salt comes from the
+            # stack), so unchanged secrets change nothing on `up`.
             stack = pulumi.get_stack()
-            create = pulumi.Output.secret(args.password).apply(
-                lambda password: containers.server_files_script(
-                    files, secret_files=containers.credential_files(password, stack)
+            password = args.password if containers.credentials(cluster) else None
+            create = pulumi.Output.secret(
+                pulumi.Output.all(args.tls_certificate, args.tls_private_key, password)
+            ).apply(
+                lambda values: containers.server_files_script(
+                    files,
+                    secret_files=containers.secret_files(
+                        stack, certificate=values[0], private_key=values[1], password=values[2]
+                    ),
                 )
             )
         self.files = connection.command(

@@ -6,6 +6,7 @@ global, which a namespace cannot set) or `fail`. The lab fails on any `fail`.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import re
 import time
@@ -471,8 +472,7 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
     if cluster.monitoring_node is None:
         return []
     where = cluster.monitoring_node.name
-    url = doctor.configured_url(cluster)
-    fetch = doctor.http_fetch(url, timeout=2, password=labdoctor.monitoring_password(plan))
+    url, fetch = labdoctor.monitoring_fetch(plan, timeout=2)
 
     def ask(path: str):
         return netns.call_in(plan.node(where).namespace, fetch, path)
@@ -530,6 +530,74 @@ def monitoring(plan: LabPlan, wait: float = MONITORING_WAIT_SECONDS) -> list[Res
             _status(not firing),
         )
     )
+    return results + monitoring_tls(plan)
+
+
+# Go's net/http answers plain HTTP on a TLS listener with this fixed 400 and closes (server.go).
+GO_PLAIN_HTTP_REFUSAL = b"Client sent an HTTP request to an HTTPS server"
+
+
+def monitoring_tls(plan: LabPlan) -> list[Result]:
+    """From the monitoring range: Prometheus and Alertmanager speak TLS only (a plain-HTTP
+    request gets Go's fixed refusal and nothing else), 1.2 and 1.3 only, verified against the lab
+    CA; without the password 401, with it 200 (monitoring.tls, monitoring.password)."""
+    from qwen_cluster.ports import ALERTMANAGER, PROMETHEUS, port_of
+    from qwen_cluster.render.monitoring import webconfig
+
+    cluster = plan.cluster
+    where = cluster.monitoring_node
+    source = plan.vantage(Vantage.MONITORING).namespace
+    identity = lifecycle.endpoint_identity(plan)
+    verified = probes.ClientAccess(ca_file=identity.ca_file)
+    login = base64.b64encode(f"{webconfig.USER}:{labdoctor.monitoring_password(plan)}".encode()).decode()
+    ip = str(where.ip)
+    results = []
+    for name, row, path in (
+        ("prometheus", PROMETHEUS, "/api/v1/status/buildinfo"),
+        ("alertmanager", ALERTMANAGER, "/api/v2/status"),
+    ):
+        port = port_of(cluster.ports, row)
+
+        def row_result(what: str, expected: str, observed: str, ok: bool, target: str = name) -> Result:
+            return Result("monitoring", "monitoring", target, what, expected, observed, _status(ok))
+
+        plain = netns.call_in(source, probes.request, ip, port, "GET", path)
+        refused = plain.status in (0, 400) and (plain.status == 0 or GO_PLAIN_HTTP_REFUSAL in plain.body)
+        results.append(
+            row_result(
+                f"plain HTTP GET {ip}:{port}{path}",
+                "no answer but Go's TLS-only refusal",
+                f"HTTP {plain.status} {plain.body[:60]!r}" if plain.status else str(plain.error),
+                refused,
+            )
+        )
+        for label, headers, wanted in (
+            ("without credentials", {}, 401),
+            ("with the password", {"Authorization": f"Basic {login}"}, 200),
+        ):
+            reply = netns.call_in(
+                source, probes.request, ip, port, "GET", path, access=verified, headers=headers
+            )
+            results.append(
+                row_result(
+                    f"https {ip}:{port}{path} {label} (lab CA)",
+                    str(wanted),
+                    f"HTTP {reply.status}" if reply.status else str(reply.error),
+                    reply.status == wanted,
+                )
+            )
+        for version in probes.TLS_VERSIONS:
+            shake = netns.call_in(source, probes.tls_handshake, ip, port, version)
+            wanted_version = version in ("TLSv1.2", "TLSv1.3")
+            observed = f"{'accepted' if shake.accepted else 'refused'} ({shake.detail})"
+            results.append(
+                row_result(
+                    f"{version} handshake on {port}",
+                    "accepted" if wanted_version else "refused",
+                    observed,
+                    shake.accepted == wanted_version,
+                )
+            )
     return results
 
 

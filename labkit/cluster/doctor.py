@@ -7,6 +7,7 @@ from labkit.cluster import blueprint, lifecycle
 from labkit.engine import executor, substitutions
 from labkit.hosts import netns
 from qwen_cluster.config import ClusterConfig
+from qwen_cluster.render.monitoring import prometheus
 from tooling import doctor, stackfile
 
 
@@ -28,9 +29,27 @@ def lab_fetch(stack: str, label: str | None) -> tuple[doctor.Fetch, str]:
     member = lab_plan.node(cluster.monitoring_node.name)
     if not netns.exists(member.namespace):
         raise doctor.Unreachable(f"lab {lab_plan.label} is not up (no namespace {member.namespace})")
-    url = doctor.configured_url(cluster)
-    inner = doctor.http_fetch(url, password=monitoring_password(lab_plan))
+    url, inner = monitoring_fetch(lab_plan)
     return (lambda path: netns.call_in(member.namespace, inner, path)), f"{url} (lab {lab_plan.label})"
+
+
+def monitoring_url(lab_plan: blueprint.LabPlan, port: int | None = None) -> str:
+    """Where the lab's Prometheus (or, with `port`, Alertmanager) answers: over https, since the
+    lab gives every stack with Prometheus monitoring.tls from its CA (labkit/engine/substitutions.py)."""
+    cluster = lab_plan.cluster
+    return f"https://{cluster.monitoring_node.ip}:{port or prometheus.prometheus_port(cluster)}"
+
+
+def monitoring_fetch(lab_plan: blueprint.LabPlan, timeout: float = 5.0) -> tuple[doctor.Fetch, str]:
+    """(the URL, doctor's fetch of the lab's Prometheus): logged in with the lab's password and
+    verifying the lab's CA alone, as doctor does a stack's (monitoring.tls.caCertificate). Call
+    the fetch inside a lab namespace."""
+    url = monitoring_url(lab_plan)
+    identity = lifecycle.endpoint_identity(lab_plan)
+    fetch = doctor.http_fetch(
+        url, timeout=timeout, password=monitoring_password(lab_plan), ca_certificate=identity.ca_certificate
+    )
+    return url, fetch
 
 
 def monitoring_password(lab_plan: blueprint.LabPlan) -> str | None:

@@ -1,5 +1,6 @@
 """The lab's own endpoint secrets, made once per lab: its API keys, its TLS certificate from
-a lab CA (labkit/cluster/tlsca.py) and its monitoring password. The lab hands them to the program
+a lab CA (labkit/cluster/tlsca.py), its monitoring password and the monitoring servers'
+certificate from the same CA. The lab hands them to the program
 as a stack's secrets would be
 (labkit/engine/substitutions.py), and its clients use them (`client_access`); nothing here prints them.
 
@@ -26,6 +27,17 @@ class Identity:
     ca_file: str
     # monitoring.password: what Prometheus and Alertmanager ask for (every lab with Prometheus).
     monitoring_password: str = field(default="", repr=False)
+    tls_directory: str = ""  # the lab CA's (tlsca.Authority), which issues monitoring.tls too
+
+    @property
+    def ca_certificate(self) -> str:
+        return Path(self.ca_file).read_text()
+
+    def monitoring_tls(self, ip: str, stem: str = "monitoring") -> tuple[str, str]:
+        """monitoring.tls's chain and key for the monitoring node at `ip`, from the lab CA, made
+        once per `stem` (a rotation test asks for another)."""
+        certificate, key = tlsca.issue(tlsca.Authority(Path(self.tls_directory)), ip, f"{stem}-{ip}")
+        return certificate.read_text(), key.read_text()
 
     def client(self, key_index: int | None = 0) -> ClientAccess:
         """How the lab's clients reach the endpoint: key `key_index` (None: no key), the lab CA."""
@@ -51,4 +63,5 @@ def ensure(directory: Path, load_balancer_ip: str) -> Identity:
         private_key=authority.private_key.read_text(),
         ca_file=str(authority.ca_certificate),
         monitoring_password=password_file.read_text().strip(),
+        tls_directory=str(authority.directory),
     )

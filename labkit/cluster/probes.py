@@ -193,12 +193,21 @@ def request(
     return _request(ip, port, method, path, body, sent, timeout, access)
 
 
-def post(ip: str, port: int, path: str, *, timeout: float = 5.0, basic_auth: str | None = None) -> Reply:
-    """An empty POST (an admin route such as Prometheus's /-/quit); `basic_auth`: "user:password"."""
+def post(
+    ip: str,
+    port: int,
+    path: str,
+    *,
+    timeout: float = 5.0,
+    basic_auth: str | None = None,
+    access: ClientAccess = PLAIN,
+) -> Reply:
+    """An empty POST (an admin route such as Prometheus's /-/quit); `basic_auth`: "user:password";
+    `access`: its CA for https (the API key it may hold is not sent)."""
     headers = {}
     if basic_auth is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(basic_auth.encode()).decode()
-    return _request(ip, port, "POST", path, "", headers, timeout)
+    return _request(ip, port, "POST", path, "", headers, timeout, access)
 
 
 @dataclass

@@ -100,8 +100,8 @@ def _is_lab_secret(value: Any) -> bool:
     """A key the lab itself wrote (plain text, or `{secure: <plain>}`), not a stack's ciphertext
     or the offline tools' throwaway key or password."""
     text = value.get("secure") if isinstance(value, dict) and set(value) == {"secure"} else value
-    # The offline tools' throwaway key and password; a validated config's mark.
-    offline = (stackfile.OFFLINE_API_KEY, stackfile.OFFLINE_MONITORING_PASSWORD, REDACTED)
+    # The offline tools' throwaway values (key, password, TLS pairs); a validated config's mark.
+    offline = (stackfile.OFFLINE_API_KEY, REDACTED, *stackfile.OFFLINE_SECRETS.values())
     return isinstance(text, str) and not text.startswith("v1:") and text not in offline
 
 
@@ -139,6 +139,7 @@ def endpoint_secrets(config: dict[str, Any], endpoint: Any) -> list[str]:
         else:
             monitoring["password"] = {"secure": password}
             made.append("monitoring.password: the lab's own")
+        made += _monitoring_tls(config, monitoring, endpoint)
     balancer = config.setdefault(f"{NAMESPACE}:loadBalancer", {})
     if isinstance(balancer, dict):
         balancer["tls"] = {
@@ -147,6 +148,37 @@ def endpoint_secrets(config: dict[str, Any], endpoint: Any) -> list[str]:
         }
         made.append("loadBalancer.tls: a certificate of the lab's own CA")
     return made
+
+
+def _monitoring_tls(config: dict[str, Any], monitoring: dict[str, Any], endpoint: Any) -> list[str]:
+    """monitoring.tls: a certificate of the lab's CA for the monitoring node, the CA the lab's
+    clients trust (the password is never sent in clear, config/rules.py). A pair the lab already
+    wrote (a rotation test's) is kept."""
+    current = monitoring.get("tls")
+    if isinstance(current, dict) and all(
+        _is_lab_secret(current.get(key)) for key in ("certificate", "privateKey")
+    ):
+        monitoring["tls"] = {
+            **{
+                key: {"secure": value.get("secure") if isinstance(value, dict) else value}
+                for key, value in current.items()
+                if key in ("certificate", "privateKey")
+            },
+            "caCertificate": current.get("caCertificate") or endpoint.ca_certificate,
+        }
+        return []
+    nodes = config.get(f"{NAMESPACE}:nodes") or []
+    name = monitoring.get("node") or next((n.get("name") for n in nodes if n.get("role") == "master"), None)
+    ip = next((n.get("ip") for n in nodes if n.get("name") == name), None)
+    if ip is None:
+        return []  # the config names no such node: its own validation says so
+    certificate, private_key = endpoint.monitoring_tls(str(ip))
+    monitoring["tls"] = {
+        "certificate": {"secure": certificate},
+        "privateKey": {"secure": private_key},
+        "caCertificate": endpoint.ca_certificate,
+    }
+    return [f"monitoring.tls: a certificate of the lab's own CA for {ip}"]
 
 
 def stack_config(

@@ -463,6 +463,26 @@ def _monitoring_errors(
     errors: list[str] = []
     if nodes is not None and monitoring.node is not None and monitoring.node not in {n.name for n in nodes}:
         errors.append(f"monitoring.node {monitoring.node} is not one of the nodes")
+    where = monitoring.node or next((n.name for n in nodes or () if n.role == "master"), None)
+    address = next((str(n.ip) for n in nodes or () if n.name == where), None)
+    names = monitoring.tls.names if monitoring.tls is not None else None
+    # A certificate naming only RFC 2606's reserved `.invalid` names stands for no server: the
+    # offline tools' placeholder (tooling/stackfile.py), never served.
+    placeholder = bool(names) and all(name.endswith(".invalid") for name in names or ())
+    if names is not None and address and address not in names and not placeholder:
+        errors.append(
+            f"monitoring.tls.certificate does not name {address}, the address of monitoring.node {where} "
+            f"(its subjectAltName holds {', '.join(names) or 'nothing'}): Prometheus, doctor and "
+            f"operators connect there and would refuse it; issue it with subjectAltName IP:{address}"
+        )
+    if monitoring.prometheus and monitoring.password is not None and monitoring.tls is None:
+        # Basic auth over plain HTTP hands the password to anyone on the path (docs/security.md).
+        errors.append(
+            "monitoring.password is set without monitoring.tls: the password would cross the network in "
+            "clear; set monitoring.tls (`pulumi config set --secret --path "
+            "'qwen-cluster:monitoring.tls.certificate' < chain.pem`, the same for `privateKey` < key.pem, "
+            "and `pulumi config set --path 'qwen-cluster:monitoring.tls.caCertificate' < ca.pem`)"
+        )
     if table is None:
         return errors
     for key, name in monitoring_rows(monitoring):

@@ -1,6 +1,7 @@
 """The endpoint's secrets in the stack config: API keys (`access.apiKeys`), the TLS
-certificate and key (`loadBalancer.tls`) and the monitoring password (`monitoring.password`),
-each set with `pulumi config set --secret --path`.
+certificate and key (`loadBalancer.tls`), the monitoring password (`monitoring.password`) and
+the monitoring servers' certificate and key (`monitoring.tls`), each set with
+`pulumi config set --secret --path`.
 
 The validated ClusterConfig never holds a secret: a secret field validates the value it is given
 (plain text from the engine, `{secure: ...}` ciphertext from a stack file read offline) and keeps
@@ -67,13 +68,24 @@ MonitoringPassword = Annotated[
 _CHAIN_RULE = "a PEM certificate chain, server certificate first"
 PemCertificate = Annotated[str, BeforeValidator(_secret(_PEM_CERTIFICATE.search, _CHAIN_RULE))]
 PemPrivateKey = Annotated[str, BeforeValidator(_secret(_PEM_PRIVATE_KEY.search, "a PEM private key"))]
+# A CA certificate is public: kept as text (the servers' clients verify with it), never a secret.
+PEM_CERTIFICATE = _PEM_CERTIFICATE
 
 # Where each secret lives in the raw config: (top-level key, path inside it).
 API_KEYS_PATH = ("access", ("apiKeys",))
 TLS_CERTIFICATE_PATH = ("loadBalancer", ("tls", "certificate"))
 TLS_PRIVATE_KEY_PATH = ("loadBalancer", ("tls", "privateKey"))
 MONITORING_PASSWORD_PATH = ("monitoring", ("password",))
-SECRET_PATHS = (API_KEYS_PATH, TLS_CERTIFICATE_PATH, TLS_PRIVATE_KEY_PATH, MONITORING_PASSWORD_PATH)
+MONITORING_TLS_CERTIFICATE_PATH = ("monitoring", ("tls", "certificate"))
+MONITORING_TLS_PRIVATE_KEY_PATH = ("monitoring", ("tls", "privateKey"))
+SECRET_PATHS = (
+    API_KEYS_PATH,
+    TLS_CERTIFICATE_PATH,
+    TLS_PRIVATE_KEY_PATH,
+    MONITORING_PASSWORD_PATH,
+    MONITORING_TLS_CERTIFICATE_PATH,
+    MONITORING_TLS_PRIVATE_KEY_PATH,
+)
 
 
 def _dig(raw: Mapping[str, Any], key: str, path: tuple[str, ...]) -> Any:
@@ -99,6 +111,8 @@ class EndpointSecrets:
     tls_certificate: Any = None  # Output[str]
     tls_private_key: Any = None  # Output[str]
     monitoring_password: Any = None  # Output[str]: Prometheus's and Alertmanager's login
+    monitoring_tls_certificate: Any = None  # Output[str]: their certificate chain (monitoring.tls)
+    monitoring_tls_private_key: Any = None  # Output[str]: its key
 
 
 def plain_text_secrets(raw: Mapping[str, Any], marked_secret) -> list[str]:
@@ -131,6 +145,8 @@ def read_secrets(raw: Mapping[str, Any]) -> EndpointSecrets:
         tls_certificate=wrap(_dig(raw, *TLS_CERTIFICATE_PATH)),
         tls_private_key=wrap(_dig(raw, *TLS_PRIVATE_KEY_PATH)),
         monitoring_password=wrap(_dig(raw, *MONITORING_PASSWORD_PATH)),
+        monitoring_tls_certificate=wrap(_dig(raw, *MONITORING_TLS_CERTIFICATE_PATH)),
+        monitoring_tls_private_key=wrap(_dig(raw, *MONITORING_TLS_PRIVATE_KEY_PATH)),
     )
 
 

@@ -38,6 +38,7 @@ from qwen_cluster.config.limits import (
 from qwen_cluster.config.secrets import (
     API_KEY_RULE,
     MONITORING_PASSWORD_RULE,
+    PEM_CERTIFICATE,
     REDACTED,
     ApiKey,
     MonitoringPassword,
@@ -748,6 +749,76 @@ def _sysctl_map(value: object) -> object:
     return value
 
 
+class MonitoringTls(Section):
+    """TLS on Prometheus and Alertmanager (their web config's `tls_server_config`): both serve
+    HTTPS only, and Prometheus, doctor and the lab's checks verify them against `caCertificate`."""
+
+    certificate: PemCertificate = Field(
+        description="The PEM certificate chain both servers present, server certificate first; it names "
+        "the address of `monitoring.node` (subjectAltName IP), which is where its clients connect. Set "
+        "with `pulumi config set --secret --path 'qwen-cluster:monitoring.tls.certificate' < chain.pem`.",
+    )
+    private_key: PemPrivateKey = Field(
+        description="The certificate's PEM private key, a secret: `pulumi config set --secret --path "
+        "'qwen-cluster:monitoring.tls.privateKey' < key.pem`. A new pair is read on the next "
+        "connection: no restart (docs/monitoring.md). Parsed where the program is handed the values, "
+        "as `loadBalancer.tls`: a key that is not the certificate's, a certificate out of date, a chain "
+        "out of order or not issued by `caCertificate`, or one that does not name `monitoring.node`'s "
+        f"address is refused; one that expires within {x509check.EXPIRY_ADVISORY_DAYS} days is said by "
+        "the pack (`certificate-expiring`).",
+    )
+    ca_certificate: str = Field(
+        description="The PEM certificate of the CA that issued `certificate`: what Prometheus (logging "
+        "in to itself and to Alertmanager), `scripts/doctor.py` and operators verify the servers with. "
+        "Public, so plain text: `pulumi config set --path 'qwen-cluster:monitoring.tls.caCertificate' "
+        "< ca.pem`.",
+    )
+
+    # From the parsed chain (when at hand, as Tls): the names the server certificate holds (DNS and
+    # IP subjectAltNames, public) for the rule that it names monitoring.node's address
+    # (config/rules.py), and what warrants saying without refusing it. No secret in either.
+    _names: tuple[str, ...] | None = PrivateAttr(default=None)
+    _warnings: tuple[str, ...] = PrivateAttr(default=())
+
+    @field_validator("ca_certificate")
+    @classmethod
+    def _pem(cls, value: str) -> str:
+        if not PEM_CERTIFICATE.search(value):
+            raise ValueError("is not a PEM certificate (-----BEGIN CERTIFICATE----- ... -----END ...)")
+        return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _parsed_pair(cls, data: Any, handler: ModelWrapValidatorHandler[MonitoringTls]) -> MonitoringTls:
+        """The pair judged as exporter-toolkit would load it (x509check, as loadBalancer.tls), and
+        the chain checked against `caCertificate`, which Prometheus and doctor trust alone, when
+        the values are at hand in plain text (a stack file read offline holds ciphertext)."""
+        tls = handler(data)
+        if not isinstance(data, Mapping):
+            return tls
+        chain = data.get("certificate")
+        key = data.get("privateKey", data.get("private_key"))
+        if not all(isinstance(v, str) and v != REDACTED for v in (chain, key)):
+            return tls
+        errors, warnings = x509check.certificate_problems(chain, key, now=x509check.utc_now())
+        if not errors:
+            errors += x509check.issuer_problems(chain, tls.ca_certificate)
+        if errors:
+            raise ValueError("; ".join(errors))
+        tls._names = x509check.server_names(chain)
+        tls._warnings = tuple(warnings)
+        return tls
+
+    @property
+    def names(self) -> tuple[str, ...] | None:
+        """The server certificate's subjectAltNames; None when the chain was not at hand."""
+        return self._names
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self._warnings
+
+
 class Monitoring(Section):
     """The metrics endpoint on every node, and the cluster's own Prometheus + Alertmanager."""
 
@@ -778,7 +849,14 @@ class Monitoring(Section):
         "who could silence any alert. Set it with `pulumi config set --secret --path "
         "'qwen-cluster:monitoring.password' \"$(openssl rand -hex 24)\"`; "
         f"{MONITORING_PASSWORD_RULE}. A new one takes effect without a restart. On AWS the monitoring "
-        "node reads it from SecureString parameters with its role.",
+        "node reads it from SecureString parameters with its role. Needs `tls`: a password is never "
+        "sent in clear.",
+    )
+    tls: MonitoringTls | None = Field(
+        default=None,
+        description="Prometheus and Alertmanager serve HTTPS only (TLS 1.2 and 1.3, forward-secret AEAD "
+        "ciphers as the endpoint's). Required with `password`. On AWS the key is a SecureString "
+        "parameter only the monitoring node reads, as the password.",
     )
     open_to_monitoring_cidrs: bool = Field(
         default=False,

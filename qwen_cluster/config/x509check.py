@@ -186,3 +186,39 @@ def certificate_problems(
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def server_names(chain_pem: str) -> tuple[str, ...]:
+    """The DNS names and IP addresses the server certificate (the chain's first) holds in its
+    subjectAltName; () without one or when unreadable (certificate_problems says why)."""
+    from cryptography import x509
+
+    try:
+        leaf = x509.load_pem_x509_certificates(chain_pem.encode())[0]
+        alternative = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, IndexError, x509.ExtensionNotFound):
+        return ()
+    return (
+        *alternative.get_values_for_type(x509.DNSName),
+        *map(str, alternative.get_values_for_type(x509.IPAddress)),
+    )
+
+
+def issuer_problems(chain_pem: str, ca_pem: str) -> list[str]:
+    """Whether clients that trust `ca_pem` alone (Prometheus's `tls_config.ca_file`, doctor) accept
+    the chain: its last certificate is that CA or was signed by it. Messages speak of
+    `caCertificate` (monitoring.tls)."""
+    from cryptography import x509
+
+    try:
+        chain = x509.load_pem_x509_certificates(chain_pem.encode())
+        authority = x509.load_pem_x509_certificate(ca_pem.encode())
+    except ValueError as exc:
+        return [f"caCertificate is not a readable PEM certificate ({exc})"]
+    top = chain[-1]
+    if top == authority or _signed(top, authority):
+        return []
+    return [
+        f"caCertificate ({_name(authority)}) did not issue {_label(len(chain) - 1, top)}: Prometheus and "
+        "doctor trust that CA alone and would refuse the servers"
+    ]

@@ -10,14 +10,16 @@ Alertmanager's files and sends SIGHUP (server_files_script): a new alert bound c
 node's parameters only, and the servers re-read their files without a restart. Parameters
 are gzip + base64: a spec holds whole files (the endpoint's script and config).
 
-With monitoring.password the credential files (containers.credential_files: the web config with
-its bcrypt hash, Prometheus's password file) are SecureString parameters
-(components/aws/monitoring.py). The monitoring node's association names them by ARN and carries
-their versions, never a value: its run reads them with the node's role, as the proxy reads the
-endpoint's keys (render/proxy.py), and writes them with the same server_files_script as bare
-metal. A new password is a new version, so new association parameters and a new run
-(UpdateAssociation runs an association again), which rewrites the two files; both servers read
-them on the next request, so nothing restarts (webconfig.py).
+With monitoring.tls the secret files (containers.secret_files: the web config, with the password
+its bcrypt hash; the servers' certificate and key; Prometheus's password file) come from
+SecureString parameters (components/aws/monitoring.py): the certificate chain and its key are
+two, which the run joins into the one file the servers read. The monitoring node's association
+names them by ARN and carries their versions, never a value: its run reads them with the node's
+role, as the proxy reads the endpoint's keys (render/proxy.py), and writes them with the same
+server_files_script as bare metal. A new password or certificate is a new version, so new
+association parameters and a new run (UpdateAssociation runs an association again), which
+rewrites the files; both servers read them on the next request or connection, so nothing
+restarts (webconfig.py).
 """
 
 from __future__ import annotations
@@ -42,14 +44,18 @@ _SSM_ARN = "^(arn:[A-Za-z0-9:/._-]+)?$"
 PARAMETERS: dict[str, tuple[str, str]] = {
     "Containers": (_PACKED, "gzip+base64: the bash script that runs this node's monitoring containers"),
     "ServerFiles": (_PACKED, "gzip+base64: Prometheus/Alertmanager files (monitoring node; else empty)"),
-    "Region": ("^[a-z0-9-]*$", "the AWS region (for the aws CLI); with monitoring.password only"),
-    "WebConfigParameter": (_SSM_ARN, "SecureString: the servers' web config; empty: no password"),
+    "Region": ("^[a-z0-9-]*$", "the AWS region (for the aws CLI); with monitoring.tls only"),
+    "WebConfigParameter": (_SSM_ARN, "SecureString: the servers' web config; empty: no monitoring.tls"),
     "PasswordParameter": (_SSM_ARN, "SecureString: the password Prometheus logs in with; empty: none"),
-    "SecretsVersion": ("^[0-9,]*$", "the two parameters' versions: a new password is a new run"),
+    "TlsCertificateParameter": (_SSM_ARN, "SecureString: the servers' certificate chain; empty: none"),
+    "TlsPrivateKeyParameter": (_SSM_ARN, "SecureString: the certificate's private key; empty: none"),
+    "SecretsVersion": ("^[0-9,]*$", "the secret parameters' versions: a new secret is a new run"),
 }
-# Where server-files.sh finds the credentials' parameters (the run sets them from the above).
+# Where server-files.sh finds the secrets' parameters (the run sets them from the above).
 _WEB_CONFIG_VARIABLE = "QWEN_WEB_CONFIG_PARAMETER"
 _PASSWORD_VARIABLE = "QWEN_PASSWORD_PARAMETER"
+_TLS_CERTIFICATE_VARIABLE = "QWEN_TLS_CERTIFICATE_PARAMETER"
+_TLS_PRIVATE_KEY_VARIABLE = "QWEN_TLS_PRIVATE_KEY_PARAMETER"
 # One monitoring run: pulling the images (Prometheus, dcgm-exporter: a few hundred MB) and
 # starting them. Not rollout.healthTimeoutSeconds, though equal to its default: that bounds a
 # model server loading its weights, and no replica waits for this run (nothing drains).
@@ -61,11 +67,12 @@ unpack() { printf '%s' "$1" | base64 -d | gunzip; }
 install -d -m 0755 __DIR__
 if [ -n '{{ ServerFiles }}' ]; then
   unpack '{{ ServerFiles }}' > __DIR__/server-files.sh
-  # The credentials' parameters by ARN (empty without monitoring.password): server-files.sh
-  # reads them with the node's role. Their values are never in this document or its parameters.
+  # The secrets' parameters by ARN (empty without monitoring.tls): server-files.sh reads them
+  # with the node's role. Their values are never in this document or its parameters.
   AWS_DEFAULT_REGION='{{ Region }}' __WEB__='{{ WebConfigParameter }}' \
-    __PASSWORD__='{{ PasswordParameter }}' bash __DIR__/server-files.sh
-  echo "monitoring: server files written (credentials version '{{ SecretsVersion }}')"
+    __PASSWORD__='{{ PasswordParameter }}' __CERTIFICATE__='{{ TlsCertificateParameter }}' \
+    __KEY__='{{ TlsPrivateKeyParameter }}' bash __DIR__/server-files.sh
+  echo "monitoring: server files written (secrets version '{{ SecretsVersion }}')"
 fi
 unpack '{{ Containers }}' > __DIR__/containers.sh
 bash __DIR__/containers.sh
@@ -85,6 +92,8 @@ def run_script() -> str:
         _RUN.replace("__DIR__", containers.HOST_CONFIG_DIR)
         .replace("__WEB__", _WEB_CONFIG_VARIABLE)
         .replace("__PASSWORD__", _PASSWORD_VARIABLE)
+        .replace("__CERTIFICATE__", _TLS_CERTIFICATE_VARIABLE)
+        .replace("__KEY__", _TLS_PRIVATE_KEY_VARIABLE)
     )
 
 
@@ -92,22 +101,29 @@ def _read_parameter(variable: str) -> str:
     """The shell command that prints the SecureString parameter named by $variable (an ARN),
     read with the node's role: never on a command line, in a log or in the document."""
     return (
-        f'aws ssm get-parameter --name "${variable}" --with-decryption '
-        "--query Parameter.Value --output text"
+        f'aws ssm get-parameter --name "${variable}" --with-decryption --query Parameter.Value --output text'
     )
 
 
-def credential_sources() -> dict[str, str]:
-    """The credential files (containers.credential_files' names) and how the run reads each."""
-    return {
+def secret_sources(cluster) -> dict[str, str]:
+    """The secret files (containers.secret_file_names) and how the run reads each: the
+    certificate file is the chain's parameter and then the key's, as containers.tls_pem joins
+    them (a parameter's value is its text without the last newline, parameter_value)."""
+    every = {
         containers.WEB_CONFIG_FILE: _read_parameter(_WEB_CONFIG_VARIABLE),
         containers.PASSWORD_FILE: _read_parameter(_PASSWORD_VARIABLE),
+        containers.TLS_FILE: "{ "
+        + _read_parameter(_TLS_CERTIFICATE_VARIABLE)
+        + "; "
+        + _read_parameter(_TLS_PRIVATE_KEY_VARIABLE)
+        + "; }",
     }
+    return {name: every[name] for name in containers.secret_file_names(cluster)}
 
 
 def parameter_value(text: str) -> str:
-    """A credential file as its parameter holds it: `--output text` prints the value and one
-    newline, so the file on the node is the bytes bare metal writes (text.rstrip() + newline)."""
+    """A secret file (or the chain, or the key) as its parameter holds it: `--output text` prints
+    the value and one newline, so the file on the node is the bytes bare metal writes."""
     return text.rstrip()
 
 
@@ -186,9 +202,9 @@ def runs_servers(cluster, node_name: str) -> bool:
     return where is not None and where.name == node_name
 
 
-def with_credentials(cluster) -> bool:
-    """Does the monitoring node's run read the credential files (monitoring.password set)?"""
-    return cluster.monitoring_node is not None and containers.credentials(cluster)
+def with_secrets(cluster) -> bool:
+    """Does the monitoring node's run read secret files (monitoring.tls set)?"""
+    return cluster.monitoring_node is not None and bool(containers.secret_file_names(cluster))
 
 
 def parameters(
@@ -198,12 +214,14 @@ def parameters(
     *,
     web_config_parameter: object = "",
     password_parameter: object = "",
+    tls_certificate_parameter: object = "",
+    tls_private_key_parameter: object = "",
     secrets_version: object = "",
 ) -> dict[str, object]:
-    """One node's association parameters. With monitoring.password the monitoring node's also
-    name the credentials' parameters (ARNs) and carry their versions (both may be Outputs); the
-    other nodes' and a stack's without the password have none of these keys, so turning the
-    password on changes the monitoring node's association only."""
+    """One node's association parameters. With monitoring.tls the monitoring node's also name
+    the secrets' parameters (ARNs) and carry their versions (all may be Outputs); the other
+    nodes' and a stack's without TLS have none of these keys, so turning it on changes the
+    monitoring node's association only."""
     specs = (
         containers.node_containers(cluster, node_name, nodemetrics_source)
         if cluster.monitoring.exporters
@@ -212,7 +230,7 @@ def parameters(
     result: dict[str, object] = {"ServerFiles": ""}
     if runs_servers(cluster, node_name):
         specs += containers.server_containers(cluster)
-        sources = credential_sources() if with_credentials(cluster) else None
+        sources = secret_sources(cluster) if with_secrets(cluster) else None
         files = containers.server_files_script(containers.server_files(cluster), secret_sources=sources)
         result["ServerFiles"] = pack(files)
         if sources:
@@ -220,6 +238,8 @@ def parameters(
                 "Region": cluster.aws.region if cluster.aws else "",
                 "WebConfigParameter": web_config_parameter,
                 "PasswordParameter": password_parameter,
+                "TlsCertificateParameter": tls_certificate_parameter,
+                "TlsPrivateKeyParameter": tls_private_key_parameter,
                 "SecretsVersion": secrets_version,
             }
     return {"Containers": pack(containers_script(specs)), **result}

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from tooling.stackfile import OFFLINE_TLS_CERTIFICATE, OFFLINE_TLS_PRIVATE_KEY
+
 # A well-formed key for configs that need one; no endpoint anywhere accepts it.
 TEST_API_KEY = "test-key-0123456789abcdef0123456789abcdef"
-# The same for the monitoring password, which a stack with Prometheus needs.
+# The same for the monitoring password, which a stack with Prometheus needs, and the TLS it needs
+# (the offline tools' throwaway pair: it names only `offline.invalid`, so any node list passes).
 TEST_MONITORING_PASSWORD = "test-monitoring-password-0123456789"
+TEST_MONITORING_TLS = {
+    "certificate": OFFLINE_TLS_CERTIFICATE,
+    "privateKey": OFFLINE_TLS_PRIVATE_KEY,
+    "caCertificate": OFFLINE_TLS_CERTIFICATE,
+}
 
 BASE_AWS = {
     "target": "aws",
@@ -22,7 +30,7 @@ BASE_AWS = {
         "adminCidrs": ["203.0.113.10/32"],
         "apiKeys": [TEST_API_KEY],
     },
-    "monitoring": {"password": TEST_MONITORING_PASSWORD},
+    "monitoring": {"password": TEST_MONITORING_PASSWORD, "tls": TEST_MONITORING_TLS},
     "aws": {"instanceType": "g6e.12xlarge", "availabilityZone": "us-west-2a", "efa": True},
 }
 
@@ -41,9 +49,10 @@ BASE_BARE_METAL = {
 
 def open_monitoring(stack_config: dict) -> dict:
     """A stack file's `config:` map that runs Prometheus without a password, as a stack says it on
-    purpose (`monitoring.openToMonitoringCidrs`): the offline tools' throwaway password taken out."""
+    purpose (`monitoring.openToMonitoringCidrs`): the offline tools' throwaway password and TLS pair
+    taken out."""
     key = "qwen-cluster:monitoring"
-    monitoring = {k: v for k, v in (stack_config.get(key) or {}).items() if k != "password"}
+    monitoring = {k: v for k, v in (stack_config.get(key) or {}).items() if k not in ("password", "tls")}
     return {**stack_config, key: {**monitoring, "openToMonitoringCidrs": True}}
 
 

@@ -52,10 +52,19 @@ ALERTMANAGER_CONTAINER = "qwen-alertmanager"
 CONTAINER_UID = 65534
 
 
-# With monitoring.password: the web config both servers read, and the password Prometheus logs in
-# with (webconfig.py), beside the other files; readable by the servers' user only.
-WEB_CONFIG_FILE = "web.yml"
+# With monitoring.tls: the web config both servers read, the PEM file holding their certificate
+# chain and key, and (with monitoring.password) the password Prometheus logs in with, beside the
+# other files; readable by the servers' user only (webconfig.py). The web config's name says TLS:
+# exporter-toolkit decides between HTTP and HTTPS when a server starts, so a stack turning TLS on
+# changes the servers' command lines, which starts them again (a stack that had a password-only
+# `web.yml` included).
+WEB_CONFIG_FILE = "web-tls.yml"
 PASSWORD_FILE = "password"
+TLS_FILE = "tls.pem"
+# The CA Prometheus verifies itself and Alertmanager with (monitoring.tls.caCertificate): public.
+CA_FILE = "ca.pem"
+# What earlier releases wrote and a server may no longer read: removed by the files step.
+STALE_FILES = ("web.yml",)
 
 
 def credentials(cluster) -> bool:
@@ -63,22 +72,60 @@ def credentials(cluster) -> bool:
     return cluster.monitoring.password is not None
 
 
+def tls(cluster) -> bool:
+    """Do Prometheus and Alertmanager serve HTTPS (monitoring.tls; config/rules.py requires it with
+    the password)?"""
+    return cluster.monitoring.tls is not None
+
+
+def scheme(cluster) -> str:
+    return "https" if tls(cluster) else "http"
+
+
 def server_files(cluster) -> dict[str, str]:
-    """File name (in HOST_CONFIG_DIR, mounted at CONTAINER_CONFIG_DIR) -> text. The credential
-    files are apart (credential_files): they are made from the secret."""
+    """File name (in HOST_CONFIG_DIR, mounted at CONTAINER_CONFIG_DIR) -> text. The secret files
+    are apart (secret_files): they are made from the secrets."""
     password_file = f"{CONTAINER_CONFIG_DIR}/{PASSWORD_FILE}" if credentials(cluster) else None
-    return {
-        "prometheus.yml": prometheus_config(cluster, rules_path="rules.yml", password_file=password_file),
+    ca_file = f"{CONTAINER_CONFIG_DIR}/{CA_FILE}" if tls(cluster) else None
+    files = {
+        "prometheus.yml": prometheus_config(
+            cluster, rules_path="rules.yml", password_file=password_file, ca_file=ca_file
+        ),
         "rules.yml": rules(cluster),
         "alertmanager.yml": alertmanager_config(cluster),
     }
+    if tls(cluster):
+        files[CA_FILE] = cluster.monitoring.tls.ca_certificate.strip() + "\n"
+    return files
 
 
-def credential_files(password: str, stack: str) -> dict[str, str]:
-    """The web config (a bcrypt hash, the same for the same password and stack on every run) and
-    the password file Prometheus logs in with. Secret: the caller keeps them an Output secret."""
-    hashed = webconfig.password_hash(password, webconfig.salt_context(stack))
-    return {WEB_CONFIG_FILE: webconfig.web_config(hashed), PASSWORD_FILE: password}
+def secret_file_names(cluster) -> tuple[str, ...]:
+    """The secret files the monitoring node holds for this stack (secret_files' keys)."""
+    if not tls(cluster):
+        return ()
+    return (WEB_CONFIG_FILE, TLS_FILE, *((PASSWORD_FILE,) if credentials(cluster) else ()))
+
+
+def tls_pem(certificate: str, private_key: str) -> str:
+    """The chain and its key in one file (webconfig.web_config: one rename swaps both)."""
+    return f"{certificate.strip()}\n{private_key.strip()}\n"
+
+
+def secret_files(
+    stack: str, *, certificate: str, private_key: str, password: str | None = None
+) -> dict[str, str]:
+    """The web config (with the password: a bcrypt hash, the same for the same password and stack
+    on every run), the certificate file, and the password file Prometheus logs in with. Secret:
+    the caller keeps them an Output secret."""
+    hashed = None if password is None else webconfig.password_hash(password, webconfig.salt_context(stack))
+    tls_file = f"{CONTAINER_CONFIG_DIR}/{TLS_FILE}"
+    files = {
+        WEB_CONFIG_FILE: webconfig.web_config(hashed, tls_file=tls_file),
+        TLS_FILE: tls_pem(certificate, private_key),
+    }
+    if password is not None:
+        files[PASSWORD_FILE] = password
+    return files
 
 
 def server_files_script(
@@ -92,11 +139,12 @@ def server_files_script(
     directory), then ask the running servers to re-read them: SIGHUP reloads Prometheus's
     config and rules and Alertmanager's config in place, no restart, no gap in the data.
     On the first run the containers do not exist yet and read the files when they start.
-    `secret_files` (credential_files) are written the same way, mode 0640 for the servers'
-    group only; both servers read them again on every request, so a new password needs no
-    signal (webconfig.py). `secret_sources` are the same files where the text is not in the
-    script: name -> a shell command that prints it on the node (AWS: the node reads a
-    SecureString parameter with its role, render/monitoring_ssm.py), written the same way."""
+    `secret_files` (the module's secret_files) are written the same way, mode 0640 for the
+    servers' group only; both servers read them again on every request or connection, so a new
+    password or certificate needs no signal (webconfig.py). `secret_sources` are the same files
+    where the text is not in the script: name -> a shell command that prints it on the node
+    (AWS: the node reads SecureString parameters with its role, render/monitoring_ssm.py),
+    written the same way. Files of earlier releases no server reads (STALE_FILES) are removed."""
     writes = []
     for name, text in sorted(files.items()):
         marker = f"QWEN_{name.upper().replace('.', '_')}_EOF"
@@ -123,6 +171,7 @@ install -d -m 0755 {quote(config_dir)}
 install -d -m 0750 -o {CONTAINER_UID} -g {CONTAINER_UID} {quote(HOST_DATA_DIR + "/prometheus")} \\
   {quote(HOST_DATA_DIR + "/alertmanager")}
 {"".join(writes)}chmod 0644 {" ".join(f"{quote(config_dir)}/{name}" for name in sorted(files))}
+rm -f {" ".join(f"{quote(config_dir)}/{name}" for name in STALE_FILES)}
 {container_state_function().strip()}
 for name in {PROMETHEUS_CONTAINER} {ALERTMANAGER_CONTAINER}; do
   state=$(container_state "$name")  # docker's errors fail the step
@@ -223,7 +272,7 @@ def node_containers(cluster, node_name: str, nodemetrics_source: str) -> list[Co
 def server_containers(cluster) -> list[ContainerSpec]:
     """Prometheus and Alertmanager: their files on the host (server_files_script), mounted."""
     config = Mount(HOST_CONFIG_DIR, CONTAINER_CONFIG_DIR, read_only=True)
-    web = f"{CONTAINER_CONFIG_DIR}/{WEB_CONFIG_FILE}" if credentials(cluster) else None
+    web = f"{CONTAINER_CONFIG_DIR}/{WEB_CONFIG_FILE}" if tls(cluster) else None
     return [
         ContainerSpec(
             "prometheus",
@@ -264,6 +313,7 @@ def stack_outputs(cluster) -> dict[str, object]:
         port = endpoint_port(cluster)
         result["monitoringEndpoints"] = {n.name: f"http://{n.ip}:{port}/metrics" for n in cluster.nodes}
     if cluster.monitoring_node is not None:
-        result["prometheus"] = f"http://{cluster.monitoring_node.ip}:{prometheus_port(cluster)}"
-        result["alertmanager"] = f"http://{cluster.monitoring_node.ip}:{alertmanager_port(cluster)}"
+        where = f"{scheme(cluster)}://{cluster.monitoring_node.ip}"
+        result["prometheus"] = f"{where}:{prometheus_port(cluster)}"
+        result["alertmanager"] = f"{where}:{alertmanager_port(cluster)}"
     return result

@@ -54,6 +54,7 @@ def prometheus_config(
     rules_path: str = "rules.yml",
     cluster_name: str = "qwen-cluster",
     password_file: str | None = None,
+    ca_file: str | None = None,
 ) -> str:
     """`rules_path` relative to the config file's directory (Prometheus resolves it there), so
     the pair can be moved together (the lab runs them from its own directory).
@@ -61,13 +62,22 @@ def prometheus_config(
     With `password_file`, Prometheus logs in to itself and to Alertmanager (both behind the web
     config, webconfig.py) as webconfig.USER, reading the password from that file on every request
     (prometheus/common config/http_config.go basicAuthRoundTripper.RoundTrip reads passwordFile
-    each time), so a rotated password needs no reload. The nodes' endpoints (8000) stay open."""
+    each time), so a rotated password needs no reload. The nodes' endpoints (8000) stay open.
+
+    With `ca_file` (monitoring.tls), it reaches both over https and verifies them against that CA
+    alone. No `server_name`: the targets are the monitoring node's address, which the certificate
+    names (subjectAltName IP), and Go verifies an IP target against the IP SANs. prometheus/common
+    v0.39 (config/http_config.go `tlsRoundTripper.RoundTrip`) hashes the CA file on every request
+    and, when it changed, builds a new transport and closes the idle connections: a new CA needs
+    no reload."""
     times = timing(cluster)
     am_port = alertmanager_port(cluster)
     here = server_address(cluster)
-    auth = (
+    auth: dict = (
         {"basic_auth": {"username": webconfig.USER, "password_file": password_file}} if password_file else {}
     )
+    if ca_file:
+        auth = {"scheme": "https", "tls_config": {"ca_file": ca_file}, **auth}
     config = {
         "global": {
             "scrape_interval": duration(times.scrape),

@@ -1,11 +1,17 @@
 """Prometheus's and Alertmanager's web config (`--web.config.file`, the exporter-toolkit format):
-one basic-auth user whose bcrypt hash comes from the monitoring password. Pure: text.
+TLS (`tls_server_config`) and one basic-auth user whose bcrypt hash comes from the monitoring
+password. Pure: text.
 
 Both servers read the file again on every request (prometheus/exporter-toolkit web/handler.go,
 `webHandler.ServeHTTP` calls `getConfig(tlsConfigPath)`), and a successful check is cached by
 (user, hash, password), so bcrypt runs once per new hash, not per request. A new password is
 therefore a new file and nothing else: no restart, no reload, and Alertmanager keeps its silences
-and notification log, Prometheus its data.
+and notification log, Prometheus its data. The certificate and key are read again on every new
+connection (web/tls_config.go at v0.8.2, the release Prometheus 2.42 and Alertmanager 0.25 build
+with: `Serve` sets `GetConfigForClient`, which re-reads this file, and `GetCertificate` calls
+`tls.LoadX509KeyPair`), so a new certificate needs no restart either. Whether a server speaks TLS
+at all is decided once, when it starts (`Serve` falls back to plain HTTP when the file has no
+`tls_server_config`): turning TLS on must start the servers again (containers.WEB_CONFIG_FILE).
 
 The hash must be the same for the same password on every `pulumi up`, or the file (and the step
 that writes it) would change on every run. bcrypt salts at random, so the salt is derived here,
@@ -21,6 +27,8 @@ import functools
 import hashlib
 
 import yaml
+
+from qwen_cluster.render import nginx
 
 # The one user the cluster's own clients (Prometheus's scrapes and alert pushes, doctor, the lab's
 # checks) and operators log in as.
@@ -55,6 +63,40 @@ def salt_context(stack: str, user: str = USER) -> str:
     return f"{stack}/{user}"
 
 
-def web_config(password_hash_value: str, *, user: str = USER) -> str:
-    """The file both servers read with `--web.config.file`."""
-    return yaml.safe_dump({"basic_auth_users": {user: password_hash_value}}, sort_keys=False)
+def cipher_suites() -> list[str]:
+    """The endpoint's TLS 1.2 suites (nginx.TLS_CIPHERS, OpenSSL's names), in Go's names, which
+    exporter-toolkit reads (`Cipher.UnmarshalYAML` looks them up in `tls.CipherSuites()`). TLS 1.3
+    suites are not configurable in Go and are all AEAD with forward secrecy."""
+    return [_GO_CIPHER_NAMES[name] for name in nginx.TLS_CIPHERS.split(":")]
+
+
+# OpenSSL's names -> the IANA names Go's crypto/tls gives them (cipher_suites.go).
+_GO_CIPHER_NAMES = {
+    "ECDHE-ECDSA-AES128-GCM-SHA256": "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256": "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384": "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384": "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305": "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    "ECDHE-RSA-CHACHA20-POLY1305": "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+}
+# exporter-toolkit's name for TLS 1.2 (web/tls_config.go `TLSVersions`).
+MIN_TLS_VERSION = "TLS12"
+
+
+def web_config(password_hash_value: str | None, *, tls_file: str | None = None, user: str = USER) -> str:
+    """The file both servers read with `--web.config.file`. `tls_file`: one PEM file holding the
+    certificate chain and its key (cert_file and key_file both: `tls.LoadX509KeyPair` takes the
+    CERTIFICATE blocks of one and the PRIVATE KEY block of the other), so that a new pair replaces
+    the old in one rename and no handshake reads a new certificate with an old key. No client
+    certificates: the servers' clients log in with the password."""
+    config: dict = {}
+    if tls_file is not None:
+        config["tls_server_config"] = {
+            "cert_file": tls_file,
+            "key_file": tls_file,
+            "min_version": MIN_TLS_VERSION,
+            "cipher_suites": cipher_suites(),
+        }
+    if password_hash_value is not None:
+        config["basic_auth_users"] = {user: password_hash_value}
+    return yaml.safe_dump(config, sort_keys=False)
