@@ -100,7 +100,9 @@ def stack(policy: str = "fail"):
         {"name": DECODE.name, "ip": DECODE.ip},
     ]
     raw["network"] = {**raw["network"], "cidr": f"{NET}.0/24"}
-    raw.pop("monitoring", None)
+    # No Prometheus in this rehearsal (it reads each server's /metrics itself), so no monitoring
+    # password or certificate either.
+    raw["monitoring"] = {"prometheus": False}
     bare_metal = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
     # The lab NIC named (bareMetal.interface): the program then tells UCX over TCP its device itself.
     raw["bareMetal"] = {

@@ -52,8 +52,9 @@ def _loopback_cluster(net: str):
         {"name": "worker-1", "ip": f"{net}.11"},
     ]
     raw["network"] = {**raw["network"], "cidr": f"{net}.0/24"}
-    # Monitoring's defaults, with the offline tools' throwaway password the stack file was given.
-    raw["monitoring"] = {"password": (raw.get("monitoring") or {}).get("password")}
+    # No Prometheus in this rehearsal (it reads each server's /metrics itself), so no monitoring
+    # password or certificate either.
+    raw["monitoring"] = {"prometheus": False}
     # kv-aware: the replicas rendered with --enable-scale-out and their KV-event publishers, which
     # serve the cache_aware router as they serve the kv_aware one. The block size the CPU build
     # picks itself (vllm/platforms/cpu.py: 128), given so that the router's is the same.
