@@ -249,6 +249,18 @@ class Access(Section):
     )
 
 
+def _plain_pair(data: Any) -> tuple[str, str] | None:
+    """A TLS section's (certificate, privateKey) when both are plain text (the engine hands them
+    decrypted), else None (a stack file read offline holds ciphertext or the redacted mark)."""
+    if not isinstance(data, Mapping):
+        return None
+    chain = data.get("certificate")
+    key = data.get("privateKey", data.get("private_key"))
+    if not all(isinstance(v, str) and v != REDACTED for v in (chain, key)):
+        return None
+    return chain, key
+
+
 class Tls(Section):
     """TLS on the client listener, terminated by nginx (bare metal: the load balancer; AWS: each
     node's proxy behind the NLB's TCP listener, so the listener's idle timeout stays
@@ -275,12 +287,10 @@ class Tls(Section):
         """The pair judged as nginx would load it, when both values are at hand in plain text (the
         engine hands them decrypted; a stack file read offline holds ciphertext, left unjudged)."""
         tls = handler(data)
-        if not isinstance(data, Mapping):
+        pair = _plain_pair(data)
+        if pair is None:
             return tls
-        chain = data.get("certificate")
-        key = data.get("privateKey", data.get("private_key"))
-        if not all(isinstance(v, str) and v != REDACTED for v in (chain, key)):
-            return tls
+        chain, key = pair
         # Names: the stack states none (clients reach bare metal's load balancer and AWS's NLB by
         # whatever name the user's DNS gives them), so the subjectAltName is not judged here.
         errors, warnings = x509check.certificate_problems(chain, key, now=x509check.utc_now())
@@ -794,12 +804,10 @@ class MonitoringTls(Section):
         the chain checked against `caCertificate`, which Prometheus and doctor trust alone, when
         the values are at hand in plain text (a stack file read offline holds ciphertext)."""
         tls = handler(data)
-        if not isinstance(data, Mapping):
+        pair = _plain_pair(data)
+        if pair is None:
             return tls
-        chain = data.get("certificate")
-        key = data.get("privateKey", data.get("private_key"))
-        if not all(isinstance(v, str) and v != REDACTED for v in (chain, key)):
-            return tls
+        chain, key = pair
         errors, warnings = x509check.certificate_problems(chain, key, now=x509check.utc_now())
         if not errors:
             errors += x509check.issuer_problems(chain, tls.ca_certificate)
