@@ -185,7 +185,12 @@ def test_up_runs_what_the_program_registered_in_the_engines_order(running):
 def test_check_is_green_from_every_vantage_and_speaks_json(running, capsys):
     status = lab_cli.main(["check", "onprem", "--label", LABEL, "--json"])
     document = json.loads(capsys.readouterr().out)
-    failures = [r for r in document["results"] if r["status"] == "fail"]
+    # What failed, whole (the dicts' repr is cut where the observed value is).
+    failures = [
+        f"{r['group']} {r['source']}->{r['target']} {r['what']}: {r['observed']}"
+        for r in document["results"]
+        if r["status"] == "fail"
+    ]
     assert status == 0 and document["ok"] and not failures, failures
     groups = {r["group"] for r in document["results"]}
     assert groups == {

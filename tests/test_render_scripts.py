@@ -179,6 +179,42 @@ echo "2: eth0    inet 10.0.0.1/24 brd 10.0.0.255 scope global eth0"
 """
 
 
+# `timeout SECONDS bash -c ...` as the probe calls it: records its seconds; the first call per
+# port gives up as a timeout does (exit 124, nothing said), every later one connects.
+FLAKY_TIMEOUT = """#!/bin/sh
+echo "$1 $6" >>"$CALLS"
+if grep -qx "$6" "$SEEN" 2>/dev/null; then exit 0; fi
+echo "$6" >>"$SEEN"
+exit 124
+"""
+
+
+def test_verify_asks_a_port_that_must_answer_once_more_with_more_time_and_a_closed_one_once(tmp_path):
+    """A probe's timeout also covers starting its bash: on a busy host one start took over the
+    lab's 1 s, and a reachable port read as filtered. Only a failure pays the second ask."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"ip": FAKE_IP, "ping": "#!/bin/sh\nexit 1\n", "timeout": FLAKY_TIMEOUT}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    row = ("a", "10.0.0.1", "b", "10.0.0.2")
+    probes = [Probe(*row, "slow-start", 7001, "reachable"), Probe(*row, "dropped", 7002, "closed")]
+    script = tmp_path / "verify.sh"
+    script.write_text(verify.apply_script(probes, [], max_latency_ms=1.0, connect_timeout_seconds=1))
+    calls = tmp_path / "calls"
+    done = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), "SEEN": str(tmp_path / "seen")},
+    )
+    lines = {line.split()[2]: line.split() for line in done.stdout.splitlines() if line.startswith("a ")}
+    assert lines["slow-start"][5:] == ["open", "ok"]
+    assert lines["dropped"][5:] == ["filtered", "ok"]
+    assert calls.read_text().splitlines() == ["1 7001", "3 7001", "1 7002"]
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.parametrize(
     ("replies", "passes", "shown"),
     [
