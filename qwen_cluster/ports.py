@@ -145,7 +145,8 @@ ROUTER_METRICS_PORT = 29000
 # VLLM_NIXL_SIDE_CHANNEL_PORT + the data-parallel index (nixl/base_scheduler.py; one engine per
 # node here, so the base alone); 5600 is vLLM's own default (vllm/envs.py). With the pull connector
 # the decode pool connects to the prefill pool's, with push the other way: members only, scope
-# cluster, and the firewall admits it from the other pool's nodes only.
+# cluster, and on bare metal the host firewall admits it from the other pool's nodes only
+# (POOL_FENCED_ROWS).
 KV_SIDE_CHANNEL = "kv-side-channel"
 KV_SIDE_CHANNEL_ROW = PortEntry(name=KV_SIDE_CHANNEL, port=5600, scope=Scope.CLUSTER, required=False)
 # NIXL's UCX backend over TCP listens on ports it takes from UCX_TCP_PORT_RANGE, five per
@@ -155,6 +156,27 @@ KV_SIDE_CHANNEL_ROW = PortEntry(name=KV_SIDE_CHANNEL, port=5600, scope=Scope.CLU
 KV_DATA = "kv-data"
 KV_DATA_ROW = PortEntry(name=KV_DATA, port="5601-5680", scope=Scope.CLUSTER, required=False)
 UCX_PORTS_PER_PROCESS = 5
+# NIXL's rows, reached only from the other pool: the handshake and the transfers go from one pool to
+# the other (pull: decode to prefill; push: prefill to decode), never within a pool. On bare metal a
+# node's host firewall drops its own pool's other members there, ahead of the all-traffic member rule
+# that admits them everywhere else (render/firewall.py). Where a node is fenced is
+# ClusterConfig.fenced_pool: on AWS nowhere (security groups have allow rules only, and EFA needs the
+# all-traffic self rule; docs/disaggregation.md).
+POOL_FENCED_ROWS = (KV_SIDE_CHANNEL, KV_DATA)
+
+
+def fenced(source_pool: str | None, target_pool: str | None) -> bool:
+    """Whether a member of `source_pool` is kept off the POOL_FENCED_ROWS of a node whose fenced pool
+    (ClusterConfig.fenced_pool) is `target_pool`: the same pool, where one is fenced."""
+    return target_pool is not None and source_pool == target_pool
+
+
+def member_reaches(row: str, source_pool: str | None, target_pool: str | None) -> bool:
+    """Whether a cluster member reaches the table row `row` on another member, given each one's fenced
+    pool (ClusterConfig.fenced_pool; None: none): every row through the all-traffic member rule, but
+    a POOL_FENCED_ROWS row from another pool only."""
+    return row not in POOL_FENCED_ROWS or not fenced(source_pool, target_pool)
+
 
 # What a replica that spans nodes opens at ports nothing pins (vLLM 0.33.0, config.DEFAULT_IMAGE;
 # the pinned ones, `--master-port` and Ray's, are laid into the cluster row by
@@ -423,6 +445,13 @@ class Expectation:
             return self.open
         return False
 
+    def open_between(self, source_pool: str | None, target_pool: str | None) -> bool:
+        """Open from one member to another, given each one's fenced pool (ClusterConfig.fenced_pool):
+        NIXL's rows (POOL_FENCED_ROWS) are closed within a fenced pool (member_reaches)."""
+        if self.vantage is not Vantage.NODE:
+            return self.open
+        return self.open and member_reaches(self.name, source_pool, target_pool)
+
 
 def reachability(
     entries: list[PortEntry] | tuple[PortEntry, ...],
@@ -436,7 +465,9 @@ def reachability(
     Both ends of a range are probed. The intruder sits on the node segment but is not a
     member, so it must get no more than an outsider: the cluster rule names members only.
     Prometheus and Alertmanager (MONITORING_NODE_ROWS) are open on `monitoring_node` only
-    (`only_on`), and without one on no node but to members.
+    (`only_on`), and without one on no node but to members. The NODE rows hold for a member of
+    another pool; between two members, NIXL's rows hold within a fenced pool as
+    `Expectation.open_between` says.
     """
     grants: dict[Scope, set[Vantage]] = {
         Scope.CLIENTS: {Vantage.LOAD_BALANCER},
@@ -448,7 +479,8 @@ def reachability(
     for vantage in Vantage:
         for entry in entries:
             for port in sorted({entry.port.low, entry.port.high}):
-                # Members reach every port of every other member (the all-traffic rule).
+                # Members reach every port of every other member (the all-traffic rule), but
+                # NIXL's within a fenced pool (Expectation.open_between).
                 is_open = vantage is Vantage.NODE or vantage in grants[entry.scope]
                 only_on = None
                 if entry.name in MONITORING_NODE_ROWS and vantage is not Vantage.NODE:

@@ -1,3 +1,4 @@
+import contextlib
 import copy
 import ipaddress
 import subprocess
@@ -12,8 +13,8 @@ from qwen_cluster.config import validate
 from qwen_cluster.render import firewall
 from qwen_cluster.render.firewall import Rule
 from tests.helpers import tools
-from tests.helpers.baremetal import ONPREM, needs_netns, netns_pair, run_in, shellcheck
-from tests.helpers.configs import BASE_BARE_METAL
+from tests.helpers.baremetal import ONPREM, ONPREM_DISAGGREGATED, needs_netns, netns_pair, run_in, shellcheck
+from tests.helpers.configs import BASE_BARE_METAL, disaggregated
 from tests.helpers.wait import wait_until
 from tooling import stackfile
 
@@ -147,6 +148,88 @@ def test_scripts_are_shellcheck_clean(flavour, node, tmp_path):
     shellcheck(firewall.revert_script(flavour), tmp_path)
 
 
+@pytest.mark.parametrize("flavour", firewall.FLAVOURS)
+def test_disaggregated_scripts_are_shellcheck_clean(flavour, tmp_path):
+    rules = firewall.host_rules(ONPREM_DISAGGREGATED, "worker-2")
+    shellcheck(firewall.apply_script(rules, flavour, node_ip="192.168.1.102"), tmp_path)
+
+
+# --- serving.mode disaggregated: NIXL's rows from the other pool only ----------------------------
+# ONPREM_DISAGGREGATED: master (.100) and worker-1 (.101) prefill, worker-2 (.102) and worker-3 (.103)
+# decode; NIXL's rows are kv-side-channel 5600 and kv-data 5601-5680 (ucx, bare metal's default).
+
+
+def test_a_disaggregated_host_drops_its_own_pools_other_members_on_nixls_rows_only():
+    rules = firewall.host_rules(ONPREM_DISAGGREGATED, "worker-2")
+    denies = [(r.name, r.source, r.ports, r.protocol) for r in rules if r.action == "deny"]
+    assert denies == [
+        ("kv-side-channel", "192.168.1.103/32", "5600", "tcp"),
+        ("kv-data", "192.168.1.103/32", "5601-5680", "tcp"),
+    ]
+    # Everything the member rule admits stays admitted, from both pools; SSH still comes first.
+    assert sources(rules, "cluster-all") == {"192.168.1.100/31", "192.168.1.103/32"}
+    assert rules[0].name == "ssh" and [r.action for r in rules[1:3]] == ["deny", "deny"]
+    # The prefill side: worker-1 only, from master's.
+    assert {(r.name, r.source) for r in firewall.host_rules(ONPREM_DISAGGREGATED, "master") if r.denies} == {
+        ("kv-side-channel", "192.168.1.101/32"),
+        ("kv-data", "192.168.1.101/32"),
+    }
+
+
+def test_aggregated_and_aws_stacks_drop_nothing(aws_raw):
+    assert not any(rule.denies for node in ONPREM.nodes for rule in rules_of(node.name))
+    assert validate(disaggregated(aws_raw)).fenced_pool("master") is None
+    text = firewall.apply_script(rules_of("worker-1"), "ufw", node_ip="192.168.1.101")
+    assert "prepend" not in text and "ufw deny" not in text
+
+
+def test_nftables_drops_the_own_pool_on_nixls_rows_before_the_member_accept():
+    rules = firewall.host_rules(ONPREM_DISAGGREGATED, "worker-2")
+    text = firewall.apply_script(rules, "nftables", node_ip="192.168.1.102")
+    side = text.index('ip saddr 192.168.1.103/32 tcp dport 5600 drop comment "kv-side-channel"')
+    data = text.index('ip saddr 192.168.1.103/32 tcp dport 5601-5680 drop comment "kv-data"')
+    member = text.index('ip saddr @cluster_nodes accept comment "cluster-all"')
+    assert text.index("policy drop;") < side < data < member
+    assert text.count(" drop comment ") == 2  # nothing else is dropped by name
+    assert text.count("table inet qwen_cluster {") == 1  # still the one atomic table
+
+
+def test_ufw_prepends_the_drops_so_they_precede_the_member_allow():
+    rules = firewall.host_rules(ONPREM_DISAGGREGATED, "worker-2")
+    text = firewall.apply_script(rules, "ufw", node_ip="192.168.1.102")
+    # Written in the form `ufw show added` prints (the stale-rule pass compares it)...
+    deny = "ufw deny from 192.168.1.103 to any port 5600 proto tcp comment 'qwen-cluster:kv-side-channel'"
+    data = "ufw deny from 192.168.1.103 to any port 5601:5680 proto tcp comment 'qwen-cluster:kv-data'"
+    assert deny in text and data in text
+    # ... and added with `ufw prepend`, before the allows of the same run.
+    assert '"ufw deny "*) rule="ufw prepend ${rule#ufw }"' in text
+    assert text.index(deny) < text.index("ufw allow from 192.168.1.100/31 comment 'qwen-cluster:cluster-all'")
+
+
+def test_firewalld_drops_the_own_pool_with_a_negative_priority():
+    rules = firewall.host_rules(ONPREM_DISAGGREGATED, "worker-2")
+    text = firewall.apply_script(rules, "firewalld", node_ip="192.168.1.102")
+    assert (
+        '<rule family="ipv4" priority="-1"><source address="192.168.1.103/32"/>'
+        '<port port="5600" protocol="tcp"/><drop/></rule>'
+    ) in text
+    assert (
+        'rule family="ipv4" priority="-1" source address="192.168.1.103/32" port port="5601-5680" '
+        'protocol="tcp" drop'
+    ) in text
+    assert 'rule family="ipv4" source address="192.168.1.103/32" accept' in text  # the member rule stays
+    assert text.count("priority=") == 4  # the drops only: two rows, in the zone file and as rich rules
+
+
+def test_policy_document_carries_the_drops_which_open_nothing():
+    rules = firewall.host_rules(ONPREM_DISAGGREGATED, "worker-2")
+    document = firewall.policy_document(ONPREM_DISAGGREGATED, "worker-2", rules)
+    assert [r["ports"] for r in document["rules"] if r["action"] == "deny"] == ["5600", "5601-5680"]
+    (parsed,) = net.firewall_documents({"triggers": [document]})
+    assert len(parsed.rules) == len(rules) - 2 and parsed.problems == ()
+    assert firewall.ssh_sources(rules) == firewall.ssh_sources([r for r in rules if not r.denies])
+
+
 def test_ufw_allows_ssh_before_default_deny_and_persists():
     text = firewall.apply_script(rules_of("worker-1"), "ufw", node_ip="192.168.1.101")
     ssh = text.index("ufw allow from 203.0.113.10 to any port 22 proto tcp comment 'qwen-cluster:ssh'")
@@ -236,14 +319,18 @@ def test_ufw_rules_are_written_in_ufws_canonical_form_so_stale_ones_are_found():
         pytest.skip("Debian's ufw is not installed")
     finally:
         sys.path.remove("/usr/lib/python3/dist-packages")
-    text = firewall.apply_script(rules_of("worker-1"), "ufw", node_ip="192.168.1.101")
-    ours = set(re.findall(r"^ufw allow .*'$", text, re.MULTILINE))
-    for rule in rules_of("worker-1"):
-        port = "any" if rule.ports == "all" else rule.ports.replace("-", ":")
-        ufw_rule = common.UFWRule("allow", "any" if rule.ports == "all" else "tcp", port, src=rule.source)
-        ufw_rule.set_comment(util.hex_encode(f"qwen-cluster:{rule.name}"))
-        ufw_rule.normalize()  # what ufw does when it stores a rule: 10.0.0.1/32 -> 10.0.0.1
-        assert "ufw " + parser.UFWCommandRule.get_command(ufw_rule) in ours
+    hosts = ((ONPREM, "worker-1", "192.168.1.101"), (ONPREM_DISAGGREGATED, "worker-2", "192.168.1.102"))
+    for cluster, node, ip in hosts:
+        rules = firewall.host_rules(cluster, node)
+        text = firewall.apply_script(rules, "ufw", node_ip=ip)
+        ours = set(re.findall(r"^ufw (?:allow|deny) .*'$", text, re.MULTILINE))
+        for rule in rules:
+            port = "any" if rule.ports == "all" else rule.ports.replace("-", ":")
+            protocol = "any" if rule.ports == "all" else "tcp"
+            ufw_rule = common.UFWRule(rule.action, protocol, port, src=rule.source)
+            ufw_rule.set_comment(util.hex_encode(f"qwen-cluster:{rule.name}"))
+            ufw_rule.normalize()  # what ufw does when it stores a rule: 10.0.0.1/32 -> 10.0.0.1
+            assert "ufw " + parser.UFWCommandRule.get_command(ufw_rule) in ours
 
 
 # Loops inside the peer's namespace: new TCP connections to one port, one after another, until
@@ -270,20 +357,22 @@ with open(progress, "a", buffering=1) as log:
 print(tried, connected)
 """
 _LISTENER = """
-import socket, threading
+import socket, sys, threading
 def serve(port):
     server = socket.create_server(("0.0.0.0", port), backlog=128)
     while True:
         server.accept()[0].close()
-threading.Thread(target=serve, args=(7001,), daemon=True).start()
-serve(7000)
+ports = [int(port) for port in sys.argv[1:]]
+for port in ports[1:]:
+    threading.Thread(target=serve, args=(port,), daemon=True).start()
+serve(ports[0])
 """
 
 
-@pytest.fixture
-def probed_pair(tmp_path):
+@contextlib.contextmanager
+def _firewalled_pair(*ports: int):
     """Two namespaces; the second has its own copy of /etc/ufw and /etc/default (which
-    `ip netns exec` mounts over /etc) and TCP listeners on :7000 and :7001."""
+    `ip netns exec` mounts over /etc) and TCP listeners on `ports`."""
     import shutil
     from pathlib import Path
 
@@ -295,7 +384,8 @@ def probed_pair(tmp_path):
             if Path("/etc/ufw").exists():
                 shutil.copytree("/etc/ufw", etc / "ufw", symlinks=True)
             shutil.copytree("/etc/default", etc / "default", symlinks=True)
-            listener = subprocess.Popen(["ip", "netns", "exec", b, "python3", "-c", _LISTENER])
+            serve = ["ip", "netns", "exec", b, "python3", "-c", _LISTENER, *map(str, ports)]
+            listener = subprocess.Popen(serve)
             try:
                 yield a, b
             finally:
@@ -305,6 +395,30 @@ def probed_pair(tmp_path):
             shutil.rmtree(etc, ignore_errors=True)
             if made_root:
                 shutil.rmtree("/etc/netns", ignore_errors=True)
+
+
+@pytest.fixture
+def probed_pair():
+    """`_firewalled_pair` with listeners on :7000 and :7001."""
+    with _firewalled_pair(7000, 7001) as pair:
+        yield pair
+
+
+def _apply_in(ns: str, rules: list[Rule], flavour: str, tmp_path) -> str:
+    """The apply script of `rules` run in `ns` as the lab runs it (its state under tmp_path, no
+    persistence); its output."""
+    env = {"QWEN_STATE_DIR": str(tmp_path / "state"), "QWEN_PERSIST": "no"}
+    text = firewall.apply_script(rules, flavour, node_ip="10.231.0.2", etc=str(tmp_path / "etc"))
+    path = tmp_path / "firewall.sh"
+    path.write_text(text)
+    result = subprocess.run(
+        ["ip", "netns", "exec", ns, "env", *(f"{k}={v}" for k, v in env.items()), "bash", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
 
 
 def _while_probing(a: str, tmp_path, action) -> dict[int, tuple[int, int]]:
@@ -361,7 +475,6 @@ def test_a_membership_change_neither_closes_a_kept_rule_nor_opens_anything_in_be
 
     tools.require("ufw" if flavour == "ufw" else "nft")
     a, b = probed_pair
-    env = {"QWEN_STATE_DIR": str(tmp_path / "state"), "QWEN_PERSIST": "no"}
     kept = [
         Rule("ssh", "203.0.113.10/32", "22", "tcp"),
         Rule("model-service", "10.231.0.1/32", "7000", "tcp"),
@@ -370,17 +483,7 @@ def test_a_membership_change_neither_closes_a_kept_rule_nor_opens_anything_in_be
     joining = [Rule("cluster-all", "10.231.0.13/32", "all", "all")]
 
     def apply(rules):
-        text = firewall.apply_script(rules, flavour, node_ip="10.231.0.2", etc=str(tmp_path / "etc"))
-        path = tmp_path / "firewall.sh"
-        path.write_text(text)
-        result = subprocess.run(
-            ["ip", "netns", "exec", b, "env", *(f"{k}={v}" for k, v in env.items()), "bash", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
-        return result.stdout
+        return _apply_in(b, rules, flavour, tmp_path)
 
     apply(kept + leaving)
     counts = _while_probing(a, tmp_path, lambda: apply(kept + joining))
@@ -409,3 +512,75 @@ def test_firewalld_changes_a_live_zone_in_place_new_rules_before_stale_ones():
     assert live.index("--add-rich-rule") < live.index("--remove-rich-rule")
     assert 'rule family="ipv4" source address="192.168.1.100/32" accept' in text  # a member, all traffic
     assert 'source address="192.168.1.100/32" port port="5000" protocol="tcp" accept' in text
+
+
+def _pd_trio(prefill: list[str], decode: list[str]):
+    """A disaggregated stack of three nodes on the namespace pair's segment: worker-1 (10.231.0.2)
+    holds the firewall; master (10.231.0.3) and worker-2 (10.231.0.1) are both addresses of the
+    peer namespace, which connects from either."""
+    raw = disaggregated(copy.deepcopy(BASE_BARE_METAL))
+    raw["nodes"] = [
+        {"name": "master", "ip": "10.231.0.3", "role": "master"},
+        {"name": "worker-1", "ip": "10.231.0.2"},
+        {"name": "worker-2", "ip": "10.231.0.1"},
+    ]
+    raw["network"] = {**raw["network"], "cidr": "10.231.0.0/24"}
+    raw["serving"] = {**raw["serving"], "prefill": {"nodes": prefill}, "decode": {"nodes": decode}}
+    return validate(raw)
+
+
+# One line per port: open, refused, or dropped (no answer within the timeout).
+_CONNECT_FROM = """
+import socket, sys
+source, host, ports = sys.argv[1], sys.argv[2], sys.argv[3:]
+for port in map(int, ports):
+    try:
+        socket.create_connection((host, port), timeout=0.5, source_address=(source, 0)).close()
+        print("open")
+    except ConnectionRefusedError:
+        print("refused")
+    except OSError:
+        print("dropped")
+"""
+
+
+@needs_netns
+@pytest.mark.parametrize("flavour", ["ufw", "nftables"])
+def test_a_same_pool_members_syn_to_nixls_ports_is_dropped_while_the_other_pools_passes(flavour, tmp_path):
+    """The rendered script of worker-1 (prefill, with master) in a real kernel: master's SYN to the
+    side channel (5600) and UCX's range (5680) is dropped, worker-2's (decode) connects, and a port
+    outside NIXL's rows (inter-node 6000) admits both. Rerun, nothing changes; master moved to the
+    decode pool, its drops go and it connects."""
+    tools.require("ufw" if flavour == "ufw" else "nft")
+    ports = (5600, 5680, 6000)
+    with _firewalled_pair(*ports) as (a, b):
+        links = ["ip", "-n", a, "-o", "link", "show", "type", "veth"]
+        link = subprocess.run(links, capture_output=True, text=True).stdout  # "2: va1b2c3@if2: <...> ..."
+        veth = link.split(":")[1].strip().split("@")[0]
+        subprocess.run(["ip", "-n", a, "addr", "add", "10.231.0.3/24", "dev", veth], check=True)
+
+        def reach(source: str) -> dict[int, str]:
+            probe = ["ip", "netns", "exec", a, "python3", "-c", _CONNECT_FROM, source, "10.231.0.2"]
+            done = subprocess.run([*probe, *map(str, ports)], capture_output=True, text=True, timeout=30)
+            return dict(zip(ports, done.stdout.split(), strict=True))
+
+        everything_open = dict.fromkeys(ports, "open")
+        wait_until(lambda: reach("10.231.0.3") == everything_open, what="the listeners", timeout=10)
+        rules = firewall.host_rules(_pd_trio(["master", "worker-1"], ["worker-2"]), "worker-1")
+        drops = {(r.source, r.ports) for r in rules if r.denies}
+        assert drops == {("10.231.0.3/32", "5600"), ("10.231.0.3/32", "5601-5680")}
+        _apply_in(b, rules, flavour, tmp_path)
+        rerun = _apply_in(b, rules, flavour, tmp_path)
+        assert "removing stale rule" not in rerun
+        assert reach("10.231.0.3") == {5600: "dropped", 5680: "dropped", 6000: "open"}  # the same pool
+        assert reach("10.231.0.1") == everything_open  # the other pool
+        if flavour == "ufw":
+            show = ["ip", "netns", "exec", b, "ufw", "show", "added"]
+            added = subprocess.run(show, capture_output=True, text=True).stdout
+            assert added.count("ufw deny from 10.231.0.3") == 2, added  # none added twice
+
+        moved_rules = firewall.host_rules(_pd_trio(["worker-1"], ["master", "worker-2"]), "worker-1")
+        moved = _apply_in(b, moved_rules, flavour, tmp_path)
+        if flavour == "ufw":
+            assert moved.count("removing stale rule: ufw deny from 10.231.0.3") == 2, moved
+        assert reach("10.231.0.3") == everything_open

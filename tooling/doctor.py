@@ -299,6 +299,16 @@ CHECKS: dict[str, Check] = {
         "route the side-channel host from {node} (ip route get <host>), or remove the node from "
         "serving.kvTransfer.sideChannelHosts so its vLLM advertises its node address; pulumi up",
     ),
+    "kv-fence": Check(
+        "connectivity",
+        "warning",
+        "NIXL's side channel or UCX's data ports answer a node of the same pool: the host firewall's "
+        "drop of its own pool there is missing (nothing fails; NIXL's ports are open wider than the "
+        "other pool, which alone needs them)",
+        "ufw status numbered / nft list ruleset / firewall-cmd --list-rich-rules on {node}: the "
+        "kv-side-channel and kv-data drops of its own pool must come before the member rule (pulumi "
+        "up restores them)",
+    ),
     "kv-link": Check(
         "bandwidth",
         "critical",
@@ -501,7 +511,7 @@ def _finding(check_name: str, node: str, peer: str, detail: str) -> Finding:
 
 
 # Checks whose fix is on the peer's side (the node that drops or cannot take the frames).
-_PEER_SIDE = {"dynamic-port", "port", "kv-port"}
+_PEER_SIDE = {"dynamic-port", "port", "kv-port", "kv-fence"}
 
 
 def _skew(cluster: ClusterConfig, facts: dict[str, dict[str, str]], key: str, check: str) -> list[Finding]:

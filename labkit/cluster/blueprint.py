@@ -269,8 +269,9 @@ def expectations(plan: LabPlan) -> list[ProbeExpectation]:
 
     A vantage namespace gets the union of its own rows and the rows of every access CIDR
     its address falls in (a monitoring host inside clientCidrs is a client too). Nodes
-    probe every other node. The load balancer is a node on bare metal, a member, so its
-    own rows (which assume a non-member) are covered by the node rows.
+    probe every other node (NIXL's rows closed within a fenced pool: Expectation.open_between).
+    The load balancer is a node on bare metal, a member, so its own rows (which assume a
+    non-member) are covered by the node rows.
     """
     cluster = plan.cluster
     monitoring = cluster.monitoring_node
@@ -292,8 +293,11 @@ def expectations(plan: LabPlan) -> list[ProbeExpectation]:
         return [member for member in plan.nodes if member.node != source_node]
 
     for source in plan.nodes:
+        source_pool = cluster.fenced_pool(source.node)
         for row in by_vantage[Vantage.NODE]:
             for target in targets(row, source.node):
+                # NIXL's rows within a fenced pool (serving.mode disaggregated on bare metal) are closed.
+                is_open = row.open_between(source_pool, cluster.fenced_pool(target.node))
                 result.append(
                     ProbeExpectation(
                         source.node,
@@ -302,8 +306,8 @@ def expectations(plan: LabPlan) -> list[ProbeExpectation]:
                         target.ip,
                         row.name,
                         row.port,
-                        row.open,
-                        "node",
+                        is_open,
+                        "node" if is_open == row.open else f"node of the {source_pool} pool",
                     )
                 )
     for source in plan.vantages:

@@ -226,6 +226,21 @@ class ClusterConfig(Section):
         """The address `node`'s NIXL side channel binds and advertises (serving.kvTransfer)."""
         return self.serving.kv_transfer.side_channel_hosts.get(node.name, str(node.ip))
 
+    def fenced_pool(self, node_name: str) -> str | None:
+        """The pool kept off `node_name`'s NIXL rows (ports.POOL_FENCED_ROWS): its own, on bare metal
+        with serving.mode disaggregated, where the host firewall drops its pool's other members there
+        (render/firewall.py). None elsewhere: aggregated has no such rows, and on aws every member
+        reaches them (a security group has allow rules only, and EFA needs its all-traffic self rule:
+        render/sg_rules.py)."""
+        return self._fenced_pools.get(node_name)
+
+    @functools.cached_property
+    def _fenced_pools(self) -> dict[str, str]:
+        """fenced_pool of every node that has one, computed once: renderers ask per pair of nodes."""
+        if self.bare_metal is None or not self.disaggregated:
+            return {}
+        return {name: pool for pool in ("prefill", "decode") for name in getattr(self.serving, pool).nodes}
+
     @property
     def kv_backend(self) -> str | None:
         """serving.kvTransfer.backend in effect (libfabric on aws, ucx on bare metal), or None

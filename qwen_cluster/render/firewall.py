@@ -25,9 +25,13 @@ Every script allows SSH from adminCidrs before the default deny takes effect, ac
 loopback and established traffic, admits all traffic from the other nodes' exact addresses
 (never the whole segment: NCCL uses ports that cannot be pinned, NVIDIA/nccl#388), the
 clients ports from the load-balancer node only, the listener from clientCidrs on that node,
-monitoring from monitoringCidrs, and denies the rest. `interface` defaults to the one that
-holds `node_ip` (firewalld binds its zone to it); `etc` and `state_dir` let a lab point the
-scripts at `/etc/netns/<ns>`-style roots; `persist=False` skips enabling boot-time services.
+monitoring from monitoringCidrs, and denies the rest. With serving.mode disaggregated it first
+drops the node's own pool's other members on NIXL's rows (ports.POOL_FENCED_ROWS), ahead of the
+member rule, so that only the other pool reaches them: a `deny` Rule, rendered before the
+member rule in each flavour's own terms (see `_ufw`, `_nftables_ruleset`, `_rich_rule`).
+`interface` defaults to the one that holds `node_ip` (firewalld binds its zone to it); `etc` and
+`state_dir` let a lab point the scripts at `/etc/netns/<ns>`-style roots; `persist=False` skips
+enabling boot-time services.
 
 Day 2: the same script is the resource's `create` and (pulumi-command runs `create` when no
 `update` is given) its update, so it changes a live firewall in place, never revert-then-apply:
@@ -47,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qwen_cluster import hostpaths
-from qwen_cluster.ports import SSH_PORT, Exposure, Peer, Target
+from qwen_cluster.ports import POOL_FENCED_ROWS, SSH_PORT, Exposure, Peer, Target
 from qwen_cluster.render.shell import (
     INTERFACE_OF,
     interface_of_function,
@@ -66,8 +70,10 @@ ZONE = "qwen-cluster"
 
 @dataclass(frozen=True)
 class Rule:
-    """One ingress allowance on a host: `source` (a CIDR, /32 for a host) may reach `ports`
-    ("all", "22", "6000-6100") over `protocol` ("all" or "tcp")."""
+    """One ingress rule on a host: `source` (a CIDR, /32 for a host) may reach `ports`
+    ("all", "22", "6000-6100") over `protocol` ("all" or "tcp"); with `action` "deny" it may
+    not, whatever a later allow says (NIXL's rows from the own pool: every flavour renders the
+    denies ahead of the allows)."""
 
     name: str
     source: str
@@ -75,6 +81,11 @@ class Rule:
     protocol: str
     # Why the rule exists (the exposure's description); it opens nothing, so it is not compared.
     description: str = field(default="", compare=False)
+    action: str = "allow"  # allow | deny, as ufw spells them
+
+    @property
+    def denies(self) -> bool:
+        return self.action == "deny"
 
     @property
     def family(self) -> str:
@@ -84,19 +95,28 @@ class Rule:
         return asdict(self)
 
 
-_members_cache: list = []  # [(cluster, collapsed blocks of every node address)]: the last cluster only
+# [(cluster, {pool or None (every node): collapsed blocks of its node addresses})]: the last cluster only
+_members_cache: list = []
 
 
-def _other_members(cluster, node) -> list[str]:
-    """Every other node's address, contiguous ones merged into exact blocks (.101, .102/31,
-    .104/29 ...): the same addresses, never one more. The whole cluster is collapsed once per
-    cluster and this node cut out of its block, instead of collapsing the others anew for
-    every node (a parse of every address per node). The answer is the same: a set of
-    addresses has one cover by the fewest aligned blocks, which collapse_addresses returns."""
+def _other_members(cluster, node, pool: str | None = None) -> list[str]:
+    """Every other node's address (of `pool` only, if given), contiguous ones merged into exact
+    blocks (.101, .102/31, .104/29 ...): the same addresses, never one more. The whole cluster
+    (or pool) is collapsed once per cluster and this node cut out of its block, instead of
+    collapsing the others anew for every node (a parse of every address per node). The answer
+    is the same: a set of addresses has one cover by the fewest aligned blocks, which
+    collapse_addresses returns."""
     if not (_members_cache and _members_cache[0][0] is cluster):
-        everyone = ipaddress.collapse_addresses(ipaddress.ip_network(f"{n.ip}/32") for n in cluster.nodes)
-        _members_cache[:] = [(cluster, list(everyone))]
-    blocks: list = _members_cache[0][1]
+        _members_cache[:] = [(cluster, {})]
+    collapsed: dict = _members_cache[0][1]
+    if pool not in collapsed:
+        names = None if pool is None else set(getattr(cluster.serving, pool).nodes)
+        collapsed[pool] = list(
+            ipaddress.collapse_addresses(
+                ipaddress.ip_network(f"{n.ip}/32") for n in cluster.nodes if names is None or n.name in names
+            )
+        )
+    blocks: list = collapsed[pool]
     own = ipaddress.ip_network(f"{node.ip}/32")
     rest = [block for block in blocks if not own.subnet_of(block)]
     rest += [piece for block in blocks if own.subnet_of(block) for piece in block.address_exclude(own)]
@@ -122,9 +142,6 @@ def host_rules(cluster, node_name: str) -> list[Rule]:
         if exposure.node is not None and exposure.node != node.name:
             continue  # a service of one node (Prometheus, Alertmanager) is admitted there only
         if exposure.peer is Peer.NODES:
-            # serving.mode disaggregated: NIXL's rows (kv-side-channel, kv-data, scope cluster) are
-            # among the ports this all-traffic rule admits from the members, the other pool's
-            # included; nothing outside the members reaches them.
             # Contiguous members merge into exact blocks: O(log N) rules instead of N - 1. ufw
             # runs once per rule, so this is what keeps a 64-node setup (and the lab's) from
             # crawling.
@@ -136,6 +153,21 @@ def host_rules(cluster, node_name: str) -> list[Rule]:
         rules += [
             Rule(exposure.name, source, ports, exposure.protocol, exposure.description) for source in sources
         ]
+    # serving.mode disaggregated on bare metal: the node's own pool's other members, dropped on
+    # NIXL's rows before the all-traffic member rule admits them (each flavour renders a deny ahead
+    # of every allow; see the renderers). Right after SSH, so that ufw also adds them first.
+    fenced = cluster.fenced_pool(node.name)
+    if fenced is not None:
+        same_pool = _other_members(cluster, node, fenced)
+        fence = []
+        for entry in (e for e in cluster.ports if e.name in POOL_FENCED_ROWS):
+            why = (
+                f"{entry.name} {entry.port}/tcp dropped from the {fenced} pool's other members: "
+                "NIXL goes between the pools only"
+            )
+            fence += [Rule(entry.name, source, str(entry.port), "tcp", why, "deny") for source in same_pool]
+        after_ssh = sum(1 for rule in rules if rule.name == "ssh")
+        rules[after_ssh:after_ssh] = fence
     return rules
 
 
@@ -165,7 +197,7 @@ def _admits_ssh(rule: Rule) -> bool:
 
 def ssh_sources(rules: list[Rule]) -> list[str]:
     """The sources `rules` admit to SSH: adminCidrs, and the other nodes (all traffic)."""
-    return [rule.source for rule in rules if _admits_ssh(rule)]
+    return [rule.source for rule in rules if not rule.denies and _admits_ssh(rule)]
 
 
 def _admin_cidrs(cluster) -> str:
@@ -289,7 +321,8 @@ DOCUMENT_SCHEMA = "qwen-cluster/host-firewall@1"
 
 def policy_document(cluster, node_name: str, rules: list[Rule]) -> dict[str, Any]:
     """One host's firewall as the policy pack reads it (`DOCUMENT_SCHEMA`): who the host is, and
-    exactly the allow rules `apply_script` installs (the default is deny, so nothing else opens).
+    exactly the rules `apply_script` installs: the allows (the default is deny, so nothing else
+    opens) and NIXL's denies (`action` "deny", which the pack reads as opening nothing).
 
         {"schema": "qwen-cluster/host-firewall@1", "host": "master", "address": "192.168.1.100",
          "role": "gpu-node", "nicSpeedGbps": 25, "loadBalancer": true, "listenerPort": 80,
@@ -310,7 +343,7 @@ def policy_document(cluster, node_name: str, rules: list[Rule]) -> dict[str, Any
         "listenerPort": cluster.load_balancer.port if serves_listener else None,
         "rules": [
             {
-                "action": "allow",
+                "action": rule.action,
                 "direction": "in",
                 "protocol": rule.protocol,
                 "ports": None if rule.ports == "all" else rule.ports,
@@ -352,16 +385,26 @@ cat >"$state_dir/firewall.json" <<'{DOCUMENT_HEREDOC}'
 """
 
 
+# ufw matches a packet against its user rules in order, the first match deciding (ufw-user-input),
+# and appends what `ufw allow|deny` adds; `ufw prepend` puts a rule first instead, and skips one that
+# exists already ("Skipping inserting existing rule": ufw 0.36 frontend.py set_rule with position -1,
+# backend_iptables.py set_rule), so a rerun adds nothing. `ufw show added` prints a prepended rule as
+# `ufw deny ...`, without the position: that is the form the stale-rule pass compares.
+_UFW_PREPEND_DENIES = """
+  case "$rule" in "ufw deny "*) rule="ufw prepend ${rule#ufw }" ;; esac  # before the member allows"""
+
+
 def _ufw(rules: list[Rule]) -> str:
     def command(rule: Rule) -> str:
         where = "" if rule.ports == "all" else f" to any port {rule.ports.replace('-', ':')} proto tcp"
         # ufw's canonical form: `ufw show added` prints a host without /32 (/128), and the
         # stale-rule pass below compares with that text; with the suffix it would delete them all.
         source = rule.source.removesuffix("/32").removesuffix("/128")
-        return f"ufw allow from {source}{where} comment '{TAG}:{rule.name}'"
+        return f"ufw {rule.action} from {source}{where} comment '{TAG}:{rule.name}'"
 
     wanted = "\n".join(command(rule) for rule in rules)
     ssh = [command(rule) for rule in rules if rule.name == "ssh"]
+    prepend = _UFW_PREPEND_DENIES if any(rule.denies for rule in rules) else ""
     return f"""
 command -v ufw >/dev/null || {{ echo "firewall: ufw is not installed" >&2; exit 1; }}
 mkdir -p "$state_dir"
@@ -380,7 +423,7 @@ QWEN_UFW_EOF
 # New rules first. On an active ufw an added rule is appended to the live chain (`-A`), so
 # nothing that was open closes while we add (ufw 0.36 backend_iptables.py, set_rule).
 while IFS= read -r rule; do
-  case "$rule" in *"'{TAG}:ssh'") continue ;; esac  # added above, before the deny
+  case "$rule" in *"'{TAG}:ssh'") continue ;; esac  # added above, before the deny{prepend}
   eval "$rule" >/dev/null
 done <<<"$wanted"
 # Then drop our rules that the config no longer asks for (e.g. a node that left). A delete
@@ -401,16 +444,21 @@ ufw status verbose
 
 def _nftables_ruleset(rules: list[Rule]) -> str:
     members = [rule.source.removesuffix("/32") for rule in rules if rule.name == "cluster-all"]
-    lines = []
+    lines, fence = [], []
     for rule in rules:
         if rule.name == "cluster-all":
             continue
         match = "ip6 saddr" if rule.family == "ipv6" else "ip saddr"
         port = "" if rule.ports == "all" else f" tcp dport {rule.ports}"
-        lines.append(f'    {match} {rule.source}{port} accept comment "{rule.name}"')
+        verdict = "drop" if rule.denies else "accept"
+        line = f'    {match} {rule.source}{port} {verdict} comment "{rule.name}"'
+        (fence if rule.denies else lines).append(line)
+    # NIXL's rows from the own pool dropped before the member accept: a chain's rules are evaluated
+    # in order and a verdict ends it (nft(8), CHAINS / VERDICT STATEMENT).
     if members:
         # All traffic, from the exact member addresses only: NCCL ports cannot be pinned.
-        lines.insert(1, '    ip saddr @cluster_nodes accept comment "cluster-all"')
+        fence.append('    ip saddr @cluster_nodes accept comment "cluster-all"')
+    lines[1:1] = fence
     body = "\n".join(lines)
     node_set = (
         f"""  set cluster_nodes {{
@@ -473,18 +521,30 @@ nft list table inet {NFT_TABLE}
 """
 
 
+# A deny is a rich rule with a negative priority: firewalld puts those in the zone's `_pre` chain,
+# evaluated before the rules of priority 0 (the allows, in `_allow`), and sorts by priority within it
+# (firewalld.richlanguage(5) and firewalld.zone(5), "priority"; Red Hat's "Prioritizing rich rules",
+# https://docs.redhat.com/en/documentation/red_hat_enterprise_linux/9/html/configuring_firewalls_and_packet_filters/prioritizing-rich-rules).
+# At priority 0 a drop would also precede the accepts (the `_deny` chain), but by firewalld's sorting
+# by action, not by anything the rule says.
+RICH_DENY_PRIORITY = -1
+
+
 def _rich_rule(rule: Rule) -> str:
     port = "" if rule.ports == "all" else f' port port="{rule.ports}" protocol="tcp"'
-    return f'rule family="{rule.family}" source address="{rule.source}"{port} accept'
+    priority = f' priority="{RICH_DENY_PRIORITY}"' if rule.denies else ""
+    verdict = "drop" if rule.denies else "accept"
+    return f'rule family="{rule.family}"{priority} source address="{rule.source}"{port} {verdict}'
 
 
 def _firewalld_zone(rules: list[Rule]) -> str:
     lines = []
     for rule in rules:
         port = "" if rule.ports == "all" else f'<port port="{rule.ports}" protocol="tcp"/>'
-        lines.append(
-            f'  <rule family="{rule.family}"><source address="{rule.source}"/>{port}<accept/></rule>'
-        )
+        priority = f' priority="{RICH_DENY_PRIORITY}"' if rule.denies else ""
+        verdict = "<drop/>" if rule.denies else "<accept/>"
+        source = f'<source address="{rule.source}"/>'
+        lines.append(f'  <rule family="{rule.family}"{priority}>{source}{port}{verdict}</rule>')
     body = "\n".join(lines)
     return f"""<?xml version="1.0" encoding="utf-8"?>
 <!-- Managed by qwen-cluster. target default: everything not accepted below is rejected. -->

@@ -84,6 +84,14 @@ def rules(exposures: Iterable[Exposure]) -> list[RuleSpec]:
     scope cluster) and LIBFABRIC's traffic over EFA are node to node, inside that self rule (EFA's
     own requirement, the page above: "allows all inbound and outbound traffic to and from the
     security group itself"), so the other pool reaches them and nothing outside the group does.
+    Nor can a rule keep the node's own pool off them, as the bare-metal host firewall does
+    (render/firewall.py, ports.POOL_FENCED_ROWS): a security group has allow rules only ("You can
+    specify allow rules, but not deny rules",
+    https://docs.aws.amazon.com/vpc/latest/userguide/security-group-rules.html), and that self rule
+    admits every member to every port. Both pools share the node group, as EFA's self rule needs
+    (one group per pool would leave EFA between the pools to rules between two groups, which the
+    EFA page does not describe), so on AWS the same pool reaches NIXL's ports too
+    (ClusterConfig.fenced_pool is None there; docs/disaggregation.md).
     """
     specs: list[RuleSpec] = []
     for exposure in exposures:

@@ -79,16 +79,21 @@ def cluster_pairs(cluster, source: str | None = None) -> list[Pair]:
     ]
 
 
-def _checks_of(cluster, dest: str) -> list[tuple[str, int, str]]:
-    """(name, port, expect) of what every other node probes on `dest`: SSH, both ends of every
+def _checks_of(cluster, dest: str, fenced: str | None = "reachable") -> list[tuple[str, int, str]]:
+    """(name, port, expect) of what another node probes on `dest`: SSH, both ends of every
     table range (the all-traffic rule admits members), the model port on a replica head and
-    the listener on the LB node as services. The same from every source."""
+    the listener on the LB node as services. The same from every source, but for NIXL's rows
+    (ports.POOL_FENCED_ROWS), which expect `fenced` (`_fenced_expect`; None: not probed)."""
     model_port = cluster.model_port
     head = cluster.topology.is_head(dest)
     checks = [("ssh", SSH_PORT, "service")]
     for entry in cluster.ports:
+        fenced_row = entry.name in port_table.POOL_FENCED_ROWS
+        if fenced_row and fenced is None:
+            continue
         for port in sorted({entry.port.low, entry.port.high}):
-            checks.append((entry.name, port, "service" if port == model_port and head else "reachable"))
+            expect = "service" if port == model_port and head else "reachable"
+            checks.append((entry.name, port, fenced if fenced_row else expect))
     checks += [("dynamic", port, "reachable") for port in DYNAMIC_PORTS]
     lb_node = cluster.load_balancer_node
     if lb_node is not None and lb_node.name == dest:
@@ -96,14 +101,39 @@ def _checks_of(cluster, dest: str) -> list[tuple[str, int, str]]:
     return checks
 
 
+def _fenced_expect(cluster, source: str, dest: str) -> str | None:
+    """What `source` expects of NIXL's rows on `dest` (ports.POOL_FENCED_ROWS): `reachable` where
+    it reaches them (another pool, or no fence: ports.fenced); else `closed` from the member of
+    dest's pool just before it in serving.<pool>.nodes (a ring: each host's drop is probed by one
+    member of its pool), and None (not probed) from the rest of the pool. A closed port costs the
+    whole connect timeout and a node probes one port after another: all of its pool would cost
+    3 ports x 2 s per member, over 12 minutes per node at 256 nodes."""
+    if not port_table.fenced(cluster.fenced_pool(source), cluster.fenced_pool(dest)):
+        return "reachable"
+    if not (_ring_cache and _ring_cache[0][0] is cluster):
+        pools = (getattr(cluster.serving, pool).nodes for pool in ("prefill", "decode"))
+        _ring_cache[:] = [(cluster, {node: nodes[i - 1] for nodes in pools for i, node in enumerate(nodes)})]
+    return "closed" if _ring_cache[0][1][dest] == source else None
+
+
+_ring_cache: list = []  # [(cluster, {node: the node before it in its pool})]: the last cluster only
+
+
 def cluster_probes(cluster, source: str | None = None) -> list[Probe]:
     """From each node (`source`: that node) to each other node (`_checks_of`). What must be
-    closed to non-members is probed by the lab, from its outsiders."""
-    checks = {node.name: _checks_of(cluster, node.name) for node in cluster.nodes}
+    closed to non-members is probed by the lab, from its outsiders; NIXL's rows, closed within a
+    pool on bare metal, by one member of the pool (`_fenced_expect`)."""
+    checks: dict[tuple[str, str | None], list] = {}
+
+    def checks_of(dest: str, fenced: str | None) -> list:
+        if (dest, fenced) not in checks:
+            checks[dest, fenced] = _checks_of(cluster, dest, fenced)
+        return checks[dest, fenced]
+
     return [
         Probe(pair.source, pair.source_ip, pair.dest, pair.dest_ip, name, port, expect)
         for pair in cluster_pairs(cluster, source)
-        for name, port, expect in checks[pair.dest]
+        for name, port, expect in checks_of(pair.dest, _fenced_expect(cluster, pair.source, pair.dest))
     ] + [
         Probe(node.name, str(node.ip), *check)
         for node in cluster.nodes
@@ -177,11 +207,13 @@ def _script(
     kv_floor_gbps: float | None = None,
 ) -> str:
     """`kv_pool`: serving.mode disaggregated, this node's pool (pair rows then name the peer's):
-    NIXL's ports report as `kv-port`, a side-channel host as `kv-host`, and with
-    `min_bandwidth_gbps` a link to the other pool below `kv_floor_gbps` (kvlink) as `kv-link`."""
+    NIXL's ports report as `kv-port` (as `kv-fence` where they must be closed, within a pool), a
+    side-channel host as `kv-host`, and with `min_bandwidth_gbps` a link to the other pool below
+    `kv_floor_gbps` (kvlink) as `kv-link`."""
     bandwidth = "" if min_bandwidth_gbps is None else f"{min_bandwidth_gbps:g}"
     kv_checks = (
-        '\n      case "$name" in kv-side-channel-host) check=kv-host ;; kv-*) check=kv-port ;; esac'
+        '\n      case "$name:$expect" in kv-side-channel-host:*) check=kv-host ;;'
+        " kv-*:closed) check=kv-fence ;; kv-*) check=kv-port ;; esac"
         if kv_pool
         else ""
     )
@@ -370,18 +402,30 @@ def _own_rows(cluster, source: str) -> tuple[str, str]:
     every node (N x N rows)."""
     if not (_rows_cache and _rows_cache[0][0] is cluster):
         rows = {}
+        # NIXL's rows expect one of these, by source (_fenced_expect); only fenced pools need more
+        # than the first.
+        any_fenced = any(cluster.fenced_pool(n.name) for n in cluster.nodes)
+        expects = ("reachable", "closed", None) if any_fenced else ("reachable",)
         for dest in cluster.nodes:
             address = str(dest.ip)
-            probe_rows = "\n".join(
-                f"{dest.name}|{address}|{name}|{port}|{expect}"
-                for name, port, expect in _checks_of(cluster, dest.name)
-            )
+            probe_rows = {
+                fenced: "\n".join(
+                    f"{dest.name}|{address}|{name}|{port}|{expect}"
+                    for name, port, expect in _checks_of(cluster, dest.name, fenced)
+                )
+                for fenced in expects
+            }
             pool = f"|{cluster.serving.pool_of(dest.name)}" if cluster.disaggregated else ""
             rows[dest.name] = (probe_rows, f"{dest.name}|{address}{pool}")
         _rows_cache[:] = [(cluster, rows)]
     rows = _rows_cache[0][1]
     node = next(n for n in cluster.nodes if n.name == source)
-    others = [rows[n.name] for n in cluster.nodes if n.name != source]
+    others = [
+        (probes[_fenced_expect(cluster, source, n.name) if len(probes) > 1 else "reachable"], pair)
+        for n in cluster.nodes
+        if n.name != source
+        for probes, pair in [rows[n.name]]
+    ]
     if not others:
         return "", ""
     header = f"@{source}|{node.ip}"
