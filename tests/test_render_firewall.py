@@ -547,12 +547,20 @@ for port in map(int, ports):
 @needs_netns
 @pytest.mark.parametrize("flavour", ["ufw", "nftables"])
 def test_a_same_pool_members_syn_to_nixls_ports_is_dropped_while_the_other_pools_passes(flavour, tmp_path):
-    """The rendered script of worker-1 (prefill, with master) in a real kernel: master's SYN to the
-    side channel (5600) and UCX's range (5680) is dropped, worker-2's (decode) connects, and a port
-    outside NIXL's rows (inter-node 6000) admits both. Rerun, nothing changes; master moved to the
-    decode pool, its drops go and it connects."""
+    """The rendered scripts of worker-1 in a real kernel, day 2. With master in the other (decode)
+    pool, master reaches everything. Master moved into worker-1's (prefill) pool, whose member rule
+    is live already: master's SYN to the side channel (5600) and UCX's range (5680) is dropped,
+    worker-2's (decode) connects, and a port outside NIXL's rows (inter-node 6000) admits both; a
+    rerun changes nothing. Master moved back: its drops go as stale, and it connects again."""
     tools.require("ufw" if flavour == "ufw" else "nft")
     ports = (5600, 5680, 6000)
+    apart = firewall.host_rules(_pd_trio(["worker-1"], ["master", "worker-2"]), "worker-1")
+    together = firewall.host_rules(_pd_trio(["master", "worker-1"], ["worker-2"]), "worker-1")
+    assert not any(rule.denies for rule in apart)
+    assert {(r.source, r.ports) for r in together if r.denies} == {
+        ("10.231.0.3/32", "5600"),
+        ("10.231.0.3/32", "5601-5680"),
+    }
     with _firewalled_pair(*ports) as (a, b):
         links = ["ip", "-n", a, "-o", "link", "show", "type", "veth"]
         link = subprocess.run(links, capture_output=True, text=True).stdout  # "2: va1b2c3@if2: <...> ..."
@@ -566,21 +574,19 @@ def test_a_same_pool_members_syn_to_nixls_ports_is_dropped_while_the_other_pools
 
         everything_open = dict.fromkeys(ports, "open")
         wait_until(lambda: reach("10.231.0.3") == everything_open, what="the listeners", timeout=10)
-        rules = firewall.host_rules(_pd_trio(["master", "worker-1"], ["worker-2"]), "worker-1")
-        drops = {(r.source, r.ports) for r in rules if r.denies}
-        assert drops == {("10.231.0.3/32", "5600"), ("10.231.0.3/32", "5601-5680")}
-        _apply_in(b, rules, flavour, tmp_path)
-        rerun = _apply_in(b, rules, flavour, tmp_path)
-        assert "removing stale rule" not in rerun
+        _apply_in(b, apart, flavour, tmp_path)
+        assert reach("10.231.0.3") == everything_open  # master's member rule is live
+
+        _apply_in(b, together, flavour, tmp_path)
         assert reach("10.231.0.3") == {5600: "dropped", 5680: "dropped", 6000: "open"}  # the same pool
         assert reach("10.231.0.1") == everything_open  # the other pool
+        assert "removing stale rule" not in _apply_in(b, together, flavour, tmp_path)
         if flavour == "ufw":
             show = ["ip", "netns", "exec", b, "ufw", "show", "added"]
             added = subprocess.run(show, capture_output=True, text=True).stdout
             assert added.count("ufw deny from 10.231.0.3") == 2, added  # none added twice
 
-        moved_rules = firewall.host_rules(_pd_trio(["worker-1"], ["master", "worker-2"]), "worker-1")
-        moved = _apply_in(b, moved_rules, flavour, tmp_path)
+        moved = _apply_in(b, apart, flavour, tmp_path)
         if flavour == "ufw":
             assert moved.count("removing stale rule: ufw deny from 10.231.0.3") == 2, moved
         assert reach("10.231.0.3") == everything_open
