@@ -1,8 +1,9 @@
 """The lab: rehearse a stack's cluster network in Linux network namespaces (root).
 
-scripts/lab.py up STACK [--nodes N] [--real-model]
+scripts/lab.py up STACK [--nodes N] [--real-model] [--change KEY=VALUE ...]
                                           apply the program to the lab (day 0, or what changed);
-                                          --real-model: the real vLLM serves (labkit/models/realvllm.py)
+                                          --real-model: the real vLLM serves (labkit/models/realvllm.py);
+                                          --change: the stack with changes, as plan.py takes them
 scripts/lab.py check STACK [--json]       verify + probes; exit 1 on any failure (on the lab as
                                           it is: a lab knows its own node count)
 scripts/lab.py upgrade STACK --change KEY=VALUE [...] [--json] [--probe-matrix] [--nodes N]
@@ -27,6 +28,7 @@ from labkit.engine import executor
 from labkit.hosts import netns
 from labkit.models import realvllm
 from qwen_cluster.config import ConfigError
+from tooling.changes import edit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="upgrade: a stack config change, as scripts/plan.py --change (repeatable)",
+        help="up, run: bring up the stack with this change; upgrade: apply it under load "
+        "(as scripts/plan.py --change; repeatable)",
     )
     parser.add_argument(
         "--probe-matrix",
@@ -96,12 +99,17 @@ def main(argv: list[str] | None = None) -> int:
         return _upgrade(args, console, options)
     try:
         lab_plan = lab_plan_for(
-            args.stack, label=args.label, nodes=args.nodes, root=args.root, as_applied=args.command == "check"
+            args.stack,
+            label=args.label,
+            nodes=args.nodes,
+            root=args.root,
+            as_applied=args.command == "check",
+            changes=args.change if args.command in ("up", "run") else (),
         )
     except lifecycle.SizeError as error:
         console.print(f"[bold red]{error}[/]")
         return 2
-    except (ConfigError, blueprint.PlanError, FileNotFoundError) as error:
+    except (ConfigError, blueprint.PlanError, FileNotFoundError, edit.ChangeSyntaxError) as error:
         console.print(f"[bold red]lab {args.stack}: nothing built[/]\n{error}")
         return 2
     missing = netns.missing_requirements()
@@ -139,13 +147,14 @@ def lab_plan_for(
     nodes: int | None = None,
     root: Path | None = None,
     as_applied: bool = False,
+    changes: list[str] | tuple[str, ...] = (),
 ) -> blueprint.LabPlan:
     """The plan of the lab `label` (default: the stack's name): the stack file at the node count
     the lab was brought up with (lifecycle.nodes_for; `nodes` for a lab not up yet), or with
     `as_applied` the config the lab last applied (what `check` probes: the lab as it runs, as
     `doctor --lab` reads it). SizeError when `nodes` differs from a lab that is up."""
     count = lifecycle.nodes_for(label or stack, nodes)
-    lab_plan = blueprint.load(stack, nodes=count, label=label, root=root)
+    lab_plan = blueprint.load(stack, nodes=count, label=label, root=root, changes=changes)
     state = executor.load_state(lifecycle.state_file(lab_plan)) if as_applied else None
     return lifecycle.plan_from_config(state.config, lab_plan.label) if state is not None else lab_plan
 

@@ -342,9 +342,19 @@ def expectations(plan: LabPlan) -> list[ProbeExpectation]:
     return result
 
 
-def load(stack: str, *, nodes: int | None = None, label: str | None = None, root=None) -> LabPlan:
-    """The plan for a stack file; ConfigError if the stack does not validate."""
+def load(
+    stack: str,
+    *,
+    nodes: int | None = None,
+    label: str | None = None,
+    root=None,
+    changes: tuple[str, ...] | list[str] = (),
+) -> LabPlan:
+    """The plan for a stack file; ConfigError if the stack does not validate. `changes`:
+    `KEY=VALUE` as scripts/plan.py --change takes them, applied after the node count (so that
+    they may name the nodes kept, e.g. a serving pool's)."""
     from tooling import stackfile
+    from tooling.changes import edit
 
     raw = stackfile.read(stack) if root is None else stackfile.read(stack, root)
     cluster = stackfile.load(stack) if root is None else stackfile.load(stack, root)
@@ -355,6 +365,9 @@ def load(stack: str, *, nodes: int | None = None, label: str | None = None, root
         raw = stackfile.with_nodes(
             raw, cluster.model_dump(by_alias=True, mode="json", exclude_none=True)["nodes"]
         )
+    if changes:
+        raw = edit.apply_changes(raw, changes)
+        cluster = config.validate(stackfile.cluster_keys(raw), aws_region=raw.get("aws:region"))
     return build(cluster, label or stack, stack_config=raw)
 
 

@@ -257,9 +257,9 @@ warn() {{
 
 # open | refused | filtered; $3: the seconds to wait (default connect_timeout)
 probe() {{
-  local err
+  local err wait=${{3:-$connect_timeout}}
   # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
-  if err=$(timeout "${{3:-$connect_timeout}}" bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$1" "$2" 2>&1 </dev/null); then
+  if err=$(timeout "$wait" bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$1" "$2" 2>&1 </dev/null); then
     echo open
   elif [[ $err == *refused* ]]; then
     echo refused
