@@ -214,7 +214,7 @@ def test_firewalld_drops_the_own_pool_with_a_negative_priority():
         '<port port="5600" protocol="tcp"/><drop/></rule>'
     ) in text
     assert (
-        'rule family="ipv4" priority="-1" source address="192.168.1.103/32" port port="5601-5680" '
+        'rule priority="-1" family="ipv4" source address="192.168.1.103/32" port port="5601-5680" '
         'protocol="tcp" drop'
     ) in text
     assert 'rule family="ipv4" source address="192.168.1.103/32" accept' in text  # the member rule stays

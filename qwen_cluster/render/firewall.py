@@ -522,19 +522,21 @@ nft list table inet {NFT_TABLE}
 
 
 # A deny is a rich rule with a negative priority: firewalld puts those in the zone's `_pre` chain,
-# evaluated before the rules of priority 0 (the allows, in `_allow`), and sorts by priority within it
-# (firewalld.richlanguage(5) and firewalld.zone(5), "priority"; Red Hat's "Prioritizing rich rules",
+# which it jumps to before the rules of priority 0 (the accepts, in `_allow`): the chains in order
+# pre, log, deny, allow, post (firewalld src/firewall/core/nftables.py, _rich_rule_chain_suffix and
+# the zone's chain list; firewalld.richlanguage(5), "priority"; Red Hat's "Prioritizing rich rules",
 # https://docs.redhat.com/en/documentation/red_hat_enterprise_linux/9/html/configuring_firewalls_and_packet_filters/prioritizing-rich-rules).
-# At priority 0 a drop would also precede the accepts (the `_deny` chain), but by firewalld's sorting
-# by action, not by anything the rule says.
+# At priority 0 a drop would also precede the accepts (in `_deny`), but by firewalld's sorting by
+# action, not by anything the rule says. The text is firewalld's own (core/rich.py Rich_Rule.__str__:
+# priority before family); both it and the zone file parse with firewalld's reader.
 RICH_DENY_PRIORITY = -1
 
 
 def _rich_rule(rule: Rule) -> str:
     port = "" if rule.ports == "all" else f' port port="{rule.ports}" protocol="tcp"'
-    priority = f' priority="{RICH_DENY_PRIORITY}"' if rule.denies else ""
+    priority = f'priority="{RICH_DENY_PRIORITY}" ' if rule.denies else ""
     verdict = "drop" if rule.denies else "accept"
-    return f'rule family="{rule.family}"{priority} source address="{rule.source}"{port} {verdict}'
+    return f'rule {priority}family="{rule.family}" source address="{rule.source}"{port} {verdict}'
 
 
 def _firewalld_zone(rules: list[Rule]) -> str:
