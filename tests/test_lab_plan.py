@@ -156,3 +156,29 @@ def test_only_a_proxying_location_proves_a_model_server_answered():
     answered_itself = site.replace("proxy_pass http://replicas/health;", "return 200;")
     assert not check.proxied_only(answered_itself, "= /health")
     assert not check.proxied_only(site, "= /no-such-location")
+
+
+PD = (
+    "serving.mode=disaggregated",
+    'serving.prefill={"nodes":["master"]}',
+    'serving.decode={"nodes":["worker-1"]}',
+    "bareMetal.gpuModel=H100",
+)
+
+
+def test_a_lab_of_a_stack_variant_takes_the_changes_after_the_node_count():
+    """`lab.py up onprem --nodes 2 --change ...`: the pools may name only the two nodes kept."""
+    plan = blueprint.load("onprem", nodes=2, label="pd", changes=PD)
+    assert plan.cluster.disaggregated and [member.node for member in plan.nodes] == ["master", "worker-1"]
+    assert plan.stack_config["qwen-cluster:serving"]["mode"] == "disaggregated"
+    assert not blueprint.load("onprem", nodes=2, label="pd").cluster.disaggregated
+
+
+def test_a_change_naming_a_node_the_lab_does_not_keep_is_refused_before_anything_is_built(capsys):
+    from labkit import cli as lab_cli
+
+    changes = [*PD[:2], 'serving.decode={"nodes":["worker-3"]}', PD[3]]
+    argv = ["up", "onprem", "--nodes", "2", "--label", "pdx"] + [f"--change={c}" for c in changes]
+    assert lab_cli.main(argv) == 2
+    out = capsys.readouterr().out
+    assert "nothing built" in out and "worker-3" in out
