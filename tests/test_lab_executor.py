@@ -317,3 +317,23 @@ def test_a_command_over_the_kernels_argument_limit_fails_as_sshd_would(onprem, t
         f"the command is {len(text.encode())} bytes, over Linux's limit of 131072 for one argument "
         "or environment string: a host's sshd could not run it either"
     )
+
+
+def test_a_disaggregated_model_container_serves_its_nixl_ports_so_the_holder_leaves_them():
+    """The lab's holder listens on every probed port no container serves: on NIXL's side channel it
+    took the real server's bind (`Address already in use`, the decode side's handshakes lost)."""
+    from tooling.changes import edit
+
+    raw = edit.apply_changes(
+        stackfile.read("onprem"),
+        [
+            "serving.mode=disaggregated",
+            'serving.prefill={"nodes":["master","worker-1"]}',
+            'serving.decode={"nodes":["worker-2","worker-3"]}',
+            "bareMetal.gpuModel=H100",
+        ],
+    )
+    rendered, _ = executor.render(raw, "onprem", 1 / 30)
+    for node in ("master", "worker-2"):
+        container = standins.Container.from_inputs(node, rendered.named(f"{node}-model-vllm").inputs)
+        assert standins.serves(container) == [5000, 5600, 5601, 5680]

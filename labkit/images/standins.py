@@ -416,6 +416,20 @@ def _vllm_ports(container: Container) -> list[int]:
     ports = [int(port) for port in _PORT_FLAG.findall(text)]
     if "--headless" not in text:
         ports += [int(port) for port in _MASTER_PORT_FLAG.findall(text)]
+    return ports + _nixl_ports(container, text)
+
+
+def _nixl_ports(container: Container, text: str) -> list[int]:
+    """A disaggregated server's NIXL ports (qwen_cluster/render/kvtransfer.py environment): its
+    side channel, and the ends of the UCX range it takes five ports from at random. The server's
+    own: the lab's holder must not take them first (the real server's side-channel listener then
+    dies at bind, `Address already in use`, and the decode side's handshakes go nowhere)."""
+    if "--kv-transfer-config" not in text:
+        return []
+    ports = [int(container.env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))]
+    low, _, high = container.env.get("UCX_TCP_PORT_RANGE", "").partition("-")
+    if low.isdigit():
+        ports += [int(low), int(high or low)]
     return ports
 
 
