@@ -24,9 +24,11 @@ demo: venv system
 	$(PY) scripts/demo.py
 
 # --durations: the slowest tests in every run's log (CI's included), where the 15-minute budget goes.
+# Three workers on two cores: the labs wait on processes, SSH and health gates between their bursts
+# of CPU, and a third worker fills those gaps (tests/conftest.py has the figures).
 test: venv system
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20
+	$(PY) -m pytest -q -n 3 --dist loadgroup --durations=20
 
 # make plan STACK=prod DIAGRAM=out/prod.svg  (no STACK: every stack)
 plan: venv system

@@ -31,7 +31,11 @@ def bare_metal_raw() -> dict:
     return copy.deepcopy(BASE_BARE_METAL)
 
 
-# How `make test` shares this machine's two cores (pytest-xdist, `-n 2 --dist loadgroup`):
+# How `make test` shares this machine's two cores (pytest-xdist, `-n 3 --dist loadgroup`):
+# - Three workers on two cores: the labs wait between bursts of CPU (health gates, drains, SSH), and
+#   a third worker fills the waits. Clean-clone runs: -n 2, 1172 s with the real-vLLM image bump
+#   (200 s of one worker, since moved to `make bench`); -n 3 without it, 902 s, the CPU (sampled
+#   every 20 s) idle 0-4 % most of the run and 12-57 % in a few stretches, most near the end.
 # - A module is never split between workers: a lab module's module-scoped fixture is a lab up
 #   (30 s to minutes); split, each worker brought up its own.
 # - SERIAL_GROUPS: modules that run together on one worker, one after another. Every module that
@@ -39,7 +43,7 @@ def bare_metal_raw() -> dict:
 #   is one group: in a clean-clone run the lab's image bump overlapped the loopback modules' real
 #   servers loading, and a serving replica's /health went unanswered past the program's 5 s
 #   probe (counted down: two replicas down in a bump that takes one out at a time).
-# - Labs on the two workers may run at once: each has its own label, namespaces, engines and
+# - Labs on different workers may run at once: each has its own label, namespaces, engines and
 #   registry, and what they share (users, sudoers, /etc/netns) is joined and left under
 #   lifecycle.shared_lock().
 # - LONG_MODULES go first, longest first, so that the short ones fill in at the end.
@@ -56,22 +60,24 @@ SERIAL_GROUPS = {
         "test_real_pd",
     ),
 }
-# Seconds per module in a clean-clone run (`PYTEST_ADDOPTS=--durations=0 .ci/run`, summed per
-# module, one lab up each); a module that becomes long belongs here.
+# Seconds per module in a clean-clone run with -n 3 (`PYTEST_ADDOPTS=--junitxml=j.xml .ci/run`, each
+# test case's time summed per module, one lab up each); a module that becomes long belongs here.
 LONG_MODULES = (
-    "test_lab_real_vllm",  # 346 s
-    "test_lab_upgrade",  # 238 s
-    "test_lab_namespaces",  # 218 s
-    "test_real_pd",  # 96-189 s alone, load average 17-50 (two real servers with NIXL, the router)
-    "test_lab_aws",  # 135 s
-    "test_lab_doctor",  # 92 s
-    "test_real_vllm",  # 80 s; its group (with test_real_vllm_multinode) 133 s
-    "test_lab_ssh",  # 66 s
-    "test_lab_monitoring",  # 47 s
-    "test_lab_lockout",  # 39 s
-    "test_lab_openai",  # 38 s
-    "test_real_router",  # 27-38 s alone (two real servers on loopback)
-    "test_lab_endpoint",  # 28 s
+    "test_lab_real_vllm",  # 311 s; its group 637 s: the longest chain, so it starts first
+    "test_lab_upgrade",  # 468 s
+    "test_lab_namespaces",  # 327 s
+    "test_lab_aws",  # 294 s
+    "test_lab_doctor",  # 128 s
+    "test_real_pd",  # 100 s (two real servers with NIXL, the router)
+    "test_real_vllm",  # 76 s; with test_real_vllm_multinode 162 s
+    "test_lab_ssh",  # 84 s
+    "test_lab_monitoring",  # 67 s
+    "test_real_router",  # 65 s (two real servers on loopback)
+    "test_render_rollout",  # 52 s
+    "test_policy_grpc",  # 48 s
+    "test_lab_endpoint",  # 39 s
+    "test_lab_openai",  # 32 s
+    "test_lab_lockout",  # 31 s
 )
 
 
