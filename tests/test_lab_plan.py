@@ -182,3 +182,29 @@ def test_a_change_naming_a_node_the_lab_does_not_keep_is_refused_before_anything
     assert lab_cli.main(argv) == 2
     out = capsys.readouterr().out
     assert "nothing built" in out and "worker-3" in out
+
+
+def test_a_refused_port_that_must_be_open_passes_only_where_a_container_serves_it(monkeypatch):
+    """NIXL's UCX binds five ports of its range at random and vLLM's router binds loopback on bare
+    metal: refused there shows the firewall let the SYN in. Refused anywhere else (the holder's
+    ports) is still a failure, and a port that must be closed is never helped by it."""
+    from labkit.cluster import probes
+    from labkit.hosts import netns
+
+    plan = blueprint.load("onprem", nodes=2, label="pdp", changes=PD)
+    monkeypatch.setattr(check, "container_ports", lambda _plan: {"worker-1": {5601, 5680, 5000}})
+    monkeypatch.setattr(netns, "call_in", lambda _namespace, function, *args: function(*args))
+    monkeypatch.setattr(
+        probes, "tcp_connect", lambda _ip, _port, _timeout: probes.Connect(False, "refused", 0.0)
+    )
+    results = {(r.source, r.target, r.what): r for r in check.reachability(plan)}
+    kv_data = results[("master", "worker-1", "kv-data 5601/tcp")]
+    assert kv_data.ok and kv_data.observed.startswith("admitted"), kv_data
+    assert not results[("master", "worker-1", "inter-node 6000/tcp")].ok  # the holder's: refused is a fault
+    assert not results[("worker-1", "master", "kv-data 5601/tcp")].ok  # master's container not listed
+    outsider = next(
+        r
+        for (source, target, what), r in results.items()
+        if source == "outsider" and what == "kv-data 5601/tcp" and target == "worker-1"
+    )
+    assert outsider.ok and outsider.observed == "closed (refused)"
