@@ -516,6 +516,92 @@ def pd(args: argparse.Namespace, console) -> dict[str, Any]:
     return figures
 
 
+# The committed stack made disaggregated on two lab nodes: the prefill pool the master, the decode
+# pool the worker (docs/disaggregation.md, "The whole stack in the lab").
+PD_STACK_CHANGES = (
+    "serving.mode=disaggregated",
+    'serving.prefill={"nodes":["master"]}',
+    'serving.decode={"nodes":["worker-1"]}',
+    "bareMetal.gpuModel=H100",
+)
+
+
+def pd_stack(stack: str, requests: int, log) -> dict[str, Any]:
+    """`lab.py up STACK --nodes 2 --real-model --change <PD_STACK_CHANGES>`, then `requests` chat
+    completions of fresh ~900-token prompts from the client vantage through the endpoint (nginx,
+    TLS, the key, the router in P/D mode): each one's status and seconds, and what the decode
+    node's vLLM counted of NIXL (bytes and transfers, failures, external prefix-cache hits)."""
+    import random
+
+    from labkit.cluster import pdlab
+    from labkit.models import realvllm
+    from qwen_cluster.ports import Vantage
+
+    label = "pdstack"
+    lifecycle.down(label)
+    options = lifecycle.Options(clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True)
+    plan = blueprint.load(stack, nodes=2, label=label, changes=PD_STACK_CHANGES)
+    try:
+        started = time.monotonic()
+        report = lifecycle.up(plan, options)
+        if not report.ok:
+            raise RuntimeError(f"lab up: {next(s for s in report.steps if not s.ok)}")
+        figures: dict[str, Any] = {"stack": stack, "changes": list(PD_STACK_CHANGES)}
+        figures["upSeconds"] = round(time.monotonic() - started, 1)
+        log(f"pd stack: up in {figures['upSeconds']} s")
+        # `up` ends when every replica answers /health; the router (in P/D mode) starts serving only
+        # once its own health checks passed (measured: 20 s later), and until then nginx's backup,
+        # the decode pool alone, serves each request whole: no KV crosses. Wait for the router.
+        from qwen_cluster.render import router
+
+        address, router_port = router.api_address(plan.cluster)
+        deadline = time.monotonic() + 600
+        while True:
+            reply = netns.call_in(
+                plan.load_balancer.namespace, lambda: probes.get(address, router_port, "/health", timeout=5)
+            )
+            if reply.status == 200:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the router at {address}:{router_port} never answered /health with 200")
+            time.sleep(1)  # polling a process that starts at its own speed; bounded by the deadline
+        figures["routerReadyAfterUpSeconds"] = round(time.monotonic() - started - figures["upSeconds"], 1)
+        log(f"pd stack: the router serves {figures['routerReadyAfterUpSeconds']} s after up")
+        access = lifecycle.client_access(plan)
+        lb, port = plan.load_balancer.ip, plan.cluster.load_balancer.port
+        rng = random.Random(7)
+        answers = []
+        for index in range(requests):
+            text = pdlab.prompt(rng, 1000)
+            sent = time.monotonic()
+            reply = netns.call_in(
+                plan.vantage(Vantage.CLIENT).namespace,
+                lambda text=text: probes.chat(lb, port, text, timeout=300, max_tokens=8, access=access),
+            )
+            answers.append({"status": reply.status, "seconds": round(time.monotonic() - sent, 2)})
+            log(f"pd stack: request {index + 1}: HTTP {reply.status} in {answers[-1]['seconds']} s")
+        figures["requests"] = answers
+        model_port = plan.cluster.model_port
+        for role, node in (("prefill", plan.node("master")), ("decode", plan.node("worker-1"))):
+            page = netns.call_in(
+                node.namespace, lambda node=node: probes.get(node.ip, model_port, "/metrics", timeout=60)
+            )
+            counted = pdlab.samples(page.body.decode())
+            figures[role] = {
+                name: counted.get(f"vllm:{name}", 0.0)
+                for name in (
+                    "prompt_tokens_total",
+                    "nixl_bytes_transferred_sum",
+                    "nixl_bytes_transferred_count",
+                    "nixl_num_failed_transfers_total",
+                    "external_prefix_cache_hits_total",
+                )
+            }
+        return figures
+    finally:
+        lifecycle.down(label)
+
+
 # What each figure of the P/D table does and does not show (docs/lab.md says the same).
 PD_NOTES = (
     "KV bytes: the decode server's vllm:nixl_bytes_transferred per request; shows the KV crossed "
@@ -595,10 +681,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("routing", "aws", "pd"),
+        choices=("routing", "aws", "pd", "pd-stack"),
         help="one section alone: routing (least-conn against vLLM's router on two real vLLM "
         "replicas), aws (the --aws-stack node side: up, image bump, node added, never healthy), "
-        "or pd (prefill/decode over NIXL: identity with aggregated, shaped links, failures)",
+        "pd (prefill/decode over NIXL: identity with aggregated, shaped links, failures), or "
+        "pd-stack (--lab-stack made disaggregated on two nodes with the real vLLM, served through "
+        "the endpoint: each request and the decode node's NIXL counters)",
     )
     parser.add_argument("--no-pd", action="store_true", help="leave the prefill/decode rehearsal out")
     parser.add_argument("--pd-requests", type=int, default=8, help="P/D requests per shaped rate")
@@ -646,6 +734,12 @@ def main(argv: list[str] | None = None) -> int:
         figures = {"machine": render_bench.machine(), "routing": routing(args, console)}
         if args.json:
             print(json.dumps(figures, indent=2))
+        return 0
+    if args.only == "pd-stack":
+        log = lambda line: console.print(line, highlight=False)  # noqa: E731
+        figures = {"machine": render_bench.machine()}
+        figures["pdStack"] = pd_stack(args.lab_stack, args.pd_requests, log)
+        print(json.dumps(figures if args.json else figures["pdStack"], indent=2))
         return 0
     if args.only == "pd":
         figures = {"machine": render_bench.machine(), "pd": pd(args, console)}
