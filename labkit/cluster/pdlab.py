@@ -39,7 +39,7 @@ from typing import Any
 from labkit.cluster import routingbench
 from labkit.cluster.blueprint import BRIDGE, MEMBER_IF, PREFIX
 from labkit.hosts import local, netns
-from labkit.models import realvllm, router
+from labkit.models import realvllm, router, servermetrics
 from qwen_cluster import catalog, kvlink
 from qwen_cluster import ports as port_table
 from qwen_cluster.render import vllm as vllm_render
@@ -395,14 +395,7 @@ def _get(url: str, timeout: float = 60) -> str:
 
 def samples(metrics_text: str) -> dict[str, float]:
     """Every sample of a /metrics page summed over its labels (one engine, one model here)."""
-    found: dict[str, float] = {}
-    for name, labels, value in re.findall(
-        r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", metrics_text, re.M
-    ):
-        if "le=" in (labels or ""):
-            continue  # histogram buckets: only their _sum and _count are used
-        found[name] = found.get(name, 0.0) + float(value)
-    return found
+    return servermetrics.summed(metrics_text)
 
 
 def complete(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import http.client
 import json
 import random
-import re
 import ssl
 import statistics
 import string
@@ -29,6 +28,8 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from labkit.models import servermetrics
 
 MODEL = "Qwen/Qwen3-32B"
 # vLLM's CPU build caches full 128-token blocks (vllm/platforms/cpu.py); the tiny Qwen3
@@ -261,16 +262,12 @@ def run_chains(
 # ---------------------------------------------------------------- vLLM's counters
 
 COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:prompt_tokens_total")
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", re.M)
 
 
 def counters(metrics_text: str) -> dict[str, float]:
     """COUNTERS summed over their labels (one model, one engine per replica here)."""
-    found = dict.fromkeys(COUNTERS, 0.0)
-    for name, _labels, value in _SAMPLE.findall(metrics_text):
-        if name in found:
-            found[name] += float(value)
-    return found
+    found = servermetrics.summed(metrics_text)
+    return {name: found.get(name, 0.0) for name in COUNTERS}
 
 
 def figures(

@@ -112,16 +112,28 @@ def exposition(counts: Counter) -> list[str]:
     return lines
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)", re.M)
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+def _parsed(text: str) -> list:
+    """Every sample of a Prometheus text exposition, read by prometheus_client's own parser (the
+    one reading of /metrics in the lab). Imported here, not with the module: the stand-in model
+    server imports this module for its names inside the lab's image, whose packages are
+    standins.APP_PACKAGES (no prometheus_client); only the host reads expositions."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     """The samples of one metric in a Prometheus text exposition: (labels, value)."""
-    found = []
-    for metric, labels, value in _SAMPLE.findall(text):
-        if metric == name:
-            found.append((dict(_LABEL.findall(labels or "")), float(value)))
+    return [(dict(sample.labels), sample.value) for sample in _parsed(text) if sample.name == name]
+
+
+def summed(text: str) -> dict[str, float]:
+    """Every sample name of an exposition with its values summed over their labels (one engine and
+    one model per server in the lab), histogram buckets left out (their _sum and _count stay)."""
+    found: dict[str, float] = {}
+    for sample in _parsed(text):
+        if not sample.name.endswith("_bucket"):
+            found[sample.name] = found.get(sample.name, 0.0) + sample.value
     return found
 
 
