@@ -218,3 +218,24 @@ def test_the_plan_says_when_a_certificate_it_is_handed_is_close_to_its_end():
     expiring = [v for v in report["violations"] if v["policy"] == "certificate-expiring"]
     assert [v["enforcement"] for v in expiring] == ["advisory"]
     assert expiring[0]["message"].startswith("loadBalancer.tls certificate: certificate 1 (CN=lb) expires on")
+
+
+def test_a_change_to_a_secret_is_reported_by_its_key_alone(capsys):
+    """`--change loadBalancer.tls=...` hands the plan a private key: neither its title nor its JSON
+    may print it, whether the change is whole, a section holding a secret, or inside one."""
+    from tests.helpers import certificates
+    from tooling import changes
+
+    leaf = certificates.issue("lb")
+    tls = json.dumps({"certificate": leaf.pem, "privateKey": leaf.key_pem})
+    texts = [f"loadBalancer.tls={tls}", "monitoring.password=hunter2-hunter2", "access.apiKeys=['k']"]
+    assert [changes.shown(text) for text in texts] == [
+        "loadBalancer.tls=<secret>",
+        "monitoring.password=<secret>",
+        "access.apiKeys=<secret>",
+    ]
+    assert changes.shown("loadBalancer={}") == "loadBalancer=<secret>"  # holds loadBalancer.tls
+    assert changes.shown("model.image=vllm/vllm-openai:v0.33.1") == "model.image=vllm/vllm-openai:v0.33.1"
+    preview.main(["onprem", "--change", f"loadBalancer.tls={tls}", "--json"])
+    printed = capsys.readouterr().out
+    assert "PRIVATE KEY" not in printed and "loadBalancer.tls=<secret>" in printed

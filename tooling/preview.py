@@ -212,7 +212,9 @@ def change_plan(
     from tooling import policy_harness
 
     started = time.perf_counter()
-    report: dict[str, Any] = {"stack": stack, "changes_requested": change_texts or [], "against": against}
+    # A change to a secret is reported by its key alone (changes.shown).
+    requested = [changes.shown(text) for text in change_texts or []]
+    report: dict[str, Any] = {"stack": stack, "changes_requested": requested, "against": against}
     try:
         if against:
             old = render_at(against, stack)

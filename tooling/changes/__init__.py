@@ -14,7 +14,7 @@ scripts/plan.py (tooling/preview.py) prints the plan; the lab executor (labkit) 
 """
 
 from tooling.changes.compare import Action, Change, Strategy, diff, fixed_identity
-from tooling.changes.edit import ChangeSyntaxError, apply_changes, parse_change
+from tooling.changes.edit import ChangeSyntaxError, apply_changes, parse_change, shown
 from tooling.changes.impact import (
     DRAIN_SUFFIXES,
     HEALTH_GATE_SUFFIXES,
@@ -48,6 +48,7 @@ __all__ = [
     "is_health_gate",
     "owners",
     "parse_change",
+    "shown",
     "rollout",
     "rule_for",
     "verdict",

@@ -8,11 +8,30 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from qwen_cluster.config import NAMESPACE
+from qwen_cluster.config import NAMESPACE, SECRET_KEYS
+from qwen_cluster.config.secrets import SECRET_PATHS
 
 
 class ChangeSyntaxError(ValueError):
     pass
+
+
+# The dotted keys of the stack's secrets, as a change names them (`loadBalancer.tls.privateKey`).
+SECRET_CHANGE_KEYS: tuple[tuple[str, ...], ...] = (
+    *((section, *path) for section, path in SECRET_PATHS),
+    *((key,) for key in SECRET_KEYS),
+)
+
+
+def shown(text: str) -> str:
+    """`text` as it may be printed or stored in a report: a change whose key is a secret, holds one
+    (`loadBalancer.tls`) or lies inside one has its value replaced by `<secret>`."""
+    key, sep, _ = text.partition("=")
+    parts = tuple(key.strip().split("."))
+    touches = any(
+        secret[: len(parts)] == parts or parts[: len(secret)] == secret for secret in SECRET_CHANGE_KEYS
+    )
+    return f"{key}{sep}<secret>" if sep and touches else text
 
 
 def parse_change(text: str) -> tuple[list[str], Any]:
@@ -22,7 +41,7 @@ def parse_change(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not sep or not key:
         raise ChangeSyntaxError(
-            f"--change {text!r} is not KEY=VALUE (e.g. model.image=vllm/vllm-openai:v0.33.1)"
+            f"--change {shown(text)!r} is not KEY=VALUE (e.g. model.image=vllm/vllm-openai:v0.33.1)"
         )
     try:
         value = json.loads(raw)
@@ -30,7 +49,7 @@ def parse_change(text: str) -> tuple[list[str], Any]:
         value = raw
     path = key.split(".")
     if any(not part for part in path):
-        raise ChangeSyntaxError(f"--change {text!r}: the key {key!r} has an empty part")
+        raise ChangeSyntaxError(f"--change {shown(text)!r}: the key {key!r} has an empty part")
     return path, value
 
 
@@ -47,10 +66,10 @@ def apply_changes(stack_config: Mapping[str, Any], changes: Iterable[str]) -> di
             continue
         target = result.setdefault(head, {})
         if not isinstance(target, dict):
-            raise ChangeSyntaxError(f"--change {text!r}: {path[0]} is not a section (it holds {target!r})")
+            raise ChangeSyntaxError(f"--change {shown(text)!r}: {path[0]} is not a section")
         for part in path[1:-1]:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
-                raise ChangeSyntaxError(f"--change {text!r}: {part} is not a section")
+                raise ChangeSyntaxError(f"--change {shown(text)!r}: {part} is not a section")
         target[path[-1]] = value
     return result
