@@ -526,11 +526,58 @@ PD_STACK_CHANGES = (
 )
 
 
-def pd_stack(stack: str, requests: int, log) -> dict[str, Any]:
+PD_COUNTERS = (
+    "prompt_tokens_total",
+    "nixl_bytes_transferred_sum",
+    "nixl_bytes_transferred_count",
+    "nixl_num_failed_transfers_total",
+    "external_prefix_cache_hits_total",
+    "request_success_total",
+)
+# A request through a disaggregated lab took 14-45 s on two cores (labkit/cluster/check.py
+# PD_REQUEST_SECONDS says why); the clients wait this long for one.
+PD_REQUEST_SECONDS = 240.0
+
+
+def _pd_counters(plan, pools: dict[str, str]) -> dict[str, dict[str, float]]:
+    """What each node's vLLM counted (PD_COUNTERS), asked on the node itself."""
+    from labkit.cluster import pdlab
+
+    figures = {}
+    port = plan.cluster.model_port
+    for name in pools:
+        node = plan.node(name)
+        page = netns.call_in(node.namespace, probes.get, node.ip, port, "/metrics", timeout=60)
+        counted = pdlab.samples(page.body.decode()) if page.ok else {}
+        figures[name] = {key: counted.get(f"vllm:{key}", 0.0) for key in PD_COUNTERS}
+    return figures
+
+
+def _wait_router_serving(plan, deadline_seconds: float = 600) -> None:
+    """Until vLLM's router answers its /health: it starts serving once its own health checks
+    passed (measured: ~20 s after every replica's /health), and until then nginx's backup, the
+    decode pool alone, serves each request whole (no KV crosses)."""
+    from qwen_cluster.render import router
+
+    address, router_port = router.api_address(plan.cluster)
+    deadline = time.monotonic() + deadline_seconds
+    while True:
+        reply = netns.call_in(
+            plan.load_balancer.namespace, lambda: probes.get(address, router_port, "/health", timeout=5)
+        )
+        if reply.status == 200:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the router at {address}:{router_port} never answered /health with 200")
+        time.sleep(1)  # polling a process that starts at its own speed; bounded by the deadline
+
+
+def pd_stack(stack: str, requests: int, log, *, kill_requests: int = 6) -> dict[str, Any]:
     """`lab.py up STACK --nodes 2 --real-model --change <PD_STACK_CHANGES>`, then `requests` chat
     completions of fresh ~900-token prompts from the client vantage through the endpoint (nginx,
-    TLS, the key, the router in P/D mode): each one's status and seconds, and what the decode
-    node's vLLM counted of NIXL (bytes and transfers, failures, external prefix-cache hits)."""
+    TLS, the key, the router in P/D mode): each one's status and seconds, and what each node's vLLM
+    counted of NIXL (bytes and transfers, failures, external prefix-cache hits). Then the prefill
+    node's vLLM killed under client load (prefill_killed_under_load)."""
     import random
 
     from labkit.cluster import pdlab
@@ -541,6 +588,7 @@ def pd_stack(stack: str, requests: int, log) -> dict[str, Any]:
     lifecycle.down(label)
     options = lifecycle.Options(clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True)
     plan = blueprint.load(stack, nodes=2, label=label, changes=PD_STACK_CHANGES)
+    pools = {name: plan.cluster.serving.pool_of(name) for name in ("master", "worker-1")}
     try:
         started = time.monotonic()
         report = lifecycle.up(plan, options)
@@ -549,57 +597,120 @@ def pd_stack(stack: str, requests: int, log) -> dict[str, Any]:
         figures: dict[str, Any] = {"stack": stack, "changes": list(PD_STACK_CHANGES)}
         figures["upSeconds"] = round(time.monotonic() - started, 1)
         log(f"pd stack: up in {figures['upSeconds']} s")
-        # `up` ends when every replica answers /health; the router (in P/D mode) starts serving only
-        # once its own health checks passed (measured: 20 s later), and until then nginx's backup,
-        # the decode pool alone, serves each request whole: no KV crosses. Wait for the router.
-        from qwen_cluster.render import router
-
-        address, router_port = router.api_address(plan.cluster)
-        deadline = time.monotonic() + 600
-        while True:
-            reply = netns.call_in(
-                plan.load_balancer.namespace, lambda: probes.get(address, router_port, "/health", timeout=5)
-            )
-            if reply.status == 200:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the router at {address}:{router_port} never answered /health with 200")
-            time.sleep(1)  # polling a process that starts at its own speed; bounded by the deadline
+        _wait_router_serving(plan)
         figures["routerReadyAfterUpSeconds"] = round(time.monotonic() - started - figures["upSeconds"], 1)
         log(f"pd stack: the router serves {figures['routerReadyAfterUpSeconds']} s after up")
         access = lifecycle.client_access(plan)
         lb, port = plan.load_balancer.ip, plan.cluster.load_balancer.port
         rng = random.Random(7)
         answers = []
+        before = _pd_counters(plan, pools)
         for index in range(requests):
             text = pdlab.prompt(rng, 1000)
             sent = time.monotonic()
             reply = netns.call_in(
                 plan.vantage(Vantage.CLIENT).namespace,
-                lambda text=text: probes.chat(lb, port, text, timeout=300, max_tokens=8, access=access),
+                lambda text=text: probes.chat(
+                    lb, port, text, timeout=PD_REQUEST_SECONDS, max_tokens=8, access=access
+                ),
             )
             answers.append({"status": reply.status, "seconds": round(time.monotonic() - sent, 2)})
             log(f"pd stack: request {index + 1}: HTTP {reply.status} in {answers[-1]['seconds']} s")
         figures["requests"] = answers
-        model_port = plan.cluster.model_port
-        for role, node in (("prefill", plan.node("master")), ("decode", plan.node("worker-1"))):
-            page = netns.call_in(
-                node.namespace, lambda node=node: probes.get(node.ip, model_port, "/metrics", timeout=60)
-            )
-            counted = pdlab.samples(page.body.decode())
-            figures[role] = {
-                name: counted.get(f"vllm:{name}", 0.0)
-                for name in (
-                    "prompt_tokens_total",
-                    "nixl_bytes_transferred_sum",
-                    "nixl_bytes_transferred_count",
-                    "nixl_num_failed_transfers_total",
-                    "external_prefix_cache_hits_total",
-                )
-            }
+        after = _pd_counters(plan, pools)
+        for name, pool in pools.items():
+            figures[pool] = {key: after[name][key] - before[name][key] for key in PD_COUNTERS}
+        if kill_requests:
+            figures["prefillKilled"] = prefill_killed_under_load(plan, pools, kill_requests, log)
         return figures
     finally:
         lifecycle.down(label)
+
+
+def prefill_killed_under_load(plan, pools: dict[str, str], requests: int, log) -> dict[str, Any]:
+    """The prefill node's vLLM killed (SIGKILL to the container's process: a crash, which its
+    restart policy, unless-stopped, answers with a new start) while clients send `requests`
+    through the endpoint, one every 4 s from two workers: how many failed, and how many the decode
+    pool served whole (its prompt tokens not pulled over NIXL: nginx's backup while the router has
+    no prefill worker, or the router's own fallback). Then until the prefill node serves again."""
+    import signal
+
+    from labkit.hosts import dockerd
+    from qwen_cluster import tags
+    from qwen_cluster.render.vllm import HEALTH_PATH
+
+    prefill = next(name for name, pool in pools.items() if pool == "prefill")
+    decode = next(name for name, pool in pools.items() if pool == "decode")
+    member = plan.node(prefill)
+    daemon = lifecycle.daemon(plan, member)
+
+    def inspect(field: str) -> str:
+        done = dockerd.docker(daemon, "inspect", "--format", field, tags.MODEL_SERVER_CONTAINER)
+        return done.stdout.strip()
+
+    pid, restarts = int(inspect("{{.State.Pid}}")), int(inspect("{{.RestartCount}}"))
+    before = _pd_counters(plan, pools)
+    settings = upgrade.LoadSettings(
+        max_requests=requests,
+        rate=0.25,
+        workers=2,
+        stream_every=3,
+        stream_tokens=8,
+        chat_tokens=8,
+        request_timeout=PD_REQUEST_SECONDS,
+    )
+    load_started = time.monotonic()
+    with upgrade.ClientLoad(plan, settings) as clients:
+        deadline = time.monotonic() + PD_REQUEST_SECONDS
+        while not any(outcome.ok for outcome in clients.outcomes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no request answered before the kill")
+            time.sleep(0.5)  # polling the clients' answers, bounded by the deadline
+        killed_at = time.monotonic() - load_started
+        os.kill(pid, signal.SIGKILL)
+        log(f"pd stack: killed the prefill node's vLLM (pid {pid}) at {killed_at:.1f} s of the load")
+        deadline = time.monotonic() + requests * PD_REQUEST_SECONDS
+        while len(clients.outcomes) < requests and time.monotonic() < deadline:
+            time.sleep(0.5)  # the clients end after `requests`; bounded by the deadline
+    outcomes = sorted(clients.outcomes, key=lambda outcome: outcome.started)
+    # Back: the container restarted (a new process), its vLLM healthy again.
+    deadline = time.monotonic() + 900
+    while True:
+        health = netns.call_in(
+            member.namespace, lambda: probes.get(member.ip, plan.cluster.model_port, HEALTH_PATH, timeout=5)
+        )
+        if health.status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(1)  # a model load runs at its own speed; bounded by the deadline
+    after = _pd_counters(plan, pools)
+    delta = {name: {key: after[name][key] - before[name][key] for key in PD_COUNTERS} for name in pools}
+    pulled = delta[decode]["external_prefix_cache_hits_total"]
+    figures = {
+        "requests": len(outcomes),
+        "failed": sum(1 for outcome in outcomes if not outcome.ok),
+        "killedAtSeconds": round(killed_at, 1),
+        "answers": [
+            {
+                "startedSeconds": round(outcome.started, 1),
+                "seconds": round(outcome.seconds, 1),
+                "status": outcome.status,
+                "streamed": outcome.streamed,
+                **({"error": outcome.error} if outcome.error else {}),
+            }
+            for outcome in outcomes
+        ],
+        "decodePromptTokens": delta[decode]["prompt_tokens_total"],
+        "decodePulledTokens": pulled,
+        "containerRestarts": int(inspect("{{.RestartCount}}")) - restarts,
+        "prefillHealthyAgain": health.status == 200,
+    }
+    log(
+        f"pd stack: prefill killed under load: {figures['requests']} requests, {figures['failed']} failed; "
+        f"the decode pool computed {figures['decodePromptTokens'] - pulled:g} of its "
+        f"{figures['decodePromptTokens']:g} prompt tokens itself; prefill restarted "
+        f"{figures['containerRestarts']}x, healthy again: {figures['prefillHealthyAgain']}"
+    )
+    return figures
 
 
 # What each figure of the P/D table does and does not show (docs/lab.md says the same).
@@ -690,6 +801,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-pd", action="store_true", help="leave the prefill/decode rehearsal out")
     parser.add_argument("--pd-requests", type=int, default=8, help="P/D requests per shaped rate")
+    parser.add_argument(
+        "--pd-kill-requests",
+        type=int,
+        default=6,
+        help="pd-stack: client requests while the prefill node's vLLM is killed (0: no kill)",
+    )
     parser.add_argument("--no-routing", action="store_true", help="leave the routing benchmark out")
     parser.add_argument("--routing-rounds", type=int, default=3, help="routing runs per policy; medians")
     parser.add_argument(
@@ -738,7 +855,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "pd-stack":
         log = lambda line: console.print(line, highlight=False)  # noqa: E731
         figures = {"machine": render_bench.machine()}
-        figures["pdStack"] = pd_stack(args.lab_stack, args.pd_requests, log)
+        figures["pdStack"] = pd_stack(
+            args.lab_stack, args.pd_requests, log, kill_requests=args.pd_kill_requests
+        )
         print(json.dumps(figures if args.json else figures["pdStack"], indent=2))
         return 0
     if args.only == "pd":

@@ -44,6 +44,7 @@ class LoadSettings:
     stream_token_delay: float = 0.05  # a streamed answer lasts about a second
     chat_tokens: int | None = None  # max_tokens of the plain requests (None: the server's default)
     access: probes.ClientAccess | None = None  # None: the lab's own key (lifecycle.client_access)
+    request_timeout: float = 60.0  # seconds one request may take (a disaggregated lab's take longer)
 
 
 def real_model_load(max_requests: int) -> LoadSettings:
@@ -102,7 +103,7 @@ class ClientLoad:
                     self.ip,
                     self.port,
                     f"upgrade {ticket}",
-                    timeout=60,
+                    timeout=self.settings.request_timeout,
                     headers={"X-Lab-Token-Delay": f"{self.settings.stream_token_delay}"},
                     max_tokens=self.settings.stream_tokens,
                     access=self.access,
@@ -124,7 +125,7 @@ class ClientLoad:
                     self.ip,
                     self.port,
                     f"upgrade {ticket}",
-                    timeout=60,
+                    timeout=self.settings.request_timeout,
                     max_tokens=self.settings.chat_tokens,
                     access=self.access,
                 )
