@@ -7,6 +7,7 @@ benchmark's figures, and the real guidellm against the stand-in server on loopba
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -72,8 +73,8 @@ def test_its_report_and_the_replicas_counters_make_the_benchmarks_figures():
     names = routingbench.COUNTERS
     before = {"a": dict.fromkeys(names, 0.0), "b": dict.fromkeys(names, 0.0)}
     after = {
-        "a": {names[0]: 600.0, names[1]: 1000.0, names[2]: 1000.0},
-        "b": {names[0]: 200.0, names[1]: 1000.0, names[2]: 1000.0},
+        "a": {names[0]: 600.0, names[1]: 1000.0, names[2]: 1000.0, names[3]: 60.0},
+        "b": {names[0]: 200.0, names[1]: 1000.0, names[2]: 1000.0, names[3]: 36.0},
     }
     figures = guidellmbench.figures_of(report, before, after, 10.0)
     # As the run that wrote it printed them (least-conn, docs/routing.md).
@@ -83,8 +84,32 @@ def test_its_report_and_the_replicas_counters_make_the_benchmarks_figures():
     assert figures["outputTokensPerSecond"] == 164.74 and figures["seconds"] == 9.3
     assert figures["prefixCacheHitRate"] == 0.4
     assert figures["uncachedPromptTokens"] == {"a": 400, "b": 800}
+    assert figures["requestsPerReplica"] == {"a": 60, "b": 36}  # vllm:request_success_total
+    each = routingbench.summarize([figures])["each"][0]
+    assert each["requestsPerReplica"] == {"a": 60, "b": 36} and each["uncachedPromptTokens"]["b"] == 800
     # An endpoint whose replicas it cannot read: no hit rate, guidellm's figures still.
     assert guidellmbench.figures_of(report, {}, {}, 10.0)["prefixCacheHitRate"] is None
+
+
+def test_the_environment_pins_guidellm_and_the_cpu_torch_and_is_keyed_by_the_list(tmp_path, monkeypatch):
+    from labkit.models import guidellmenv
+
+    lines = [
+        line.strip()
+        for line in guidellmenv.REQUIREMENTS.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[A-Za-z0-9.+_-]+", line) for line in lines), lines
+    assert f"guidellm=={guidellmenv.VERSION}" in lines and "torch==2.13.0+cpu" in lines
+    assert not [line for line in lines if line.lower().startswith(("nvidia", "triton", "cuda"))]
+    pinned = tmp_path / "requirements.txt"
+    pinned.write_text("guidellm==0.8.1\n")
+    monkeypatch.setattr(guidellmenv, "REQUIREMENTS", pinned)
+    monkeypatch.setenv("QCL_LAB_CACHE", str(tmp_path / "cache"))
+    key = guidellmenv.venv_key()
+    assert guidellmenv.venv_dir() == tmp_path / "cache" / f"guidellm-{key}"
+    pinned.write_text("guidellm==0.8.2\n")
+    assert guidellmenv.venv_key() != key
 
 
 def test_the_real_guidellm_drives_a_loopback_server_with_the_key():

@@ -141,6 +141,7 @@ def figures_of(report: dict[str, Any], before: dict, after: dict, seconds: float
         "outputTokensPerSecond": round(float(metrics["output_tokens_per_second"]["total"]["mean"]), 2),
         "busiestReplicaRatio": replicas.get("busiestReplicaRatio"),
         "uncachedPromptTokens": replicas.get("uncachedPromptTokens"),
+        "requestsPerReplica": replicas.get("requestsPerReplica"),
         "seconds": round(float(benchmark.get("duration", seconds)), 1),
     }
 

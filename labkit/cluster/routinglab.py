@@ -585,6 +585,10 @@ def _run_line(round_index: int, workload: str, policy: str, figures: dict) -> st
         f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
         f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
         f"errors {figures['errors']} ({figures['seconds']} s)"
+        + "".join(
+            f" {replica}: {requests} requests, {figures['uncachedPromptTokens'][replica]} uncached"
+            for replica, requests in (figures.get("requestsPerReplica") or {}).items()
+        )
     )
 
 
