@@ -64,7 +64,8 @@ def summary(cluster: ClusterConfig) -> dict[str, Any]:
             "apiKeys": len(cluster.access.api_keys),
             "open": cluster.access.open_endpoint,
             "tls": cluster.load_balancer.tls is not None,
-            "routes": [f"{route.method} {route.path}" for route in nginx.API_ROUTES] + [f"GET {HEALTH_PATH}"],
+            "routes": [f"{route.method} {route.path}" for route in nginx.api_routes(cluster)]
+            + [f"GET {HEALTH_PATH}"],
             # loadBalancer.routing; with cache-aware, where vLLM's router listens (docs/routing.md).
             "routing": cluster.load_balancer.routing,
             "router": _router(cluster),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
 
 import pytest
 
@@ -208,3 +209,46 @@ def test_a_refused_port_that_must_be_open_passes_only_where_a_container_serves_i
         if source == "outsider" and what == "kv-data 5601/tcp" and target == "worker-1"
     )
     assert outsider.ok and outsider.observed == "closed (refused)"
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "ok"),
+    [
+        (6, 6, True),  # every answer prefilled on the prefill node, decoded on the decode node
+        (0, 6, False),  # the decode pool answered alone: nginx's backup, no KV crossed
+        (6, 0, False),
+    ],
+)
+def test_the_spread_of_a_disaggregated_stack_counts_every_answer_in_each_pool(
+    monkeypatch, prefill, decode, ok
+):
+    """Disaggregated, an answer is finished on a prefill node and on a decode node (vLLM counts
+    vllm:request_success_total on both, measured through the router in P/D mode)."""
+    from labkit.cluster import lifecycle, probes, served
+    from labkit.hosts import netns
+
+    plan = blueprint.load("onprem", nodes=2, label="pds", changes=PD)
+    readings = iter(
+        [
+            {"master": served.Served({}, 10.0, None), "worker-1": served.Served({}, 10.0, None)},
+            {
+                "master": served.Served({}, 10.0 + prefill, None),
+                "worker-1": served.Served({}, 10.0 + decode, None),
+            },
+        ]
+    )
+    asked = {}
+
+    def spread(_ip, _port, requests, **kwargs):
+        asked.update(kwargs, requests=requests)
+        return probes.Spread(counts=Counter({"?": requests}))
+
+    monkeypatch.setattr(served, "read", lambda _plan: next(readings))
+    monkeypatch.setattr(netns, "call_in", lambda _ns, function, *args, **kwargs: function(*args, **kwargs))
+    monkeypatch.setattr(probes, "spread", spread)
+    monkeypatch.setattr(lifecycle, "client_access", lambda _plan: probes.PLAIN)
+    monkeypatch.setattr(check, "streaming", lambda _plan, _options: [])
+    [row] = check.load_balancer(plan, lifecycle.Options())
+    assert asked["requests"] == 6 and row.ok is ok, row
+    # A disaggregated request waits as long as one takes on the lab's two cores.
+    assert asked["timeout"] == check.PD_REQUEST_SECONDS

@@ -95,9 +95,12 @@ def test_a_failed_transfer_fires_on_the_node_that_counted_it(tmp_path):
 
 @tools.needs("promtool")
 def test_a_decode_node_that_prefills_its_prompts_itself_fires(tmp_path):
-    def decode(computed_step: int) -> list[dict]:
+    def decode(step: int) -> list[dict]:
         return [
-            series("vllm:request_prefill_kv_computed_tokens_sum", "worker-3", f"0+{computed_step}x40"),
+            series("vllm:prompt_tokens_by_source_total", "worker-3", f"0+{step}x40", source="local_compute"),
+            # What vLLM's request_prefill_kv_computed_tokens says on a decode node that pulled every
+            # prompt (the prefill node's own cache hits subtracted, not the pulled tokens): not read.
+            series("vllm:request_prefill_kv_computed_tokens_sum", "worker-3", "0+100x40"),
             series("vllm:prompt_tokens_total", "worker-3", "0+100x40"),
         ]
 
@@ -109,7 +112,7 @@ def test_a_decode_node_that_prefills_its_prompts_itself_fires(tmp_path):
 @tools.needs("promtool")
 def test_a_prefill_node_computing_its_prompts_is_not_recomputing(tmp_path):
     prefill = [
-        series("vllm:request_prefill_kv_computed_tokens_sum", "master", "0+100x40"),
+        series("vllm:prompt_tokens_by_source_total", "master", "0+100x40", source="local_compute"),
         series("vllm:prompt_tokens_total", "master", "0+100x40"),
     ]
     assert run(tmp_path, "QwenKvRecomputed", prefill, [])

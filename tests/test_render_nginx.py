@@ -12,7 +12,7 @@ from labkit.cluster import probes
 from labkit.models import modelserver
 from qwen_cluster.render import nginx
 from tests.helpers import tools
-from tests.helpers.baremetal import ONPREM, ONPREM_CACHE_AWARE
+from tests.helpers.baremetal import ONPREM, ONPREM_CACHE_AWARE, ONPREM_DISAGGREGATED
 from tests.helpers.configs import TEST_API_KEY
 from tests.helpers.nginx_loopback import locked_nginx
 from tests.helpers.standin_server import serving
@@ -224,6 +224,41 @@ def test_through_a_real_nginx_only_keyed_openai_routes_reach_the_model_server(tm
         assert status("GET", "/v1/chat/completions") == 403
         reached = {path for (path, _), count in server.stats.requests.items() if count}
         assert reached == {"/v1/models"} and server.stats.with_authorization == 0
+
+
+def test_a_disaggregated_endpoint_serves_every_route_but_the_stored_responses():
+    served = nginx.api_routes(ONPREM_DISAGGREGATED)
+    assert {(route.method, route.path) for route in nginx.API_ROUTES if route not in served} == {
+        ("GET", "/v1/responses/{id}"),
+        ("POST", "/v1/responses/{id}/cancel"),
+    }
+    assert nginx.api_routes(ONPREM) == nginx.API_ROUTES
+    conf = nginx.for_cluster(ONPREM_DISAGGREGATED)
+    for route in nginx.STORED_RESPONSE_ROUTES:
+        location = conf[conf.index(f"location {route.location} {{") :]
+        location = location[: location.index("\n        }")]
+        assert "return 501" in location and "proxy_pass" not in location, location
+        # The key is checked first: a stranger learns nothing of what the deployment serves.
+        assert location.index("return 401") < location.index("return 501")
+
+
+@tools.needs("nginx")
+def test_through_a_real_nginx_a_disaggregated_endpoint_answers_stored_responses_itself(tmp_path):
+    """vLLM's router in P/D mode answers them 501 in plain text; nginx answers first, in JSON."""
+    served = nginx.api_routes(ONPREM_DISAGGREGATED)
+    with locked_nginx(tmp_path, routes=served) as (port, access, server):
+
+        def ask(method: str, path: str, how=access) -> probes.Reply:
+            return probes.request("127.0.0.1", port, method, path, access=how)
+
+        for method, path in (("GET", "/v1/responses/resp_1"), ("POST", "/v1/responses/resp_1/cancel")):
+            reply = ask(method, path)
+            assert reply.status == 501, (path, reply)
+            assert "disaggregated" in json.loads(reply.body)["error"]["message"]
+            assert ask(method, path, probes.ClientAccess(None, access.ca_file)).status == 401
+        assert ask("POST", "/v1/responses").status == 200
+        reached = {path for (path, _), count in server.stats.requests.items() if count}
+        assert reached == {"/v1/responses"}
 
 
 # --- cache-aware routing: vLLM's router first, the replicas its backups -----------------------

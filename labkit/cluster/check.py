@@ -30,6 +30,16 @@ SPREAD_PER_HEAD = 3
 # stand-in answers as many (finish_reason "length").
 SPREAD_MAX_TOKENS = 8
 STREAM_MAX_TOKENS = 16
+# How long a request through the endpoint may take. Disaggregated with the real vLLM, a request
+# took 14-45 s on this 2-core machine (NIXL's UCX progress thread spins a core in each server, and
+# a transfer of 0.5 MB took 3-7 s, measured on the lab from the decode node's "KV Transfer
+# metrics" log); aggregated ones answer within a second or two.
+REQUEST_SECONDS = 5.0
+PD_REQUEST_SECONDS = 180.0
+
+
+def request_seconds(plan: LabPlan) -> float:
+    return PD_REQUEST_SECONDS if plan.cluster.disaggregated else REQUEST_SECONDS
 
 
 @dataclass(frozen=True)
@@ -250,20 +260,38 @@ def load_balancer(plan: LabPlan, options: lifecycle.Options) -> list[Result]:
     # the real vLLM names no node in its answers, and the stand-in counts the same metric.
     before = served.read(plan)
     spread = netns.call_in(
-        client, probes.spread, lb.ip, port, requests, access=access, max_tokens=SPREAD_MAX_TOKENS
+        client,
+        probes.spread,
+        lb.ip,
+        port,
+        requests,
+        access=access,
+        max_tokens=SPREAD_MAX_TOKENS,
+        timeout=max(request_seconds(plan), 10.0),
     )
     after = served.read(plan)
     finished = {head: served.delta(before[head].finished, after[head].finished) for head in heads}
     counts = ", ".join(f"{node} {'not counted' if n is None else f'{n:g}'}" for node, n in finished.items())
     ok_replies = spread.total - len(spread.failures)
-    accounted = all(n is not None for n in finished.values()) and sum(finished.values()) == ok_replies
+    # Disaggregated, each answer is finished twice: on a prefill node (the prompt, one token) and
+    # on a decode node (the rest); each pool must account for every answer, each of its nodes
+    # take some. Aggregated, one pool of every head.
+    pools: dict[str, list[str]] = {}
+    for head in heads:
+        pools.setdefault(cluster.serving.pool_of(head) or "replicas", []).append(head)
+    accounted = all(n is not None for n in finished.values()) and all(
+        sum(finished[head] for head in members) == ok_replies for members in pools.values()
+    )
+    expected = f"every replica answers ({servermetrics.SUCCESS} deltas), no failures"
+    if cluster.disaggregated:
+        expected = f"every node of each pool answers, each pool counts every answer ({servermetrics.SUCCESS})"
     results.append(
         Result(
             "load balancer",
             "client",
             f"{lb.node}:{port}",
             f"{requests} requests",
-            f"every replica answers ({servermetrics.SUCCESS} deltas), no failures",
+            expected,
             counts + (f"; {len(spread.failures)} failed" if spread.failures else ""),
             _status(accounted and all(finished.values()) and not spread.failures),
         )
@@ -319,7 +347,7 @@ def streaming(plan: LabPlan, options: lifecycle.Options, pause: float | None = N
         lb.ip,
         port,
         headers={modelserver.THINK_HEADER: f"{pause:.3f}"},
-        timeout=pause + 30,
+        timeout=pause + max(request_seconds(plan), 30.0),
         max_tokens=STREAM_MAX_TOKENS,
         access=lifecycle.client_access(plan),
     )
@@ -427,10 +455,15 @@ def endpoint(plan: LabPlan) -> list[Result]:
         results.append(Result("endpoint", source, target, what, expected, observed, _status(ok)))
 
     def send(method: str, path: str, how: probes.ClientAccess) -> probes.Reply:
-        return netns.call_in(client, probes.request, lb.ip, port, method, path, access=how)
+        return netns.call_in(
+            client, probes.request, lb.ip, port, method, path, access=how, timeout=request_seconds(plan)
+        )
 
     site = lifecycle.delivered_nginx_conf(plan)
-    allowed = [(route.method, _concrete(route.path)) for route in nginx.API_ROUTES] + [("GET", HEALTH_PATH)]
+    served_routes = nginx.api_routes(plan.cluster)
+    allowed = [(route.method, _concrete(route.path)) for route in served_routes] + [("GET", HEALTH_PATH)]
+    # Disaggregated, a generation reaches two servers: the prefill node's and the decode node's.
+    both = plan.cluster.disaggregated
     for method, path in allowed:
         if servermetrics.excluded(path):
             reply = send(method, path, access)
@@ -442,9 +475,34 @@ def endpoint(plan: LabPlan) -> list[Result]:
             continue
         before = served.read(plan)
         reply = send(method, path, access)
+        if both and path in probes.PROBE_BODIES:
+            # The route's own handler once on a prefill node and once on a decode node; the router
+            # also asks each side's render route first (`--enable-scale-out`: token ids for its
+            # choice), which counts there too.
+            own = served.handler_settled(plan, before, method, path, 2)
+            grown = served.leaked(before, served.read(plan))
+            reached = ", ".join(f"{name} x{count:g}" for name, count in sorted(grown.items())) or "none"
+            row(f"{method} {path} with the key", f"{path} reaches a prefill and a decode server",
+                f"HTTP {reply.status or reply.error}, reached {reached}", own == 2)  # fmt: skip
+            continue
         count = served.settled(plan, before, 1)
         observed = f"HTTP {reply.status or reply.error}, reached {served.counted(count)}"
         row(f"{method} {path} with the key", "reaches a model server", observed, count == 1)
+    not_served = [route for route in nginx.API_ROUTES if route not in served_routes]
+    before = served.read(plan)
+    for route in not_served:
+        path = _concrete(route.path)
+        reply = send(route.method, path, access)
+        # nginx's own body: the router in P/D mode answers these 501 too, in plain text.
+        by_nginx = reply.body == nginx.NOT_SERVED_DISAGGREGATED_ERROR.encode()
+        answer = "nginx's body" if by_nginx else repr(reply.body[:80])
+        observed = f"HTTP {reply.status or reply.error}, {answer}"
+        row(f"{route.method} {path} with the key", "501 from nginx (not served disaggregated)",
+            observed, reply.status == 501 and by_nginx)  # fmt: skip
+    if not_served:
+        count = served.reached(before, served.read(plan))
+        row(f"{len(not_served)} routes not served", "none reaches a model server",
+            f"{served.counted(count)} reached", count == 0)  # fmt: skip
     refused = refused_requests()
     before = served.read(plan)
     for method, path in refused:

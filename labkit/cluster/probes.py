@@ -173,6 +173,18 @@ def get(ip: str, port: int, path: str, *, timeout: float = 5.0, access: ClientAc
     return _request(ip, port, "GET", path, None, access.headers(), timeout, access)
 
 
+CHAT_PROBE = {"messages": [{"role": "user", "content": "probe"}], "max_tokens": 4}
+# A body each generation route accepts: vLLM's router parses a body before it forwards it (in P/D
+# mode a chat body on /v1/completions is its 422, "missing field `prompt`", measured), and vLLM
+# answers a body of another route's shape 400. (vllm/entrypoints/openai/completion/protocol.py
+# CompletionRequest.prompt; responses/protocol.py ResponsesRequest.input, max_output_tokens.)
+PROBE_BODIES: dict[str, dict] = {
+    "/v1/chat/completions": CHAT_PROBE,
+    "/v1/completions": {"prompt": "probe", "max_tokens": 4},
+    "/v1/responses": {"input": "probe", "max_output_tokens": 4},
+}
+
+
 def request(
     ip: str,
     port: int,
@@ -184,9 +196,9 @@ def request(
     headers: dict[str, str] | None = None,
 ) -> Reply:
     """Any method and path, sent as written (no normalisation: `/v1/../metrics` goes as is). A
-    POST carries a small chat body, bounded for a real model (`max_tokens`)."""
-    probe = {"messages": [{"role": "user", "content": "probe"}], "max_tokens": 4}
-    body = json.dumps(probe) if method == "POST" else None
+    POST carries a small body of the route's own shape (PROBE_BODIES; a chat body elsewhere),
+    bounded for a real model."""
+    body = json.dumps(PROBE_BODIES.get(path, CHAT_PROBE)) if method == "POST" else None
     sent = {**access.headers(), **(headers or {})}
     if body:
         sent["Content-Type"] = "application/json"

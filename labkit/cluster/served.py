@@ -37,8 +37,10 @@ def read(plan: LabPlan) -> dict[str, Served]:
     """Each replica head's counters, asked from the load-balancer node, as nginx reaches them."""
     counts = {}
     for head in plan.heads:
+        # A real server busy with a disaggregated request took over 5 s to answer /metrics on
+        # this 2-core machine (its row said "not counted").
         reply = netns.call_in(
-            plan.load_balancer.namespace, probes.get, head.ip, plan.cluster.model_port, "/metrics", timeout=5
+            plan.load_balancer.namespace, probes.get, head.ip, plan.cluster.model_port, "/metrics", timeout=30
         )
         text = reply.body.decode(errors="replace") if reply.ok else ""
         counts[head.node] = Served(
@@ -81,6 +83,17 @@ def settled(plan: LabPlan, before: dict[str, Served], want: float) -> float | No
     while True:
         count = reached(before, read(plan))
         if count is None or count >= want or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.1)
+
+
+def handler_settled(plan: LabPlan, before: dict[str, Served], method: str, path: str, want: float) -> float:
+    """How often the servers counted `method path` since `before`, read again for a moment while
+    fewer than `want` (as `settled`)."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        count = leaked(before, read(plan)).get(f"{method} {path}", 0.0)
+        if count >= want or time.monotonic() >= deadline:
             return count
         time.sleep(0.1)
 

@@ -10,8 +10,11 @@ Signatures:
            runtime_dir: str = "/var/cache/nginx", log_dir: str = "/var/log/nginx",
            pid_file: str = "/var/run/nginx.pid", user: str | None = "nginx",
            upstream_file: str | None = None, api_keys: bool = False, tls: bool = False,
-           secrets_dir: str = CONTAINER_CONF_DIR) -> str
-    server_block(*, listen, upstream, idle_timeout_seconds, tries, api_keys, tls, secrets_dir) -> str
+           secrets_dir: str = CONTAINER_CONF_DIR, ..., routes=API_ROUTES) -> str
+    server_block(*, listen, upstream, idle_timeout_seconds, tries, api_keys, tls, secrets_dir,
+                 health_upstream, routes) -> str
+    api_routes(cluster: ClusterConfig) -> tuple[Route, ...]   what the endpoint serves (P/D: no
+                                                               stored responses)
     keys_conf(api_keys) -> str         the map entries of KEYS_FILE (a secret)
     secrets_bundle(api_keys, tls_certificate, tls_private_key) -> str   install_script's stdin
     for_cluster(cluster: ClusterConfig, **paths) -> str
@@ -149,6 +152,28 @@ API_ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/responses/{id}"),
     Route("POST", "/v1/responses/{id}/cancel"),
 )
+# What vLLM's router in P/D mode does not serve of API_ROUTES: a stored response lives on the one
+# server that answered, and a disaggregated request has two. The router 0.1.17 answers them 501
+# ("Responses retrieve endpoint not implemented for PD router", "Responses cancel endpoint not
+# implemented for PD router", measured through its P/D mode on the lab); POST /v1/responses
+# itself is served disaggregated (the KV crossed over NIXL, measured likewise). A disaggregated
+# endpoint answers them itself, 501 with an error body that says why (server_block).
+STORED_RESPONSE_ROUTES: tuple[Route, ...] = API_ROUTES[-2:]
+NOT_SERVED_DISAGGREGATED_ERROR = (
+    '{"error": {"message": "stored responses are not served by a disaggregated deployment (serving.mode '
+    'disaggregated: the vLLM router in P/D mode does not retrieve or cancel them)", '
+    '"type": "not_implemented", "code": 501}}'
+)
+
+
+def api_routes(cluster) -> tuple[Route, ...]:
+    """What the endpoint of `cluster` serves of API_ROUTES: all of them, but the stored-response
+    routes when serving.mode is disaggregated (STORED_RESPONSE_ROUTES)."""
+    if not cluster.disaggregated:
+        return API_ROUTES
+    return tuple(route for route in API_ROUTES if route not in STORED_RESPONSE_ROUTES)
+
+
 # The client keys, as nginx map entries (keys_conf), beside nginx.conf; TLS files likewise.
 KEYS_FILE = "keys.conf"
 TLS_CERTIFICATE_FILE = "tls-certificate.pem"
@@ -227,7 +252,9 @@ def _tls_directives(secrets_dir: str) -> str:
 """
 
 
-def _api_location(route: Route, *, upstream: str, auth: bool) -> str:
+def _api_location(route: Route, *, upstream: str | None, auth: bool) -> str:
+    """`route`'s location: proxied to `upstream`, or with None answered 501 here (not served by
+    this deployment: NOT_SERVED_DISAGGREGATED_ERROR), after the method and key checks alike."""
     check = (
         f"""
             if ({KEY_VARIABLE} = 0) {{
@@ -236,12 +263,14 @@ def _api_location(route: Route, *, upstream: str, auth: bool) -> str:
         if auth
         else ""
     )
+    uri = route.upstream_uri + "$is_args$args" if route.upstream_uri else ""
+    answer = f"return 501 '{NOT_SERVED_DISAGGREGATED_ERROR}';" if upstream is None else f"proxy_pass http://{upstream}{uri};"
     return f"""
         location {route.location} {{
             limit_except {route.method} {{
                 deny all;
             }}{check}
-            proxy_pass http://{upstream}{route.upstream_uri + "$is_args$args" if route.upstream_uri else ""};
+            {answer}
         }}
 """
 
@@ -256,13 +285,18 @@ def server_block(
     tls: bool,
     secrets_dir: str = CONTAINER_CONF_DIR,
     health_upstream: str | None = None,
+    routes: tuple[Route, ...] = API_ROUTES,
 ) -> str:
     """The client-facing `server`, shared by the bare-metal load balancer and each AWS node's
     proxy: TLS (optional), the API key check, the route allowlist, streaming-safe proxying.
     The proxy settings are the server's, inherited by every location. `health_upstream`: where
-    HEALTH_PATH goes, when not `upstream` (an AWS proxy behind the router: its own vLLM)."""
+    HEALTH_PATH goes, when not `upstream` (an AWS proxy behind the router: its own vLLM).
+    `routes`: what this deployment serves (api_routes); the rest of API_ROUTES is answered 501."""
     timeout = f"{idle_timeout_seconds}s"
-    locations = "".join(_api_location(route, upstream=upstream, auth=api_keys) for route in API_ROUTES)
+    locations = "".join(
+        _api_location(route, upstream=upstream if route in routes else None, auth=api_keys)
+        for route in API_ROUTES
+    )
     return f"""
     server {{
         listen {listen}{" ssl" if tls else ""};
@@ -337,13 +371,15 @@ def render(
     router_at: tuple[str, int] | None = None,
     extra: str = "",
     health_upstream: str | None = None,
+    routes: tuple[Route, ...] = API_ROUTES,
 ) -> str:
     """`api_keys`: check the client keys of KEYS_FILE (beside nginx.conf); `tls`: serve HTTPS with
     the certificate and key in `secrets_dir` (where the container sees CONF_DIR);
     `listen_address`: one address instead of every one (an AWS node's proxy); `router_at`:
     vLLM's router as the primary server, the replicas its backups (router_server); `extra`:
     more of the `http` block after the client-facing server (an AWS proxy's router listener);
-    `health_upstream`: an upstream of `extra` that answers HEALTH_PATH instead (server_block)."""
+    `health_upstream`: an upstream of `extra` that answers HEALTH_PATH instead; `routes`: what
+    the deployment serves of API_ROUTES (server_block)."""
     if not servers:
         raise ValueError("nginx needs at least one upstream server")
     if upstream_file is None:
@@ -364,6 +400,7 @@ def render(
         tls=tls,
         secrets_dir=secrets_dir,
         health_upstream=health_upstream,
+        routes=routes,
     )
     return f"""# Managed by qwen-cluster: load balancer over the replica heads' model port.
 {user_line}worker_processes auto;
@@ -675,5 +712,6 @@ def for_cluster(cluster, **paths) -> str:
         tls=cluster.load_balancer.tls is not None,
         router_at=router_server(cluster),
         extra=pd_worker_listeners(cluster) if cluster.disaggregated else "",
+        routes=api_routes(cluster),
         **paths,
     )

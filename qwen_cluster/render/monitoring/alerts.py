@@ -18,10 +18,13 @@ from qwen_cluster.render.monitoring.prometheus import JOB
 
 KV_CACHE_FULL = 0.95
 # serving.mode disaggregated: a decode node that computes more than this share of its prompt
-# tokens itself is prefilling instead of pulling the KV (QwenKvRecomputed). Pulled tokens are not
-# computed (the NIXL connector's load counts as a cache hit: vllm:external_prefix_cache_hits); a
-# decode node computes only the tail of a prompt that does not fill a block (measured on the lab:
-# 570 B of KV moved per prompt token against 512 B, whole 128-token blocks).
+# tokens itself is prefilling instead of pulling the KV (QwenKvRecomputed). vLLM counts each prompt
+# token by where it came from (vllm:prompt_tokens_by_source, vllm/v1/metrics/stats.py
+# PromptTokenStats: local_compute + local_cache_hit + external_kv_transfer = the prompt); a decode
+# node that pulled computes none of it (measured on the lab: local_compute 0 of 2,162 prompt
+# tokens, all external_kv_transfer). Not vllm:request_prefill_kv_computed_tokens: on a decode node
+# it subtracts the prefill node's own cache hits (output_processor.py remote_prefill_cached_tokens),
+# so it counts the whole prompt of every pulled request (the alert fired on a healthy lab).
 KV_RECOMPUTED_SHARE = 0.5
 _NOT_KV = ',port_name!~"kv-.*"'
 
@@ -279,7 +282,8 @@ def _pd_alerts(cluster, window: str) -> list[Alert]:
     vllm:nixl_num_failed_transfers, failed handshakes and notifications included, on the node that
     reads; vllm:nixl_num_kv_expired_reqs and vllm:nixl_num_notifications_after_expiry on the node
     that holds the KV, the prefill node with the pull connector), the decode pool's own prefill
-    (vllm:request_prefill_kv_computed_tokens against vllm:prompt_tokens, vllm/v1/metrics/loggers.py)
+    (vllm:prompt_tokens_by_source{source="local_compute"} against vllm:prompt_tokens,
+    vllm/v1/metrics/loggers.py)
     and the cross-pool probe of the side channel (endpoint.probes). The targets carry `pool`
     (prometheus.scrape_targets)."""
     if not cluster.disaggregated:
@@ -312,7 +316,8 @@ def _pd_alerts(cluster, window: str) -> list[Alert]:
         Alert(
             "QwenKvRecomputed",
             "warning",
-            f'sum by (node) (rate(vllm:request_prefill_kv_computed_tokens_sum{{pool="decode"}}[{window}])) '
+            "sum by (node) (rate(vllm:prompt_tokens_by_source_total"
+            f'{{pool="decode",source="local_compute"}}[{window}])) '
             f'/ sum by (node) (rate(vllm:prompt_tokens_total{{pool="decode"}}[{window}])) '
             f"> {KV_RECOMPUTED_SHARE:g}",
             300,
