@@ -115,11 +115,12 @@ def test_the_environment_pins_guidellm_and_the_cpu_torch_and_is_keyed_by_the_lis
 def test_the_real_guidellm_drives_a_loopback_server_with_the_key():
     """guidellm 0.8.1 from its cached environment (installed here when missing) against the
     stand-in: every request carries the key it got from the environment, and its report
-    parses into the figures. The tokenizer is the lab's tiny model's (built when missing)."""
-    from labkit.models import guidellmenv, realvllm
+    parses into the figures. The tokenizer is the lab's tiny model's (built when missing): its
+    files only, no vLLM server, so this module is not in the suite's real-vllm group."""
+    from labkit.models import guidellmenv
 
     guidellm = str(guidellmenv.executable(guidellmenv.ensure_venv()))
-    tokenizer = str(realvllm.ensure_model())
+    tokenizer = str(guidellmenv.lab_tokenizer())
     settings = modelserver.Settings(node="loopback", model=routingbench.MODEL, tokens=routingbench.MAX_TOKENS)
     with standin_server.serving(settings) as (port, server):
         endpoint = routingbench.Endpoint(f"http://127.0.0.1:{port}", api_key="sk-guidellm")

@@ -390,7 +390,7 @@ def run_once(
         from labkit.models import guidellmenv
 
         guidellm = str(guidellmenv.executable(guidellmenv.ensure_venv()))
-        tokenizer = tokenizer or str(realvllm.ensure_model())  # the lab's model (its tokenizer)
+        tokenizer = tokenizer or str(guidellmenv.lab_tokenizer())
         return guidellmbench.run(guidellm, endpoint, workload, seed, tokenizer, read_counters, report)
     return routingbench.run(endpoint, workload, seed, read_counters)
 

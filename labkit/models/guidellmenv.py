@@ -7,7 +7,8 @@ outside the clone, as labkit/models/realvllm.py keeps the real vLLM.
   realvllm's does, so a changed pin builds a new environment and an unchanged one is reused
   (a cold install takes a minute or two, a cached one milliseconds). One builder at a time
   (realvllm.build_once: a lock file beside it).
-- `executable()` is its `guidellm` command; labkit/cluster/guidellmbench.py runs it.
+- `executable()` is its `guidellm` command; labkit/cluster/guidellmbench.py runs it, with
+  `lab_tokenizer()` against the lab.
 
 The command line: `python -m labkit.models.guidellmenv install|paths`.
 """
@@ -69,6 +70,13 @@ def ensure_venv(log: Callable[[str], None] = print) -> Path:
             raise RuntimeError(f"{SCRIPT} missing from {target}/bin")
 
     return realvllm.build_once(target, "guidellm environment", build, log)
+
+
+def lab_tokenizer(log: Callable[[str], None] = print) -> Path:
+    """The tokenizer guidellm sizes its synthetic prompts with in the lab: the tiny Qwen3 model's
+    directory (realvllm.ensure_model, built when missing), the model the lab's replicas serve.
+    Only its tokenizer files are read; no vLLM server is started."""
+    return realvllm.ensure_model(log)
 
 
 def main(argv: list[str] | None = None) -> int:
