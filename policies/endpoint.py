@@ -31,19 +31,21 @@ def keys_in_clear(args: StackValidationArgs, report: ReportViolation, settings: 
 
 @stack_policy(
     name="certificate-expiring",
-    description="The endpoint's certificate (loadBalancer.tls) is renewed before it expires: a "
-    f"certificate of the chain that expires within {x509check.EXPIRY_ADVISORY_DAYS} days is said "
-    "(an expired one is refused by the program itself).",
+    description="The endpoint's certificate (loadBalancer.tls) and the monitoring servers' "
+    "(monitoring.tls) are renewed before they expire: a certificate of either chain that expires "
+    f"within {x509check.EXPIRY_ADVISORY_DAYS} days is said (an expired one is refused by the "
+    "program itself).",
     enforcement_level=ADVISORY,
     severity=Severity.MEDIUM,
     remediation_steps="Renew the certificate and set the new chain and key with `pulumi config set "
-    "--secret --path` (docs/endpoint.md); nginx reloads, no model server restarts.",
+    "--secret --path` (docs/endpoint.md, docs/monitoring.md); nginx reloads, Prometheus and "
+    "Alertmanager read the new pair on their next connection, no model server restarts.",
 )
 def certificate_expiring(args: StackValidationArgs, report: ReportViolation, settings: Settings) -> None:
     """Once per certificate close to its end, where the pack had the pair in plain text."""
     facts = current_facts()
     for warning in facts.certificate_warnings if facts.known else ():
-        report(f"loadBalancer.tls {warning}")
+        report(warning)
 
 
 @stack_policy(

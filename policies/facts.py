@@ -41,8 +41,9 @@ class Facts:
     monitoring_node: str | None = None  # where Prometheus and Alertmanager run (monitoring.node)
     api_keys: bool = False  # access.apiKeys set (the endpoint checks keys)
     tls: bool = False  # loadBalancer.tls set (clients speak TLS to the endpoint)
-    # What the parse of loadBalancer.tls warrants saying (an expiry close at hand), where the pair
-    # was at hand in plain text (qwen_cluster/config/x509check.py).
+    # What the parse of loadBalancer.tls and monitoring.tls warrants saying (an expiry close at
+    # hand), each prefixed with its key, where the pair was at hand in plain text
+    # (qwen_cluster/config/x509check.py).
     certificate_warnings: tuple[str, ...] = ()
     # Prometheus and Alertmanager run without a password, as monitoring.openToMonitoringCidrs says.
     monitoring_open: bool = False
@@ -106,11 +107,17 @@ def facts_for(cluster: config.ClusterConfig | None, unknown_because: str = NO_CO
         monitoring_node=cluster.monitoring_node.name if cluster.monitoring_node else None,
         api_keys=bool(cluster.access.api_keys),
         tls=cluster.load_balancer.tls is not None,
-        certificate_warnings=cluster.load_balancer.tls.warnings if cluster.load_balancer.tls else (),
+        certificate_warnings=_certificate_warnings(cluster),
         monitoring_open=cluster.monitoring.prometheus and cluster.monitoring.open_to_monitoring_cidrs,
         kv_link=kvlink.declaration(cluster),
         known=True,
     )
+
+
+def _certificate_warnings(cluster: config.ClusterConfig) -> tuple[str, ...]:
+    """Each TLS pair's warnings, named by its key: the endpoint's and the monitoring servers'."""
+    sections = (("loadBalancer.tls", cluster.load_balancer.tls), ("monitoring.tls", cluster.monitoring.tls))
+    return tuple(f"{key} {warning}" for key, tls in sections if tls for warning in tls.warnings)
 
 
 _MISSING = object()

@@ -150,9 +150,9 @@ def test_the_node_role_refuses_what_it_does_not_allow_and_imds_wants_a_token(day
         60,
     )
     assert status == ssmrun.FAILED and "AccessDenied" in output, output
-    # The monitoring credentials: the nodes share one role (whose managed policy allows
-    # GetParameter on "*"), yet only the monitoring node's instance reads them.
-    for name in ("password", "web-config"):
+    # The monitoring credentials and the servers' private key: the nodes share one role (whose
+    # managed policy allows GetParameter on "*"), yet only the monitoring node's instance reads them.
+    for name in ("password", "web-config", "tls-private-key"):
         read = (
             "#!/bin/bash\nexport AWS_DEFAULT_REGION=us-west-2\n"
             f"aws ssm get-parameter --name /qwen-cluster/dev/monitoring/{name} --with-decryption >/dev/null\n"

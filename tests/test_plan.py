@@ -192,3 +192,29 @@ def test_a_stack_open_on_purpose_passes_with_the_monitoring_open_advisory():
         "advisory"
     ]
     assert report["placeholders"] == ["access.apiKeys"]
+
+
+def test_the_plan_says_when_a_certificate_it_is_handed_is_close_to_its_end():
+    """A TLS pair handed in plain text (`--change loadBalancer.tls=...`, a lab's stack) is judged by
+    the render and by the pack alike: one that expires within the advisory's days is said by the
+    plan as `pulumi preview` says it, not passed over because the plan's own reading kept the
+    values wrapped as the stack file holds them."""
+    from datetime import UTC, datetime, timedelta
+
+    from qwen_cluster.config import x509check
+    from tests.helpers import certificates
+
+    now = datetime.now(UTC)
+    leaf = certificates.issue(
+        "lb",
+        not_before=now - timedelta(days=60),
+        not_after=now + timedelta(days=x509check.EXPIRY_ADVISORY_DAYS - 10),
+    )
+    stack_config = stackfile.read("onprem")
+    key = f"{config.NAMESPACE}:loadBalancer"
+    tls = {"certificate": {"secure": leaf.pem}, "privateKey": {"secure": leaf.key_pem}}
+    report = preview.plan("onprem", {**stack_config, key: {**stack_config[key], "tls": tls}})
+    assert report["valid"] and report["mandatory"] == 0
+    expiring = [v for v in report["violations"] if v["policy"] == "certificate-expiring"]
+    assert [v["enforcement"] for v in expiring] == ["advisory"]
+    assert expiring[0]["message"].startswith("loadBalancer.tls certificate: certificate 1 (CN=lb) expires on")

@@ -19,7 +19,7 @@ from policies import normalized as net
 from qwen_cluster import config
 from qwen_cluster.config import x509check
 from tests.helpers import certificates
-from tests.helpers.configs import TEST_API_KEY
+from tests.helpers.configs import TEST_API_KEY, TEST_MONITORING_PASSWORD
 from tests.helpers.policy_fixtures import (
     CONTAINER,
     aws_stack,
@@ -117,6 +117,34 @@ def test_a_certificate_close_to_its_end_gets_an_advisory_naming_the_key():
     ]
     assert [(v.enforcement, v.resource) for v in violations] == [("advisory", None)]
     assert violations[0].message.startswith("loadBalancer.tls certificate: certificate 1 (CN=lb) expires on")
+
+
+def test_a_monitoring_certificate_close_to_its_end_gets_the_same_advisory_naming_its_key():
+    """monitoring.tls is parsed as loadBalancer.tls is, and its expiry is said the same way: a
+    lapsed certificate locks Prometheus out of Alertmanager and doctor out of Prometheus."""
+    from tests.helpers.monitoring_tls import issue
+
+    pki = issue(str(DEV.monitoring_node.ip), serial=41, days=x509check.EXPIRY_ADVISORY_DAYS - 10)
+    raw = DEV.model_dump(by_alias=True, exclude_none=True, mode="json")
+    raw["access"]["apiKeys"] = [TEST_API_KEY]
+    raw["monitoring"] = {
+        **raw["monitoring"],
+        "password": TEST_MONITORING_PASSWORD,
+        "tls": {
+            "certificate": pki.certificate,
+            "privateKey": pki.private_key,
+            "caCertificate": pki.ca_certificate,
+        },
+    }
+    violations = [
+        v
+        for v in policy_harness.analyze(aws_stack(), cluster=config.validate(raw))
+        if v.policy == "certificate-expiring"
+    ]
+    assert [(v.enforcement, v.resource) for v in violations] == [("advisory", None)]
+    assert violations[0].message.startswith(
+        f"monitoring.tls certificate: certificate 1 (CN={DEV.monitoring_node.ip}) expires on"
+    )
 
 
 def test_a_certificate_far_from_its_end_gets_none():

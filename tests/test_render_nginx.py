@@ -245,8 +245,7 @@ def test_a_disaggregated_endpoint_serves_every_route_but_the_stored_responses():
 @tools.needs("nginx")
 def test_through_a_real_nginx_a_disaggregated_endpoint_answers_stored_responses_itself(tmp_path):
     """vLLM's router in P/D mode answers them 501 in plain text; nginx answers first, in JSON."""
-    served = nginx.api_routes(ONPREM_DISAGGREGATED)
-    with locked_nginx(tmp_path, routes=served) as (port, access, server):
+    with locked_nginx(tmp_path, disaggregated=True) as (port, access, server):
 
         def ask(method: str, path: str, how=access) -> probes.Reply:
             return probes.request("127.0.0.1", port, method, path, access=how)
@@ -257,8 +256,56 @@ def test_through_a_real_nginx_a_disaggregated_endpoint_answers_stored_responses_
             assert "disaggregated" in json.loads(reply.body)["error"]["message"]
             assert ask(method, path, probes.ClientAccess(None, access.ca_file)).status == 401
         assert ask("POST", "/v1/responses").status == 200
-        reached = {path for (path, _), count in server.stats.requests.items() if count}
-        assert reached == {"/v1/responses"}
+        # The stand-in counts a request once it has answered it.
+        wait_until(
+            lambda: {path for (path, _), n in server.stats.requests.items() if n} == {"/v1/responses"},
+            what="the stand-in counting /v1/responses alone",
+            timeout=5,
+        )
+
+
+def test_only_a_disaggregated_endpoint_retries_a_500_on_the_next_server():
+    retried = re.compile(r"proxy_next_upstream ([a-z0-9_ ]+);")
+    assert retried.findall(nginx.for_cluster(ONPREM))[0] == "error timeout http_502 http_503 non_idempotent"
+    assert retried.findall(nginx.for_cluster(ONPREM_DISAGGREGATED))[0] == (
+        "error timeout http_502 http_503 http_500 non_idempotent"
+    )
+
+
+@tools.needs("nginx")
+def test_through_a_real_nginx_a_disaggregated_router_answering_500_is_retried_on_the_decode_pool(tmp_path):
+    """vLLM's router in P/D mode answers 500 while it still picks a prefill server that died
+    (nginx.P_D_RETRY): the request goes on to the backup, the decode pool, and succeeds."""
+    import http.server
+    import threading
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = b"Transparent proxy request failed"
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    try:
+        for disaggregated, expected in ((True, 200), (False, 500)):
+            directory = tmp_path / str(disaggregated)
+            directory.mkdir()
+            with locked_nginx(directory, router_at=router.server_address, disaggregated=disaggregated) as (
+                port,
+                access,
+                _replica,
+            ):
+                reply = probes.chat("127.0.0.1", port, "hello", access=access, max_tokens=4)
+                assert reply.status == expected, (disaggregated, reply)
+    finally:
+        router.shutdown()
 
 
 # --- cache-aware routing: vLLM's router first, the replicas its backups -----------------------

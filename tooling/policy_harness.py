@@ -286,7 +286,7 @@ def check_stack(stack: str, **kwargs: Any) -> tuple[Render, list[Violation]]:
 def check_config(stack_config: dict[str, Any], stack: str = "offline", **kwargs: Any) -> list[Violation]:
     """Render a stack config (a stack file's `config:` map) and run the pack over it."""
     rendered = render(stack_config, stack)
-    cluster = stackfile.validate(stack_config)
+    cluster = stackfile.validate_as_handed(stack_config)
     return analyze_render(rendered, cluster=cluster, **kwargs)
 
 

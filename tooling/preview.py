@@ -123,7 +123,7 @@ def plan(
     started = time.perf_counter()
     stack_config = stackfile.read(stack) if stack_config is None else stack_config
     try:
-        cluster = stackfile.validate(stack_config)
+        cluster = stackfile.validate_as_handed(stack_config)
     except config.ConfigError as error:
         return {"stack": stack, "valid": False, "errors": error.errors}
     render = offline.render(stack_config, stack)
@@ -220,7 +220,7 @@ def change_plan(
         else:
             old = offline.render_stack(stack)
             new_config = changes.apply_changes(stackfile.read(stack), change_texts or [])
-        cluster = stackfile.validate(new_config)
+        cluster = stackfile.validate_as_handed(new_config)
     except (config.ConfigError, changes.ChangeSyntaxError, ValueError) as error:
         errors = error.errors if isinstance(error, config.ConfigError) else [str(error)]
         return {**report, "valid": False, "errors": errors, "exit": 2}

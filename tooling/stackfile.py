@@ -138,6 +138,15 @@ def validate(stack_config: dict[str, Any]) -> config.ClusterConfig:
     return config.validate(cluster_keys(stack_config), aws_region=stack_config.get("aws:region"))
 
 
+def validate_as_handed(stack_config: dict[str, Any]) -> config.ClusterConfig:
+    """`validate` of the values as the engine hands them to the program and the pack: every
+    `secure:` value decrypted (offline, a real stack's ciphertext becomes its OFFLINE_SECRETS
+    placeholder, as in as_pulumi_config). So a TLS pair given in plain text is parsed here as the
+    program parses it, and what it warrants saying (an expiry close at hand) reaches the pack,
+    which `validate` alone, reading the wrapped values as unjudged ciphertext, would drop."""
+    return validate({key: _decrypted(value, (key,))[0] for key, value in stack_config.items()})
+
+
 def load(stack: str, root: Path = PROJECT_ROOT) -> config.ClusterConfig:
     return validate(read(stack, root))
 

@@ -10,11 +10,11 @@ Signatures:
            runtime_dir: str = "/var/cache/nginx", log_dir: str = "/var/log/nginx",
            pid_file: str = "/var/run/nginx.pid", user: str | None = "nginx",
            upstream_file: str | None = None, api_keys: bool = False, tls: bool = False,
-           secrets_dir: str = CONTAINER_CONF_DIR, ..., routes=API_ROUTES) -> str
+           secrets_dir: str = CONTAINER_CONF_DIR, ..., disaggregated=False) -> str
     server_block(*, listen, upstream, idle_timeout_seconds, tries, api_keys, tls, secrets_dir,
-                 health_upstream, routes) -> str
+                 health_upstream, disaggregated) -> str
     api_routes(cluster: ClusterConfig) -> tuple[Route, ...]   what the endpoint serves (P/D: no
-                                                               stored responses)
+                                                               stored responses; served_routes)
     keys_conf(api_keys) -> str         the map entries of KEYS_FILE (a secret)
     secrets_bundle(api_keys, tls_certificate, tls_private_key) -> str   install_script's stdin
     for_cluster(cluster: ClusterConfig, **paths) -> str
@@ -166,12 +166,30 @@ NOT_SERVED_DISAGGREGATED_ERROR = (
 )
 
 
-def api_routes(cluster) -> tuple[Route, ...]:
-    """What the endpoint of `cluster` serves of API_ROUTES: all of them, but the stored-response
-    routes when serving.mode is disaggregated (STORED_RESPONSE_ROUTES)."""
-    if not cluster.disaggregated:
+# serving.mode disaggregated: vLLM's router in P/D mode answers 500 when the prefill or decode
+# server it chose fails before answering ("Transparent proxy request failed", vllm_pd_router.rs;
+# it does not try another worker), and keeps choosing a dead one until its own health checks call
+# it unhealthy (--health-failure-threshold x --health-check-interval-secs: 15 s here). Measured on
+# the lab: the prefill node's vLLM killed under load, 4 of 6 requests HTTP 500 within 3 s. nginx
+# retries that 500 on its next server, the decode pool served whole (backup): the request
+# succeeds without the KV split. A KV load that failed under loadFailurePolicy `fail` is a 500
+# too and is retried the same way (QwenKvTransferFailed and QwenKvRecomputed say it happened).
+P_D_RETRY = """
+        # Disaggregated: the router's 500 (a prefill or decode server failed under it) is
+        # retried on the next server, the decode pool (nginx.P_D_RETRY)."""
+
+
+def served_routes(disaggregated: bool) -> tuple[Route, ...]:
+    """What an endpoint serves of API_ROUTES: all of them, but the stored-response routes when
+    serving.mode is disaggregated (STORED_RESPONSE_ROUTES)."""
+    if not disaggregated:
         return API_ROUTES
     return tuple(route for route in API_ROUTES if route not in STORED_RESPONSE_ROUTES)
+
+
+def api_routes(cluster) -> tuple[Route, ...]:
+    """What the endpoint of `cluster` serves (served_routes)."""
+    return served_routes(cluster.disaggregated)
 
 
 # The client keys, as nginx map entries (keys_conf), beside nginx.conf; TLS files likewise.
@@ -285,14 +303,17 @@ def server_block(
     tls: bool,
     secrets_dir: str = CONTAINER_CONF_DIR,
     health_upstream: str | None = None,
-    routes: tuple[Route, ...] = API_ROUTES,
+    disaggregated: bool = False,
 ) -> str:
     """The client-facing `server`, shared by the bare-metal load balancer and each AWS node's
     proxy: TLS (optional), the API key check, the route allowlist, streaming-safe proxying.
     The proxy settings are the server's, inherited by every location. `health_upstream`: where
     HEALTH_PATH goes, when not `upstream` (an AWS proxy behind the router: its own vLLM).
-    `routes`: what this deployment serves (api_routes); the rest of API_ROUTES is answered 501."""
+    `disaggregated`: serving.mode disaggregated: what is not served there (served_routes) is
+    answered 501, and the router's 500 is retried on the next server (P/D_RETRY)."""
     timeout = f"{idle_timeout_seconds}s"
+    routes = served_routes(disaggregated)
+    retried = "error timeout http_502 http_503" + (" http_500" if disaggregated else "")
     locations = "".join(
         _api_location(route, upstream=upstream if route in routes else None, auth=api_keys)
         for route in API_ROUTES
@@ -322,8 +343,8 @@ def server_block(
         proxy_send_timeout {timeout};
         # Inference is stateless: a POST that failed before any byte reached the client
         # can be replayed on another replica without side effects, hence non_idempotent.
-        # nginx never retries once the response has started streaming.
-        proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+        # nginx never retries once the response has started streaming.{P_D_RETRY if disaggregated else ""}
+        proxy_next_upstream {retried} non_idempotent;
         proxy_next_upstream_tries {tries};
 
         # The OpenAI routes (API_ROUTES), each behind the key check when keys are configured.{locations}
@@ -371,15 +392,15 @@ def render(
     router_at: tuple[str, int] | None = None,
     extra: str = "",
     health_upstream: str | None = None,
-    routes: tuple[Route, ...] = API_ROUTES,
+    disaggregated: bool = False,
 ) -> str:
     """`api_keys`: check the client keys of KEYS_FILE (beside nginx.conf); `tls`: serve HTTPS with
     the certificate and key in `secrets_dir` (where the container sees CONF_DIR);
     `listen_address`: one address instead of every one (an AWS node's proxy); `router_at`:
     vLLM's router as the primary server, the replicas its backups (router_server); `extra`:
     more of the `http` block after the client-facing server (an AWS proxy's router listener);
-    `health_upstream`: an upstream of `extra` that answers HEALTH_PATH instead; `routes`: what
-    the deployment serves of API_ROUTES (server_block)."""
+    `health_upstream`: an upstream of `extra` that answers HEALTH_PATH instead; `disaggregated`:
+    serving.mode disaggregated (server_block)."""
     if not servers:
         raise ValueError("nginx needs at least one upstream server")
     if upstream_file is None:
@@ -400,7 +421,7 @@ def render(
         tls=tls,
         secrets_dir=secrets_dir,
         health_upstream=health_upstream,
-        routes=routes,
+        disaggregated=disaggregated,
     )
     return f"""# Managed by qwen-cluster: load balancer over the replica heads' model port.
 {user_line}worker_processes auto;
@@ -712,6 +733,6 @@ def for_cluster(cluster, **paths) -> str:
         tls=cluster.load_balancer.tls is not None,
         router_at=router_server(cluster),
         extra=pd_worker_listeners(cluster) if cluster.disaggregated else "",
-        routes=api_routes(cluster),
+        disaggregated=cluster.disaggregated,
         **paths,
     )

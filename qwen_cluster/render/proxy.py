@@ -205,7 +205,7 @@ def conf(cluster: ClusterConfig, node_name: str) -> str:
         # vLLM is down leaves the target group (its proxy's fallback is that vLLM), and the
         # rollout's `wait target-in-service` still means this replica serves.
         health_upstream=LOCAL_UPSTREAM if routed else None,
-        routes=nginx.api_routes(cluster),
+        disaggregated=cluster.disaggregated,
     )
 
 

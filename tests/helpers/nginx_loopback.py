@@ -20,11 +20,11 @@ from tests.helpers.wait import wait_until
 def locked_nginx(
     directory: Path,
     router_at: tuple[str, int] | None = None,
-    routes: tuple[nginx.Route, ...] = nginx.API_ROUTES,
+    disaggregated: bool = False,
 ) -> Iterator[tuple[int, probes.ClientAccess, modelserver.ModelServer]]:
     """Yields (nginx's port, a client holding the key and the CA, the stand-in). `router_at`: a
-    router in front (nginx.router_server), the stand-in its backup; `routes`: what is served
-    (nginx.api_routes)."""
+    router in front (nginx.router_server), the stand-in its backup; `disaggregated`: as
+    serving.mode disaggregated renders it."""
     with serving(modelserver.Settings(node="loopback")) as (backend, server):
         port = free_port()
         for sub in ("logs", "state"):
@@ -45,7 +45,7 @@ def locked_nginx(
             tls=True,
             secrets_dir=str(directory),
             router_at=router_at,
-            routes=routes,
+            disaggregated=disaggregated,
         ).replace(f"listen {port} ssl;", f"listen 127.0.0.1:{port} ssl;")
         (directory / "nginx.conf").write_text(conf)
         process = subprocess.Popen(
