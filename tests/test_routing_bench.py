@@ -15,6 +15,8 @@ vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-32B"} 3000.0
 vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-32B"} 4000.0
 vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-32B"} 4100.0
 vllm:prompt_tokens_created{engine="0",model_name="Qwen/Qwen3-32B"} 1.7e9
+vllm:request_success_total{engine="0",finished_reason="length",model_name="Qwen/Qwen3-32B"} 5.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="Qwen/Qwen3-32B"} 2.0
 """
 
 
@@ -30,6 +32,7 @@ def test_counters_read_vllms_totals_and_nothing_else():
         "vllm:prefix_cache_hits_total": 3000.0,
         "vllm:prefix_cache_queries_total": 4000.0,
         "vllm:prompt_tokens_total": 4100.0,
+        "vllm:request_success_total": 7.0,  # every finished_reason
     }
 
 

@@ -104,6 +104,7 @@ def figures_of(result: dict[str, Any], before: dict, after: dict, seconds: float
         "outputTokensPerSecond": round(float(result.get("output_throughput", 0.0)), 2),
         "busiestReplicaRatio": replicas.get("busiestReplicaRatio"),
         "uncachedPromptTokens": replicas.get("uncachedPromptTokens"),
+        "requestsPerReplica": replicas.get("requestsPerReplica"),
         "seconds": round(float(result.get("duration", seconds)), 1),
     }
 

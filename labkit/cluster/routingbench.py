@@ -261,7 +261,14 @@ def run_chains(
 
 # ---------------------------------------------------------------- vLLM's counters
 
-COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:prompt_tokens_total")
+# The last one counts the requests each replica finished (vllm/v1/metrics/loggers.py
+# `vllm:request_success`, by finished_reason, summed here): how the endpoint spread them.
+COUNTERS = (
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prompt_tokens_total",
+    "vllm:request_success_total",
+)
 
 
 def counters(metrics_text: str) -> dict[str, float]:
@@ -281,6 +288,10 @@ def figures(
     queries = {replica: after[replica][COUNTERS[1]] - before[replica][COUNTERS[1]] for replica in after}
     prompts = {replica: after[replica][COUNTERS[2]] - before[replica][COUNTERS[2]] for replica in after}
     uncached = {replica: prompts[replica] - hits[replica] for replica in after}
+    finished = {
+        replica: after[replica].get(COUNTERS[3], 0.0) - before[replica].get(COUNTERS[3], 0.0)
+        for replica in after
+    }
     mean_uncached = statistics.fmean(uncached.values()) if uncached else 0.0
     ttfts = sorted(result.ttft for result in results if result.ok and result.ttft is not None)
     errors = [result for result in results if not result.ok]
@@ -300,6 +311,7 @@ def figures(
         "seconds": round(seconds, 1),
         "promptTokens": sum(result.prompt_tokens for result in results),
         "uncachedPromptTokens": {replica: int(value) for replica, value in sorted(uncached.items())},
+        "requestsPerReplica": {replica: int(value) for replica, value in sorted(finished.items())},
         "firstErrors": [f"{result.status} {result.error}"[:200] for result in errors[:3]],
     }
 
@@ -370,7 +382,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [run[key] for run in runs if run.get(key) is not None]
         summary[key] = round(statistics.median(values), 4) if values else None
     summary["each"] = [
-        {key: run[key] for key in (*MEDIAN_OF, "requests", "errors", "seconds")} for run in runs
+        {
+            **{key: run[key] for key in (*MEDIAN_OF, "requests", "errors", "seconds")},
+            # Per replica, where the replicas' counters were read (by any tool).
+            **{key: run[key] for key in ("requestsPerReplica", "uncachedPromptTokens") if run.get(key)},
+        }
+        for run in runs
     ]
     return summary
 

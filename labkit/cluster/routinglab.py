@@ -346,20 +346,52 @@ def up(
             lab.kill(name)
 
 
-TOOLS = ("client", "vllm-bench")
+TOOLS = ("client", "vllm-bench", "guidellm")
+
+
+def supports(tool: str, workload: str) -> bool:
+    """Whether `tool` has a dataset for `workload`: `vllm bench serve` 0.32 has no conversation
+    dataset (labkit/cluster/fieldbench.py), guidellm's synthetic data runs all three
+    (labkit/cluster/guidellmbench.py), the benchmark's own client all."""
+    if tool == "vllm-bench":
+        from labkit.cluster import fieldbench
+
+        return workload in fieldbench.DATASETS
+    if tool == "guidellm":
+        from labkit.cluster import guidellmbench
+
+        return workload in guidellmbench.DATASETS
+    return workload in routingbench.WORKLOADS
 
 
 def run_once(
-    tool: str, endpoint, workload: str, seed: int, read_counters, tokenizer: str | None = None
+    tool: str,
+    endpoint,
+    workload: str,
+    seed: int,
+    read_counters,
+    tokenizer: str | None = None,
+    report: Path | None = None,
 ) -> dict:
     """One run of `workload` through `endpoint` by the benchmark's own client (`client`,
-    routingbench) or by vLLM's (`vllm-bench`: `vllm bench serve`, labkit/cluster/fieldbench.py)."""
+    routingbench), by vLLM's (`vllm-bench`: `vllm bench serve`, labkit/cluster/fieldbench.py)
+    or by guidellm (labkit/cluster/guidellmbench.py, its own cached environment; `report`:
+    where to keep its own JSON report)."""
+    if tool not in TOOLS:
+        raise ValueError(f"routing tool {tool!r}: one of {', '.join(TOOLS)}")
     if tool == "vllm-bench":
         from labkit.cluster import fieldbench
 
         vllm = str(realvllm.ensure_venv() / "bin" / "vllm")
         tokenizer = tokenizer or str(realvllm.ensure_model())  # the lab's model (its tokenizer)
         return fieldbench.run(vllm, endpoint, workload, seed, tokenizer, read_counters)
+    if tool == "guidellm":
+        from labkit.cluster import guidellmbench
+        from labkit.models import guidellmenv
+
+        guidellm = str(guidellmenv.executable(guidellmenv.ensure_venv()))
+        tokenizer = tokenizer or str(guidellmenv.lab_tokenizer())
+        return guidellmbench.run(guidellm, endpoint, workload, seed, tokenizer, read_counters, report)
     return routingbench.run(endpoint, workload, seed, read_counters)
 
 
@@ -373,6 +405,7 @@ def benchmark_endpoint(
     workloads: list[str] | None = None,
     tools: tuple[str, ...] = TOOLS,
     tokenizer: str | None = None,
+    reports: Path | None = None,
     log=print,
 ) -> dict:
     """The workloads through any endpoint (a user's own cluster): whatever routing it does, each
@@ -389,10 +422,11 @@ def benchmark_endpoint(
     for round_index in range(rounds):
         for tool in tools:
             for workload in workloads:
-                if tool == "vllm-bench" and workload == "multi-turn":
-                    continue  # no conversation dataset in vllm bench serve 0.32 (fieldbench.py)
+                if not supports(tool, workload):
+                    continue  # e.g. no conversation dataset in vllm bench serve 0.32 (fieldbench.py)
                 seed = routingbench.seed_of(round_index, "least-conn", workload)
-                figures = run_once(tool, endpoint, workload, seed, read_counters, tokenizer)
+                report = reports / f"{tool}-{workload}-round{round_index + 1}.json" if reports else None
+                figures = run_once(tool, endpoint, workload, seed, read_counters, tokenizer, report)
                 runs.setdefault(workload, {}).setdefault(tool, []).append(figures)
                 log(_run_line(round_index, workload, tool, figures))
     summary = {
@@ -420,17 +454,14 @@ def benchmark(
     balance_rel_threshold: float | None = None,
     policies: tuple[str, ...] = routingbench.ALL_POLICIES,
     tool: str = "client",
+    reports: Path | None = None,
     log=print,
 ) -> dict:
     """`least-conn` against `cache-aware` and `kv-aware` on loopback: every workload, policies
     interleaved round by round (routingbench.schedule), each figure the median of `rounds` runs.
-    The thresholds default to the program's for two replicas. `tool`: run_once's (vllm-bench
-    runs the workloads it has a dataset for)."""
-    workloads = workloads or list(routingbench.WORKLOADS)
-    if tool == "vllm-bench":
-        from labkit.cluster import fieldbench
-
-        workloads = [name for name in workloads if name in fieldbench.DATASETS]
+    The thresholds default to the program's for two replicas. `tool`: run_once's (each runs the
+    workloads it has a dataset for, `supports`); `reports`: where guidellm's own reports are kept."""
+    workloads = [name for name in workloads or list(routingbench.WORKLOADS) if supports(tool, name)]
     if balance_abs_threshold is None and balance_rel_threshold is None:
         balance_abs_threshold, balance_rel_threshold = program_thresholds(2)
     started = time.monotonic()
@@ -442,8 +473,9 @@ def benchmark(
         runs: dict[str, dict[str, list]] = {name: {policy: [] for policy in policies} for name in workloads}
         for round_index, policy, workload in routingbench.schedule(rounds, workloads, policies):
             seed = routingbench.seed_of(round_index, policy, workload)
+            report = reports / f"{tool}-{workload}-{policy}-round{round_index + 1}.json" if reports else None
             figures = run_once(
-                tool, routingbench.Endpoint(lab.url(policy)), workload, seed, lab.read_counters
+                tool, routingbench.Endpoint(lab.url(policy)), workload, seed, lab.read_counters, None, report
             )
             runs[workload][policy].append(figures)
             log(_run_line(round_index, workload, policy, figures))
@@ -553,6 +585,10 @@ def _run_line(round_index: int, workload: str, policy: str, figures: dict) -> st
         f"ttft p50 {figures['ttftP50Seconds']} p90 {figures['ttftP90Seconds']} "
         f"out {figures['outputTokensPerSecond']} tok/s busiest {figures['busiestReplicaRatio']} "
         f"errors {figures['errors']} ({figures['seconds']} s)"
+        + "".join(
+            f" {replica}: {requests} requests, {figures['uncachedPromptTokens'][replica]} uncached"
+            for replica, requests in (figures.get("requestsPerReplica") or {}).items()
+        )
     )
 
 
