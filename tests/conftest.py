@@ -78,9 +78,6 @@ LONG_MODULES = (
     "test_lab_endpoint",  # 39 s
     "test_lab_openai",  # 32 s
     "test_lab_lockout",  # 31 s
-    # 28 s warm here (the real guidellm against the stand-in on loopback, -p no:xdist); ~2 min
-    # more the first time, installing its cached environment (labkit/models/guidellmenv.py).
-    "test_guidellm_bench",
 )
 
 

@@ -13,9 +13,6 @@ from pathlib import Path
 import pytest
 
 from labkit.cluster import guidellmbench, routingbench, routinglab
-from labkit.models import modelserver
-from tests.helpers import standin_server
-from tests.helpers.wait import wait_until
 
 DATA = Path(__file__).parent / "data" / "guidellm"
 
@@ -110,30 +107,3 @@ def test_the_environment_pins_guidellm_and_the_cpu_torch_and_is_keyed_by_the_lis
     assert guidellmenv.venv_dir() == tmp_path / "cache" / f"guidellm-{key}"
     pinned.write_text("guidellm==0.8.2\n")
     assert guidellmenv.venv_key() != key
-
-
-def test_the_real_guidellm_drives_a_loopback_server_with_the_key():
-    """guidellm 0.8.1 from its cached environment (installed here when missing) against the
-    stand-in: every request carries the key it got from the environment, and its report
-    parses into the figures. The tokenizer is the lab's tiny model's (built when missing): its
-    files only, no vLLM server, so this module is not in the suite's real-vllm group."""
-    from labkit.models import guidellmenv
-
-    guidellm = str(guidellmenv.executable(guidellmenv.ensure_venv()))
-    tokenizer = str(guidellmenv.lab_tokenizer())
-    settings = modelserver.Settings(node="loopback", model=routingbench.MODEL, tokens=routingbench.MAX_TOKENS)
-    with standin_server.serving(settings) as (port, server):
-        endpoint = routingbench.Endpoint(f"http://127.0.0.1:{port}", api_key="sk-guidellm")
-        figures = guidellmbench.run(guidellm, endpoint, "no-reuse", 3, tokenizer)
-        # The stand-in counts an answer once it is written out, maybe after the client has it.
-        answered = wait_until(
-            lambda: server.stats.requests[("/v1/chat/completions", 200)],
-            what="the stand-in counts 48 answers",
-            timeout=10,
-            done=lambda count: count >= 48,
-        )
-        with_key = server.stats.with_authorization
-    assert figures["tool"] == "guidellm"
-    assert figures["requests"] == 48 and figures["errors"] == 0 and answered == 48
-    assert with_key >= answered  # guidellm's health check carries it too
-    assert figures["ttftP50Seconds"] is not None and figures["outputTokensPerSecond"] > 0
