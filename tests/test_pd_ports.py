@@ -119,7 +119,9 @@ def test_a_nixl_port_answering_within_the_pool_is_named_as_the_fence_with_its_fi
     assert "expected closed, got open" in detail
     found = doctor._finding(check, node, peer, detail)
     assert found.severity == "warning"
-    assert found.fix.startswith("ufw status numbered / nft list ruleset / firewall-cmd --list-rich-rules on")
+    assert found.fix.startswith(
+        "ufw status numbered / nft list ruleset / firewall-cmd --list-rich-rules on worker-2"
+    )
     assert "on worker-2: the kv-side-channel and kv-data drops of its own pool" in found.fix
 
 

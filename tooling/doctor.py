@@ -91,7 +91,7 @@ class Check:
     step: str
     severity: str
     cause: str  # what it means for the cluster, and why it happens
-    fix: str  # {node} and {peer} are filled in
+    fix: str  # {node} (where the finding was seen from) and {peer} (what it probed) are filled in
     row: int = 0
 
 
@@ -305,7 +305,7 @@ CHECKS: dict[str, Check] = {
         "NIXL's side channel or UCX's data ports answer a node of the same pool: the host firewall's "
         "drop of its own pool there is missing (nothing fails; NIXL's ports are open wider than the "
         "other pool, which alone needs them)",
-        "ufw status numbered / nft list ruleset / firewall-cmd --list-rich-rules on {node}: the "
+        "ufw status numbered / nft list ruleset / firewall-cmd --list-rich-rules on {peer}: the "
         "kv-side-channel and kv-data drops of its own pool must come before the member rule (pulumi "
         "up restores them)",
     ),
@@ -504,14 +504,11 @@ def _finding(check_name: str, node: str, peer: str, detail: str) -> Finding:
         f"{pair}: {detail}",
         where,
         check.cause,
-        check.fix.format(node=where[-1] if check_name in _PEER_SIDE else node, peer=peer),
+        check.fix.format(node=node, peer=peer),
         step=check.step,
         check=check_name,
     )
 
-
-# Checks whose fix is on the peer's side (the node that drops or cannot take the frames).
-_PEER_SIDE = {"dynamic-port", "port", "kv-port", "kv-fence"}
 
 
 def _skew(cluster: ClusterConfig, facts: dict[str, dict[str, str]], key: str, check: str) -> list[Finding]:
