@@ -120,47 +120,6 @@ def test_an_image_bump_rolls_one_replica_at_a_time_without_a_failure(running):
     assert result.images == {head.node: "vllm/vllm-openai:v0.33.1" for head in lab_plan.heads}
 
 
-def test_an_image_that_never_becomes_healthy_stops_the_rollout_with_the_rest_serving(running, capsys):
-    lab_plan, _ = running
-    status = lab_cli.main(
-        [
-            "upgrade",
-            "onprem",
-            "--label",
-            LABEL,
-            "--json",
-            "--max-requests",
-            "120",
-            "--change",
-            "model.image=vllm/vllm-openai:v0.33.2-unhealthy",
-            "--change",
-            "rollout.healthTimeoutSeconds=60",  # the least the config accepts; never scaled
-        ]
-    )
-    captured = capsys.readouterr()
-    assert status == 1, captured.err[-2000:]
-    result = json.loads(captured.out)
-    assert not result["ok"]
-    assert result["failed"] == 0 and result["streamsCut"] == 0, result
-    assert [where.split(":")[0] for where in result["stoppedAt"]] == ["master-ready on master"]
-    assert "rollout.healthTimeoutSeconds=60;" in result["stoppedAt"][0]
-    assert result["replicasNotReached"] == [head.node for head in lab_plan.heads if head.node != "master"]
-    assert len(result["replicasNotReached"]) == NODES - 1
-    assert result["replicasLeftOut"] == ["master"]
-    assert result["maxReplicasDown"] == 1
-
-
-def test_the_next_good_change_after_a_stopped_rollout_converges(running):
-    lab_plan, options = running
-    result = upgrade.run(
-        LABEL, ["model.image=vllm/vllm-openai:v0.33.2", "rollout.healthTimeoutSeconds=300"], options
-    )
-    assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
-    assert result.failed == 0 and result.streams_cut == 0, result.failures
-    assert result.images == {head.node: "vllm/vllm-openai:v0.33.2" for head in lab_plan.heads}
-    assert result.max_replicas_down == 1, result.down_at_max
-
-
 def test_a_container_that_cannot_start_stops_its_lane_and_the_next_change_converges(running):
     """The image pulls but its container cannot start (no /bin/bash: standins.NO_START_TAG_SUFFIX).
     docker created the container, then refused to start it: the step fails, the rollout stops at
@@ -176,6 +135,13 @@ def test_a_container_that_cannot_start_stops_its_lane_and_the_next_change_conver
     assert "Unable to start container" in failed["master-model-vllm"]
     assert broken.failed == 0 and broken.streams_cut == 0, broken.failures
     assert broken.max_replicas_down == 1, broken.down_at_max
+    # Where it stopped, as `lab.py upgrade --json` reports it (stoppedAt, replicasNotReached,
+    # replicasLeftOut): the master's lane, the rest never drained. A release that never becomes
+    # healthy stops the same way at its health gate: `make bench` (labkit/bench.py LANE_CHANGES).
+    document = broken.as_json()
+    assert [where.split(":")[0] for where in document["stoppedAt"]] == ["master-model-vllm on master"]
+    assert document["replicasNotReached"] == [head.node for head in lab_plan.heads if head.node != "master"]
+    assert document["replicasLeftOut"] == ["master"]
     kept = executor.load_state(lifecycle.state_file(lab_plan)).render.named("master-model-vllm")
     assert kept.outputs["initErrors"] and kept.outputs["id"]
     assert kept.outputs["id"] in {
