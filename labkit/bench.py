@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labkit.cluster import blueprint, lifecycle, probes, upgrade
+from labkit.cluster import blueprint, check, lifecycle, probes, upgrade
 from labkit.hosts import netns
 from tooling import bench as render_bench
 
@@ -540,9 +540,6 @@ PD_COUNTERS = (
     "external_prefix_cache_hits_total",
     "request_success_total",
 )
-# A request through a disaggregated lab took 14-45 s on two cores (labkit/cluster/check.py
-# PD_REQUEST_SECONDS says why); the clients wait this long for one.
-PD_REQUEST_SECONDS = 240.0
 
 
 def _pd_counters(plan, pools: dict[str, str]) -> dict[str, dict[str, float]]:
@@ -617,7 +614,7 @@ def pd_stack(stack: str, requests: int, log, *, kill_requests: int = 6) -> dict[
             reply = netns.call_in(
                 plan.vantage(Vantage.CLIENT).namespace,
                 lambda text=text: probes.chat(
-                    lb, port, text, timeout=PD_REQUEST_SECONDS, max_tokens=8, access=access
+                    lb, port, text, timeout=check.PD_REQUEST_SECONDS, max_tokens=8, access=access
                 ),
             )
             answers.append({"status": reply.status, "seconds": round(time.monotonic() - sent, 2)})
@@ -656,18 +653,10 @@ def prefill_killed_under_load(plan, pools: dict[str, str], requests: int, log) -
 
     pid, restarts = int(inspect("{{.State.Pid}}")), int(inspect("{{.RestartCount}}"))
     before = _pd_counters(plan, pools)
-    settings = upgrade.LoadSettings(
-        max_requests=requests,
-        rate=0.25,
-        workers=2,
-        stream_every=3,
-        stream_tokens=8,
-        chat_tokens=8,
-        request_timeout=PD_REQUEST_SECONDS,
-    )
+    settings = upgrade.pd_real_model_load(requests)
     load_started = time.monotonic()
     with upgrade.ClientLoad(plan, settings) as clients:
-        deadline = time.monotonic() + PD_REQUEST_SECONDS
+        deadline = time.monotonic() + check.PD_REQUEST_SECONDS
         while not any(outcome.ok for outcome in clients.outcomes):
             if time.monotonic() > deadline:
                 raise RuntimeError("no request answered before the kill")
@@ -675,7 +664,7 @@ def prefill_killed_under_load(plan, pools: dict[str, str], requests: int, log) -
         killed_at = time.monotonic() - load_started
         os.kill(pid, signal.SIGKILL)
         log(f"pd stack: killed the prefill node's vLLM (pid {pid}) at {killed_at:.1f} s of the load")
-        deadline = time.monotonic() + requests * PD_REQUEST_SECONDS
+        deadline = time.monotonic() + requests * check.PD_REQUEST_SECONDS
         while len(clients.outcomes) < requests and time.monotonic() < deadline:
             time.sleep(0.5)  # the clients end after `requests`; bounded by the deadline
     outcomes = sorted(clients.outcomes, key=lambda outcome: outcome.started)

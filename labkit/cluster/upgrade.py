@@ -47,6 +47,23 @@ class LoadSettings:
     request_timeout: float = 60.0  # seconds one request may take (a disaggregated lab's take longer)
 
 
+def pd_real_model_load(max_requests: int) -> LoadSettings:
+    """The client load against a disaggregated stack on the real vLLM: a request took 14-45 s on
+    two cores (check.PD_REQUEST_SECONDS), so two clients, one request every 4 s at most, and the
+    timeout to match."""
+    from labkit.cluster import check
+
+    return LoadSettings(
+        max_requests=max_requests,
+        rate=0.25,
+        workers=2,
+        stream_every=3,
+        stream_tokens=8,
+        chat_tokens=8,
+        request_timeout=check.PD_REQUEST_SECONDS,
+    )
+
+
 def real_model_load(max_requests: int) -> LoadSettings:
     """The client load against the real vLLM (`--real-model`): it writes ~250 tokens/s on a quiet
     machine shared by every request, and a random model may not stop before its context is full,
@@ -331,6 +348,8 @@ def run(
     before = blueprint.from_stack_config(old_config, label)
     after = blueprint.from_stack_config(new_config, label)  # ConfigError names the key and value
     load = load or LoadSettings()
+    if options.real_model and before.cluster.disaggregated:
+        load = pd_real_model_load(load.max_requests)
     kept = {m.node for m in before.heads} & {m.node for m in after.heads}
     heads = [(m.node, m.ip) for m in before.heads if m.node in kept]
     watch_probes = ProbeWatch(must_stay_closed(before, after)) if probe_matrix else None
