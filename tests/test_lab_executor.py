@@ -337,3 +337,14 @@ def test_a_disaggregated_model_container_serves_its_nixl_ports_so_the_holder_lea
     for node in ("master", "worker-2"):
         container = standins.Container.from_inputs(node, rendered.named(f"{node}-model-vllm").inputs)
         assert standins.serves(container) == [5000, 5600, 5601, 5680]
+
+
+def test_a_kv_aware_model_container_serves_its_events_port_so_the_holder_leaves_it():
+    """With loadBalancer.routing kv-aware the holder took the events publisher's 5557 first and the
+    real server's engine died at bind (`ZMQError: Address already in use`), restarting in a loop."""
+    from tooling.changes import edit
+
+    raw = edit.apply_changes(stackfile.read("onprem"), ["loadBalancer.routing=kv-aware"])
+    rendered, _ = executor.render(raw, "onprem", 1 / 30)
+    container = standins.Container.from_inputs("master", rendered.named("master-model-vllm").inputs)
+    assert standins.serves(container) == [5000, 5557]

@@ -416,7 +416,21 @@ def _vllm_ports(container: Container) -> list[int]:
     ports = [int(port) for port in _PORT_FLAG.findall(text)]
     if "--headless" not in text:
         ports += [int(port) for port in _MASTER_PORT_FLAG.findall(text)]
-    return ports + _nixl_ports(container, text)
+    return ports + _nixl_ports(container, text) + _kv_events_ports(text)
+
+
+# The KV-cache events publisher's endpoint in `--kv-events-config` (loadBalancer.routing kv-aware:
+# qwen_cluster/render/vllm.py kv_events_flags), e.g. "endpoint":"tcp://*:5557".
+_KV_EVENTS_ENDPOINT = re.compile(r'"endpoint"\s*:\s*"tcp://[^"]*:(\d+)"')
+
+
+def _kv_events_ports(text: str) -> list[int]:
+    """A kv-aware replica's events publisher: the server's own, as NIXL's ports are (the holder
+    took 5557 first and the real server's engine died at bind, `ZMQError: Address already in
+    use`, restarting in a loop)."""
+    if "--kv-events-config" not in text:
+        return []
+    return [int(port) for port in _KV_EVENTS_ENDPOINT.findall(text)]
 
 
 def _nixl_ports(container: Container, text: str) -> list[int]:
