@@ -206,6 +206,43 @@ def build_once(target: Path, what: str, build: Callable[[], None], log: Callable
         return target
 
 
+def pinned_venv_key(requirements: Path, recipe: str) -> str:
+    """The cache key of a virtualenv of a pinned list (the router's, guidellm's): the list, the
+    recipe's version and the interpreter, as this module's own environment is keyed."""
+    python = interpreter()
+    return _digest(requirements.read_bytes(), recipe.encode(), python.encode(), _version_of(python).encode())
+
+
+def ensure_pinned_venv(
+    target: Path,
+    requirements: Path,
+    script: str,
+    what: str,
+    log: Callable[[str], None] = print,
+    pip_options: Callable[[], list[str]] = list,
+) -> Path:
+    """`target`: a virtualenv of the pinned `requirements` installed `--no-deps` (the list is
+    whole: `pip check` must pass) with its console `script`, built once (build_once)."""
+
+    def build() -> None:
+        subprocess.run([interpreter(), "-m", "venv", str(target)], check=True)
+        python = target / "bin" / "python"
+        subprocess.run(
+            [
+                str(python), "-m", "pip", "install", "--quiet", "--no-deps",
+                "--disable-pip-version-check", *pip_options(), "-r", str(requirements),
+            ],
+            check=True,
+        )  # fmt: skip
+        checked = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
+        if checked.returncode != 0:
+            raise RuntimeError(f"the pinned list is incomplete: {checked.stdout.strip()}")
+        if not (target / "bin" / script).exists():
+            raise RuntimeError(f"{script} missing from {target}/bin")
+
+    return build_once(target, what, build, log)
+
+
 def built(path: Path) -> str:
     """`path`, and whether it is built (the CLIs' `paths`)."""
     return f"{path}{'' if (path / COMPLETE).exists() else ' (not built)'}"

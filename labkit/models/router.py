@@ -16,7 +16,6 @@ The command line: `python -m labkit.models.router install|paths`.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,13 +33,7 @@ SCRIPT = "vllm-router"
 
 
 def venv_key() -> str:
-    python = realvllm.interpreter()
-    return realvllm._digest(
-        REQUIREMENTS.read_bytes(),
-        RECIPE_VERSION.encode(),
-        python.encode(),
-        realvllm._version_of(python).encode(),
-    )
+    return realvllm.pinned_venv_key(REQUIREMENTS, RECIPE_VERSION)
 
 
 def venv_dir() -> Path:
@@ -54,25 +47,7 @@ def executable(venv: Path | None = None) -> Path:
 def ensure_venv(log: Callable[[str], None] = print) -> Path:
     """The cached environment, built first when missing (seconds from pip's cache, 24 MB of
     wheel from PyPI otherwise; realvllm.build_once)."""
-    target = venv_dir()
-
-    def build() -> None:
-        subprocess.run([realvllm.interpreter(), "-m", "venv", str(target)], check=True)
-        python = target / "bin" / "python"
-        subprocess.run(
-            [
-                str(python), "-m", "pip", "install", "--quiet", "--no-deps",
-                "--disable-pip-version-check", "-r", str(REQUIREMENTS),
-            ],
-            check=True,
-        )  # fmt: skip
-        checked = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
-        if checked.returncode != 0:
-            raise RuntimeError(f"the pinned list is incomplete: {checked.stdout.strip()}")
-        if not executable(target).exists():
-            raise RuntimeError(f"{SCRIPT} missing from {target}/bin")
-
-    return realvllm.build_once(target, "vllm-router environment", build, log)
+    return realvllm.ensure_pinned_venv(venv_dir(), REQUIREMENTS, SCRIPT, "vllm-router environment", log)
 
 
 def command(
