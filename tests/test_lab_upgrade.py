@@ -22,6 +22,7 @@ from labkit.engine import executor
 from labkit.hosts import dockerd, netns
 from labkit.images import standins
 from qwen_cluster import ports as port_table
+from tests.helpers.wait import wait_until
 
 LABEL = f"u{os.getpid() % 100000}"
 BINARIES = ("ip", "nginx", "ufw")
@@ -169,6 +170,13 @@ def _router_requests(lab_plan) -> float:
     )
 
 
+def _router_requests_or_none(lab_plan) -> float | None:
+    try:
+        return _router_requests(lab_plan)
+    except OSError:  # refused: not listening yet
+        return None
+
+
 def test_with_cache_aware_routing_an_image_bump_takes_each_replica_out_of_the_router_first(running):
     """The rollout and the router agree: the real router (vllm-router 0.1.17, the program's
     container) in front of the replicas; each lane's drain removes its head from the router's
@@ -184,7 +192,15 @@ def test_with_cache_aware_routing_an_image_bump_takes_each_replica_out_of_the_ro
     since = dockerd.docker(
         engine, "inspect", "--format", "{{.State.StartedAt}}", "qwen-router"
     ).stdout.strip()
-    before = _router_requests(lab_plan)
+    # The router listens (its API and its metrics) only once every worker answered /health, which
+    # may come after its container started: a clean-clone run found its metrics refused here.
+    before = wait_until(
+        lambda: _router_requests_or_none(lab_plan),
+        what="the router's metrics listener",
+        timeout=120,
+        interval=0.5,
+        done=lambda count: count is not None,
+    )
 
     result = upgrade.run(LABEL, ["model.image=vllm/vllm-openai:v0.33.5"], options)
     assert result.ok, [(s.resource, s.detail[-300:]) for s in result.steps if not s.ok]
