@@ -178,10 +178,18 @@ def test_check_on_the_running_lab_passes(day0):
     assert {"containment", "latency", "ssm", "containers", "load balancer"} <= groups
 
 
-def _still_loading(aws_plan, rendered, node: str) -> threading.Thread:
+def _failed_steps(result: dict) -> str:
+    """The failed steps with their whole detail (the run's status and output tail), which
+    pytest's shortened repr of the step dicts would cut off."""
+    return "\n".join(f"{s['resource']} ({s['op']} on {s['node']}): {s.get('detail', '')}"
+                      for s in result["steps"] if not s["ok"])  # fmt: skip
+
+
+def _still_loading(aws_plan, rendered, node: str) -> tuple[threading.Thread, threading.Event]:
     """`node`'s replica as one still loading after a day 0 that did not wait for it: registered
     anew (`initial`, the NLB sends it nothing until its checks pass), its server stopped until
-    the master's model-server run of the next change begins, then started: it loads and rises."""
+    the master's model-server run of the next change begins, then started: it loads and rises.
+    Set the event when the change ends: a change stopped before that run starts it at once."""
     stack, _ = lab.context(aws_plan, rendered)
     group, instance = stack.target_group, stack.instances[node]
     for action in ("deregister_targets", "register_targets"):
@@ -193,23 +201,29 @@ def _still_loading(aws_plan, rendered, node: str) -> threading.Thread:
     before = set(runs.glob("*-modelServer"))
 
     def start_once_the_master_runs() -> None:
-        wait_until(lambda: set(runs.glob("*-modelServer")) - before, what="the master's model-server run",
-                   timeout=120)  # fmt: skip
-        dockerd.docker(daemon, "start", ssm.CONTAINER_NAME)
+        try:
+            wait_until(lambda: set(runs.glob("*-modelServer")) - before or change_ended.is_set(),
+                       what="the master's model-server run", timeout=120)  # fmt: skip
+        finally:  # also when the change stopped before it: the next tests need worker-1 serving
+            dockerd.docker(daemon, "start", ssm.CONTAINER_NAME)
 
+    change_ended = threading.Event()
     thread = threading.Thread(target=start_once_the_master_runs, daemon=True)
     thread.start()
-    return thread
+    return thread, change_ended
 
 
 def test_an_image_bump_begun_while_a_replica_loads_drains_none_before_it_serves_and_fails_nothing(day0):
     # Begun as `up` then `upgrade` at once can begin: worker-1 still loading. The master may
     # leave only once worker-1 is in service (rollout.maxUnavailable 1 at two replicas).
     aws_plan, _, rendered = day0
-    loading = _still_loading(aws_plan, rendered, "worker-1")
-    result = lab.upgrade(LABEL, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=2000)
-    loading.join(timeout=10)
-    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    loading, change_ended = _still_loading(aws_plan, rendered, "worker-1")
+    try:
+        result = lab.upgrade(LABEL, ["model.image=vllm/vllm-openai:v0.33.1"], max_requests=2000)
+    finally:
+        change_ended.set()
+        loading.join(timeout=30)
+    assert result["ok"], _failed_steps(result)
     assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
     assert result["requests"] > 100
     assert result["maxReplicasDown"] == aws_plan.plan.cluster.max_unavailable == 1
@@ -240,7 +254,7 @@ def test_a_key_rotation_reloads_the_proxies_and_restarts_no_model_server(day0):
     identity = lifecycle.endpoint_identity(aws_plan.plan)
     pids = _model_pids(aws_plan)
     result = lab.upgrade(LABEL, [f'access.apiKeys=["{identity.api_keys[1]}"]'], max_requests=0)
-    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["ok"], _failed_steps(result)
     assert result["parametersUpdated"] == ["/qwen-cluster/dev/endpoint/api-keys"]
     assert sorted(s["resource"] for s in result["steps"]) == ["node-proxy-master", "node-proxy-worker-1"]
     assert _model_pids(aws_plan) == pids and len(pids) == 2
@@ -347,7 +361,7 @@ def test_prometheus_and_alertmanager_ask_for_the_password_and_a_rotation_keeps_t
     result = lab.upgrade(
         LABEL, [f"monitoring.password={rotated}", f"monitoring.tls={json.dumps(tls)}"], max_requests=0
     )
-    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["ok"], _failed_steps(result)
     assert result["parametersUpdated"] == [
         "/qwen-cluster/dev/monitoring/password",
         "/qwen-cluster/dev/monitoring/web-config",
@@ -385,7 +399,7 @@ def test_a_node_added_boots_gets_every_association_registers_and_serves(day0):
     aws_plan, _, _ = day0
     nodes = [*stackfile.read("dev")["qwen-cluster:nodes"], {"name": "worker-2", "ip": "10.42.1.102"}]
     result = lab.upgrade(LABEL, [f"nodes={json.dumps(nodes)}"], max_requests=2000)
-    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["ok"], _failed_steps(result)
     assert result["nodesAdded"] == ["worker-2"]
     assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
     assert result["requests"] > 50 and result["maxReplicasDown"] == 0
@@ -413,7 +427,7 @@ def test_a_node_removed_drains_its_target_before_its_instance_goes_and_fails_not
     assert "gpu-nodes-worker-2" in {r.name for r in before.render.custom_resources}, "needs worker-2 added"
     nodes = stackfile.read("dev")["qwen-cluster:nodes"]
     result = lab.upgrade(LABEL, [f"nodes={json.dumps(nodes)}"], max_requests=2000)
-    assert result["ok"], [s for s in result["steps"] if not s["ok"]]
+    assert result["ok"], _failed_steps(result)
     assert result["nodesRemoved"] == ["worker-2"]
     assert result["failed"] == 0 and result["streamsCut"] == 0, result["failures"]
     assert result["requests"] > 50 and result["maxReplicasDown"] == 0
