@@ -228,6 +228,44 @@ def test_a_container_that_fails_to_start_stays_in_the_state_and_the_next_change_
         executor.Executor._docker = original
 
 
+def _container_with_grace(image: str, grace: int) -> offline.Render:
+    render = _one_container(image)
+    render.resources[1].inputs["destroyGraceSeconds"] = grace
+    return render
+
+
+@pytest.mark.parametrize(("real_model", "grace"), [(False, 3), (True, 90)])
+def test_the_model_servers_stop_grace_follows_its_shutdown_clock(tmp_path, real_model, grace):
+    """The stand-in puts --shutdown-timeout on the lab clock, so its grace follows (90 s: 3 s at
+    1/30); the real vLLM shuts down at real speed, so its grace stays whole, whatever the clock."""
+    from labkit.cluster import blueprint, lifecycle
+
+    plan = blueprint.build(stackfile.load("onprem"), "t")
+    clock = 1 / 3 if real_model else 1 / 30
+    options = lifecycle.Options(clock_scale=clock, real_model=real_model)
+    host = lifecycle.host(plan, plan.members[0], options)
+    host = standins.Host("n1", "ns", "10.0.0.1", "/e", str(tmp_path), "/b", lab_env=host.lab_env)
+    calls = []
+
+    def fake(self, resource, rendered, request, timeout):
+        calls.append(request)
+        return {"ok": True, "id": request.get("id") or "c1", "state": {"Running": True}}
+
+    executor.Executor._docker, original = fake, executor.Executor._docker
+    try:
+        first = executor.Executor({"10.0.0.1": host}, log_dir=tmp_path / "s").apply(
+            None, _container_with_grace("vllm/vllm-openai:a", 90)
+        )
+        old = executor.state_render("s", first.state, _container_with_grace("vllm/vllm-openai:a", 90))
+        calls.clear()
+        executor.Executor({"10.0.0.1": host}, log_dir=tmp_path / "s").apply(
+            old, _container_with_grace("vllm/vllm-openai:b", 90)
+        )
+    finally:
+        executor.Executor._docker = original
+    assert [(call["op"], call.get("grace")) for call in calls][0] == ("delete", grace)
+
+
 def test_every_host_path_of_the_program_is_moved_and_none_is_left(onprem):
     rendered, _ = onprem
     for resource in rendered.of_type(executor.COMMAND):

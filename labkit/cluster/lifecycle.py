@@ -363,6 +363,12 @@ def host(plan: LabPlan, member: Member, options: Options) -> standins.Host:
             "QCL_LAB_ETC": node_etc(member),
             "QCL_LAB_BIN": str(bin_dir(plan)),
             "QCL_LAB_CLOCK": f"{options.clock_scale:g}",
+            # The model server's stop grace (destroy_grace_seconds) is its --shutdown-timeout and a
+            # margin: on the lab clock with the stand-in, which puts its shutdown on it
+            # (labkit/images/imagebin.py), never with the real vLLM, whose shutdown runs at real
+            # speed (scaled to 30 s, a loaded P/D bump SIGKILLed it mid-shutdown and dockerd gave
+            # up waiting for the exit: "did not receive an exit event").
+            "QCL_LAB_STOP_CLOCK": "1" if options.real_model else f"{options.clock_scale:g}",
             "QCL_LAB_TOKEN_DELAY": f"{options.token_delay:g}",
             "QCL_LAB_LOAD_DELAY": f"{options.model_load_seconds * options.clock_scale:.3f}",
             **substitutions.environment(node_etc(member), state, str(bin_dir(plan))),

@@ -483,8 +483,8 @@ class Executor:
         inputs = plain(resource.inputs)
         known = dict(resource.outputs or {})  # what the state holds: id, initErrors, mustRun
         ident = str(known.get("id") or inputs.get("name") or resource.name)
-        clock = float(host.lab_env.get("QCL_LAB_CLOCK", "1"))
         if op == "delete":
+            clock = float(host.lab_env.get("QCL_LAB_STOP_CLOCK", "1"))  # lifecycle says which
             grace = round(float(inputs.get("destroyGraceSeconds") or 0) * clock)
             request = {"op": "delete", "id": ident, "grace": grace}
             answer = self._docker(resource, rendered, request, timeout=grace + DOCKER_STEP_MARGIN)
