@@ -386,3 +386,29 @@ def test_a_kv_aware_model_container_serves_its_events_port_so_the_holder_leaves_
     rendered, _ = executor.render(raw, "onprem", 1 / 30)
     container = standins.Container.from_inputs("master", rendered.named("master-model-vllm").inputs)
     assert standins.serves(container) == [5000, 5557]
+
+
+def _kv_aware(flags: dict | None = None) -> dict:
+    config = stackfile.read("onprem")
+    balancer = config.get("qwen-cluster:loadBalancer", {})
+    config["qwen-cluster:loadBalancer"] = {**balancer, "routing": "kv-aware"}
+    if flags is not None:
+        config["qwen-cluster:model"] = {**config.get("qwen-cluster:model", {}), "vllmFlags": flags}
+    return config
+
+
+def test_the_real_vllm_gets_a_block_size_its_cpu_build_takes_on_the_replicas_and_the_router_alike():
+    """kv-aware renders --block-size 16 by default, which the CPU build refuses; the lab changes
+    the stack's key, so the router's --kv-event-block-size follows (a server-line change alone
+    would leave the router hashing other blocks than the events name)."""
+    config, made = substitutions.real_vllm_config(_kv_aware())
+    assert len(made) == 1 and "-> 128" in made[0]
+    rendered, _ = executor.render(config, "onprem", 1 / 30)
+    command = [str(word) for word in rendered.named("router-router").inputs["command"]]
+    assert command[command.index("--kv-event-block-size") + 1] == "128"
+    for node in ("master", "worker-1"):
+        assert "--block-size=128" in str(rendered.named(f"{node}-model-vllm").inputs)
+    # A stack's own block size, and a stack that is not kv-aware, are left alone.
+    own = _kv_aware({"--block-size": 64})
+    assert substitutions.real_vllm_config(own) == (own, [])
+    assert substitutions.real_vllm_config(stackfile.read("onprem"))[1] == []

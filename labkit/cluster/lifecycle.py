@@ -580,9 +580,13 @@ def apply(
     record_size(plan)
     report = UpReport(steps=machines(plan, options))
     config = stack_config(plan) if config is None else config
+    real_notes: list[str] = []
+    if options.real_model:
+        config, real_notes = substitutions.real_vllm_config(config)
     rendered, report.notes = executor.render(
         config, plan.label, options.clock_scale, ssh_identity(plan, options), endpoint_identity(plan)
     )
+    report.notes += real_notes
     report.notes += [f"docker: {what} ({why})" for what, why in substitutions.DOCKER.items()]
     published = publish_images(plan, options, rendered)
     report.steps.append(StepResult("-", "images", True, "; ".join(published), op="fixture"))

@@ -36,7 +36,6 @@ ROUTER_METRICS_PORT = 29000
 # The kv_aware router beside the cache_aware one (same replicas).
 KV_ROUTER_PORT = 30002
 KV_ROUTER_METRICS_PORT = 29002
-CPU_BLOCK_SIZE = 128
 LEAST_CONN_PORT = 8080
 ROUTED_PORT = 8081
 KV_ROUTED_PORT = 8082
@@ -57,9 +56,9 @@ def _loopback_cluster(net: str):
     raw["monitoring"] = {"prometheus": False}
     # kv-aware: the replicas rendered with --enable-scale-out and their KV-event publishers, which
     # serve the cache_aware router as they serve the kv_aware one. The block size the CPU build
-    # picks itself (vllm/platforms/cpu.py: 128), given so that the router's is the same.
+    # takes (realvllm.CPU_BLOCK_SIZE), given so that the router's is the same.
     raw.update(_scale_out({key: raw[key] for key in ("model", "loadBalancer") if key in raw}, "kv-aware"))
-    raw["model"]["vllmFlags"] = {**raw["model"].get("vllmFlags", {}), "--block-size": CPU_BLOCK_SIZE}
+    raw["model"]["vllmFlags"] = {**raw["model"].get("vllmFlags", {}), "--block-size": realvllm.CPU_BLOCK_SIZE}
     raw["bareMetal"] = {key: value for key, value in raw["bareMetal"].items() if key != "hostKeys"}
     from qwen_cluster import config
 
@@ -153,7 +152,7 @@ class Loopback:
     router_url: str
     router_metrics_url: str
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
-    kv_block_size: int = CPU_BLOCK_SIZE
+    kv_block_size: int = realvllm.CPU_BLOCK_SIZE
     model: str = ""
 
     @property

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labkit.models import realvllm
 from qwen_cluster.config import NAMESPACE, REDACTED
 from tooling import stackfile
 
@@ -222,6 +223,27 @@ def stack_config(
         config[f"{NAMESPACE}:sshPrivateKey"] = ssh.private_key
         made.append("sshPrivateKey: the key the lab generated")
     return config, made
+
+
+def real_vllm_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """With `--real-model`: the stack config with what vLLM's CPU build needs at the stack's level,
+    and one line per change. Only the block size, with kv-aware routing and no --block-size of the
+    stack's own (realvllm.CPU_BLOCK_SIZE says why): the router's --kv-event-block-size renders
+    from the same key and must equal the replicas', so a change of the server's line alone
+    (realvllm.CPU_CHANGES) would leave the router hashing 16-token blocks against 128-token
+    events, never a hit."""
+    section = f"{NAMESPACE}:model"
+    model = config.get(section) or {}
+    flags = model.get("vllmFlags") or {}
+    routing = (config.get(f"{NAMESPACE}:loadBalancer") or {}).get("routing")
+    if routing != "kv-aware" or "--block-size" in flags:
+        return config, []
+    blocks = realvllm.CPU_BLOCK_SIZE
+    changed = {**config, section: {**model, "vllmFlags": {**flags, "--block-size": blocks}}}
+    return changed, [
+        f"model.vllmFlags --block-size (kv-aware's default 16) -> {blocks}: the CPU build's attention "
+        "takes multiples of 32; the replicas and the router's --kv-event-block-size both follow it"
+    ]
 
 
 # -------------------------------------------------------------- 2. script text

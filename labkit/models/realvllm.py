@@ -392,6 +392,15 @@ def _split(words: list[str]) -> list[tuple[str, str | None]]:
     return pairs
 
 
+# The KV block size the lab's real vLLM takes when a stack leaves it to the program: the CPU
+# build's attention takes only multiples of 32 (vllm/v1/attention/backends/cpu_attn.py
+# get_supported_kernel_block_sizes, MultipleOf(32)) and refuses the 16 that kv-aware routing
+# renders by default (config/sections.py KV_BLOCK_SIZE): "No common block size for 16", the engine
+# restarting in a loop. 128 is what the CPU build picks by itself (vllm/platforms/cpu.py). The
+# change is the stack's (labkit/engine/substitutions.py real_vllm_config), not the server line's.
+CPU_BLOCK_SIZE = 128
+
+
 def cpu_serve_argv(
     rendered: list[str], model_path: Path | str, kv_cache_bytes: int | None = None
 ) -> list[str]:
