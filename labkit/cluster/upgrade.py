@@ -203,12 +203,18 @@ class ReplicaWatch:
                             netns.call_in(
                                 self.namespace, probes.get, head[1], self.port, HEALTH_PATH,
                                 timeout=PROBE_SECONDS,
-                            ).status
+                            )
                         ),
                         self.heads,
                     )
                 )
-                down = [head[0] for head, status in zip(self.heads, answers, strict=True) if status != 200]
+                # Each down head with why (its status, or the error: refused, or no answer within
+                # the probe's time), so that a report tells an outage from a slow /health.
+                down = [
+                    f"{head[0]} ({reply.status or (reply.error or '').split(':')[0]})"
+                    for head, reply in zip(self.heads, answers, strict=True)
+                    if reply.status != 200
+                ]
                 self.samples += 1
                 if len(down) > self.max_down:
                     self.max_down, self.down_at_max = len(down), down
@@ -299,6 +305,7 @@ class UpgradeReport:
             "failed": self.failed,
             "streamsCut": self.streams_cut,
             "maxReplicasDown": self.max_replicas_down,
+            "replicasDownAtMax": self.down_at_max,
             "seconds": round(self.seconds, 2),
             "steps": [
                 {
