@@ -539,18 +539,22 @@ def test_a_failed_probe_ends_before_the_endpoint_stops_waiting_and_that_before_t
     assert scrape_timeout == clock.duration(times.scrape_timeout)
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod", "onprem", "onprem-pipeline"])
+@pytest.mark.parametrize("stack", ["dev", "prod", "onprem", "onprem-pipeline", "onprem-disaggregated"])
 def test_each_nodes_endpoint_file_is_exactly_its_config_as_json(stack):
     """aggregator_json splices each peer's probes, encoded once per cluster, into every
-    node's file: the bytes must be json.dumps of aggregator_config, whatever the node."""
+    node's file: the bytes must be json.dumps of aggregator_config, whatever the node (a
+    disaggregated node's side-channel probes depend on its own pool: only the other pool's)."""
     import json
 
     from qwen_cluster import config
+    from tests.helpers.baremetal import ONPREM_DISAGGREGATED
 
     if stack == "onprem-pipeline":  # Ray's ports join the probes; replicas of two nodes
         raw = stackfile.read("onprem")
         raw["qwen-cluster:model"] = {**raw["qwen-cluster:model"], "pipelineParallel": 2}
         cluster = config.validate(stackfile.cluster_keys(raw))
+    elif stack == "onprem-disaggregated":  # two pools of two
+        cluster = ONPREM_DISAGGREGATED
     else:
         cluster = stackfile.load(stack)
     for node in cluster.nodes:

@@ -106,15 +106,17 @@ def probes(
             else listening_ports(cluster, peer.name)
         )
         result += [Probe(peer.name, ip, "tcp_connect", port, name) for name, port in ports]
-        result += _kv_probes(cluster, node_name, peer)
+        result += _kv_probes(cluster, cluster.serving.pool_of(node_name), peer)
     return result
 
 
-def _kv_probes(cluster, node_name: str, peer) -> list[Probe]:
+def _kv_probes(cluster, source_pool: str | None, peer) -> list[Probe]:
     """serving.mode disaggregated: from a node of one pool, NIXL's side channel on each node of
-    the other (where it connects), at the address that node advertises (its side-channel host)."""
-    pools = cluster.serving
-    if not cluster.disaggregated or pools.pool_of(node_name) == pools.pool_of(peer.name):
+    the other (where it connects), at the address that node advertises (its side-channel host).
+    Never within a pool, nor from or to a node of neither: the port table closes it there, and a
+    probe would hold QwenKvSideChannelUnreachable firing on a healthy cluster."""
+    peer_pool = cluster.serving.pool_of(peer.name)
+    if not cluster.disaggregated or None in (source_pool, peer_pool) or source_pool == peer_pool:
         return []
     port = port_table.port_of(cluster.ports, port_table.KV_SIDE_CHANNEL)
     host = cluster.kv_side_channel_host(peer)
@@ -175,20 +177,27 @@ def _dumps(config: dict) -> str:
 
 
 _PROBES_SLOT = "__qwen_cluster_probes__"
-_peer_entries_cache: list = []  # [(cluster, {peer name: [entry text, ...]})]: the last cluster only
+# [(cluster, {source pool: {peer name: [entry text, ...]}})]: the last cluster only
+_peer_entries_cache: list = []
 
 
-def _peer_entries(cluster) -> dict[str, list[str]]:
+def _peer_entries(cluster, source_pool: str | None) -> dict[str, list[str]]:
     """Every peer's probe entries as aggregator_json writes them inside "probes" (indented
-    two levels), encoded once per cluster: a peer is probed the same way from every node."""
-    if _peer_entries_cache and _peer_entries_cache[0][0] is cluster:
-        return _peer_entries_cache[0][1]
+    two levels), encoded once per cluster and source pool: a peer is probed the same way from
+    every node of a pool (from every node, aggregated; the side channel only across pools)."""
+    if not (_peer_entries_cache and _peer_entries_cache[0][0] is cluster):
+        _peer_entries_cache[:] = [(cluster, {})]
+    by_pool = _peer_entries_cache[0][1]
+    if source_pool in by_pool:
+        return by_pool[source_pool]
     entries: dict[str, list[str]] = {node.name: [] for node in cluster.nodes}
-    # From a node outside the cluster, every member is a peer.
-    for probe in probes(cluster, node_name=""):
+    # From a node outside the cluster every member is a peer; then the pool's own probes.
+    found = probes(cluster, node_name="")
+    found += [probe for peer in cluster.nodes for probe in _kv_probes(cluster, source_pool, peer)]
+    for probe in found:  # bucketed per peer: its own probes first, then the side channel's
         text = json.dumps(_probe_entry(probe), indent=2, sort_keys=True)
         entries[probe.peer].append(text.replace("\n", "\n    ").join(("    ", "")))
-    _peer_entries_cache[:] = [(cluster, entries)]
+    by_pool[source_pool] = entries
     return entries
 
 
@@ -206,7 +215,7 @@ def aggregator_json(
     if listening:
         return _dumps(aggregator_config(cluster, node_name, gpu=gpu, listening=listening))
     text = _dumps({**_aggregator_base(cluster, node_name, gpu), "probes": _PROBES_SLOT})
-    by_peer = _peer_entries(cluster)
+    by_peer = _peer_entries(cluster, cluster.serving.pool_of(node_name))
     items = [entry for node in cluster.nodes if node.name != node_name for entry in by_peer[node.name]]
     probes_text = "[\n" + ",\n".join(items) + "\n  ]" if items else "[]"
     return text.replace(json.dumps(_PROBES_SLOT), probes_text, 1)
