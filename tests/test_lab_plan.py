@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections import Counter
 
 import pytest
@@ -248,7 +249,58 @@ def test_the_spread_of_a_disaggregated_stack_counts_every_answer_in_each_pool(
     monkeypatch.setattr(probes, "spread", spread)
     monkeypatch.setattr(lifecycle, "client_access", lambda _plan: probes.PLAIN)
     monkeypatch.setattr(check, "streaming", lambda _plan, _options: [])
-    [row] = check.load_balancer(plan, lifecycle.Options())
+    monkeypatch.setattr(check, "router_pools", lambda _plan: "the router's row")
+    row, pools = check.load_balancer(plan, lifecycle.Options())
     assert asked["requests"] == 6 and row.ok is ok, row
+    assert pools == "the router's row"
     # A disaggregated request waits as long as one takes on the lab's two cores.
     assert asked["timeout"] == check.PD_REQUEST_SECONDS
+
+
+def _workers(*entries: tuple[str, str, bool]) -> bytes:
+    return json.dumps(
+        {
+            "workers": [
+                {"url": url, "worker_type": kind, "is_healthy": healthy} for url, kind, healthy in entries
+            ]
+        }
+    ).encode()
+
+
+PREFILL_URL, DECODE_URL, EXTRA_URL = "http://127.1.0.1:5000", "http://127.1.0.2:5000", "http://127.1.0.9:5000"
+
+
+@pytest.mark.parametrize(
+    ("body", "ok"),
+    [
+        (_workers((PREFILL_URL, "prefill", True), (DECODE_URL, "decode", True)), True),
+        (_workers((PREFILL_URL, "prefill", True)), False),  # the decode node left the router
+        (_workers((PREFILL_URL, "prefill", True), (DECODE_URL, "decode", False)), False),
+        (_workers((PREFILL_URL, "decode", True), (DECODE_URL, "prefill", True)), False),  # swapped
+        (
+            _workers(
+                (PREFILL_URL, "prefill", True), (DECODE_URL, "decode", True), ("http://x:1", "decode", True)
+            ),
+            False,
+        ),
+    ],
+)
+def test_the_router_row_wants_each_node_in_its_pool_and_healthy(monkeypatch, body, ok):
+    """A disaggregated stack's check asks the router which node serves which pool: which node of a
+    pool answers a request is the router's choice, that each is there and healthy is not."""
+    from labkit.cluster import probes
+    from labkit.hosts import netns
+
+    plan = blueprint.load("onprem", nodes=2, label="pds", changes=PD)
+    asked = []
+
+    def get(ip, port, path, **_kwargs):
+        asked.append((ip, port, path))
+        return probes.Reply(200, None, body)
+
+    monkeypatch.setattr(netns, "call_in", lambda _ns, function, *args, **kwargs: function(*args, **kwargs))
+    monkeypatch.setattr(probes, "get", get)
+    row = check.router_pools(plan)
+    assert asked == [("127.0.0.1", plan.cluster.router_port, "/workers")]
+    assert row.ok is ok, row
+    assert row.expected == "master prefill, worker-1 decode: each healthy"

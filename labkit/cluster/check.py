@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from labkit.hosts import netns
 from labkit.models import modelserver, servermetrics
 from qwen_cluster.ports import EPHEMERAL_PORTS, SSH_PORT, Vantage
 from qwen_cluster.render import nginx
+from qwen_cluster.render import router as router_render
 from qwen_cluster.render.vllm import HEALTH_PATH
 
 CLOSED_PROBE_TIMEOUT = 0.7  # a DROP costs this much; probes run in parallel
@@ -283,8 +285,13 @@ def load_balancer(plan: LabPlan, options: lifecycle.Options) -> list[Result]:
         sum(finished[head] for head in members) == ok_replies for members in pools.values()
     )
     expected = f"every replica answers ({servermetrics.SUCCESS} deltas), no failures"
+    every_node = all(finished.values())
     if cluster.disaggregated:
-        expected = f"every node of each pool answers, each pool counts every answer ({servermetrics.SUCCESS})"
+        # Which node of a pool serves is the router's choice (cache_aware: one decode node took
+        # 9 of 9 sequential probes of a three-node lab, prefix hit or miss alike); that each node
+        # is in its pool and healthy is the router's own account, the next row.
+        expected = f"each pool counts every answer ({servermetrics.SUCCESS}), no failures"
+        every_node = True
     results.append(
         Result(
             "load balancer",
@@ -293,11 +300,46 @@ def load_balancer(plan: LabPlan, options: lifecycle.Options) -> list[Result]:
             f"{requests} requests",
             expected,
             counts + (f"; {len(spread.failures)} failed" if spread.failures else ""),
-            _status(accounted and all(finished.values()) and not spread.failures),
+            _status(accounted and every_node and not spread.failures),
         )
     )
+    if cluster.disaggregated:
+        results.append(router_pools(plan))
     results += streaming(plan, options)
     return results
+
+
+def router_pools(plan: LabPlan) -> Result:
+    """The router in P/D mode, asked on its loopback listener (`GET /workers`): every node of
+    each pool is its worker of that type, and healthy by its own checks."""
+    cluster = plan.cluster
+    lb = plan.load_balancer
+    wanted = {
+        url: (pool, node)
+        for pool in ("prefill", "decode")
+        for node, url in zip(
+            [head.name for head in cluster.topology.heads if cluster.serving.pool_of(head.name) == pool],
+            router_render.pool_urls(cluster, pool),
+            strict=True,
+        )
+    }
+    expected = ", ".join(f"{node} {pool}" for pool, node in wanted.values()) + ": each healthy"
+    reply = netns.call_in(lb.namespace, probes.get, "127.0.0.1", cluster.router_port, "/workers", timeout=10)
+    if reply.status != 200:
+        observed, ok = f"/workers: HTTP {reply.status} {reply.error or ''}".strip(), False
+    else:
+        workers = {w["url"]: w for w in json.loads(reply.body).get("workers", [])}
+
+        def state(url: str) -> str:
+            worker = workers.get(url)
+            if worker is None:
+                return "missing"
+            return str(worker.get("worker_type")) + ("" if worker.get("is_healthy") else ", unhealthy")
+
+        observed = ", ".join(f"{node} {state(url)}" for url, (_pool, node) in wanted.items())
+        ok = len(workers) == len(wanted) and all(state(url) == pool for url, (pool, _node) in wanted.items())
+    what = "P/D workers (GET /workers)"
+    return Result("load balancer", lb.node, "router", what, expected, observed, _status(ok))
 
 
 def read_timeout_seconds(site: str) -> float | None:

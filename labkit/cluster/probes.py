@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import hashlib
 import http.client
 import json
 import re
@@ -322,16 +321,10 @@ def spread(
     max_tokens: int | None = None,
 ) -> Spread:
     """Send `requests` chat completions and count which node answered each (the stand-in's
-    X-Lab-Node; `?` for a server that names none, as vLLM). Each prompt begins with a word of its
-    own: vLLM's router (cache_aware) sends a prompt whose text matches one worker's tree by more
-    than --cache-threshold to that worker, so prompts that all began `request ` went to one
-    decode node of two (a disaggregated lab's check, 9 of 9); prompts that share no beginning are
-    spread by the router's own rule (the worker with the smallest tree), as nginx spreads any."""
+    X-Lab-Node; `?` for a server that names none, as vLLM)."""
     result = Spread()
     for index in range(requests):
-        word = hashlib.sha256(f"spread {index}".encode()).hexdigest()[:16]
-        text = f"{word} request {index}"
-        reply = chat(ip, port, text, timeout=timeout, access=access, max_tokens=max_tokens)
+        reply = chat(ip, port, f"request {index}", timeout=timeout, access=access, max_tokens=max_tokens)
         if reply.ok:
             result.counts[reply.node or "?"] += 1
         else:
