@@ -99,8 +99,11 @@ class Options:
     # The real vLLM's KV cache in bytes (None: realvllm.KV_CACHE_BYTES); the routing benchmark's.
     kv_cache_bytes: int | None = None
     # Each replica head's real vLLM engine on a core of its own (round robin over the machine's
-    # cores) instead of vLLM's choice (core 0 for every engine on a 2-core machine).
-    engine_cores: bool = False
+    # cores) instead of vLLM's choice (core 0 for every engine on a 2-core machine). Left to
+    # vLLM, a two-replica lab's engines shared core 0 while core 1 idled (all 46 worker threads
+    # of each bound there), and whichever replica got going starved the other: every policy,
+    # least-conn too, sent 93-94 of 96 shared-prefix requests to one replica through the endpoint.
+    engine_cores: bool = True
 
 
 @dataclass
@@ -549,7 +552,7 @@ def lab_knobs(plan: LabPlan, options: Options) -> standins.LabKnobs:
         top_trees=trees.top,
         kv_cache_bytes=options.kv_cache_bytes,
         engine_cores={str(head.ip): index % (os.cpu_count() or 1) for index, head in enumerate(plan.heads)}
-        if options.engine_cores
+        if options.engine_cores and options.real_model
         else {},
     )
 
