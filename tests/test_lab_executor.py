@@ -412,3 +412,15 @@ def test_the_real_vllm_gets_a_block_size_its_cpu_build_takes_on_the_replicas_and
     own = _kv_aware({"--block-size": 64})
     assert substitutions.real_vllm_config(own) == (own, [])
     assert substitutions.real_vllm_config(stackfile.read("onprem"))[1] == []
+
+
+def test_a_real_model_labs_engines_get_cores_of_their_own_by_default(monkeypatch):
+    """Left to vLLM, every engine of a 2-core machine binds core 0, and the replicas starve each
+    other (93-94 of 96 requests on one replica, whatever the routing); the stand-in needs none."""
+    from labkit.cluster import blueprint, lifecycle
+
+    monkeypatch.setattr(lifecycle.os, "cpu_count", lambda: 2)
+    plan = blueprint.load("onprem", nodes=2, label="cores")
+    real = lifecycle.engine_cores(plan, lifecycle.Options(real_model=True))
+    assert real == {str(head.ip): core for head, core in zip(plan.heads, (0, 1), strict=True)}
+    assert lifecycle.engine_cores(plan, lifecycle.Options()) == {}

@@ -152,18 +152,3 @@ def test_the_lab_file_carries_the_kv_size_and_the_engine_cores_only_when_set():
     assert "kv_cache_bytes" not in lab_file(plain) and "engine_cores" not in lab_file(plain)
     assert '"kv_cache_bytes": 1024' in lab_file(sized)
     assert '"engine_cores": {"10.0.0.2": 1}' in lab_file(sized)
-
-
-def test_a_real_model_labs_engines_get_cores_of_their_own_by_default(monkeypatch):
-    """Left to vLLM, every engine of a 2-core machine binds core 0, and the replicas starve each
-    other (93-94 of 96 requests on one replica, whatever the routing); the stand-in needs none."""
-    from labkit.cluster import blueprint, lifecycle
-    from labkit.models import realvllm
-
-    monkeypatch.setattr(realvllm, "image_trees", lambda _parent: realvllm.ImageTrees((), ()))
-    monkeypatch.setattr(lifecycle.os, "cpu_count", lambda: 2)
-    plan = blueprint.load("onprem", nodes=2, label="cores")
-    real = lifecycle.lab_knobs(plan, lifecycle.Options(real_model=True))
-    assert sorted(real.engine_cores.values()) == [0, 1]
-    assert set(real.engine_cores) == {str(head.ip) for head in plan.heads}
-    assert lifecycle.lab_knobs(plan, lifecycle.Options()).engine_cores == {}

@@ -102,7 +102,14 @@ class Machine:
         folder = self.root / "runs" / f"{time.time_ns()}-{name}"
         folder.mkdir(parents=True)
         script = folder / "_script.sh"
-        script.write_text(script_text)
+        # Written by a child (`tee`), never through a file descriptor of this process: nodes run
+        # their scripts from parallel threads, and a fork of another thread inherits every open
+        # descriptor until its exec; the `sh -c` of a script whose write descriptor such a child
+        # still held failed with "Text file busy" (exit 126) in a CI run: a race of the lab's
+        # threads, not the node's.
+        subprocess.run(
+            ["tee", str(script)], input=script_text, text=True, stdout=subprocess.DEVNULL, check=True
+        )
         script.chmod(0o700)
         env = {"PATH": f"{self.bin_dir}:{BASE_PATH}", "HOME": "/root", "LANG": "C.UTF-8", **self.env}
         pid = self.holder()

@@ -551,10 +551,16 @@ def lab_knobs(plan: LabPlan, options: Options) -> standins.LabKnobs:
         environment_trees=trees.environment,
         top_trees=trees.top,
         kv_cache_bytes=options.kv_cache_bytes,
-        engine_cores={str(head.ip): index % (os.cpu_count() or 1) for index, head in enumerate(plan.heads)}
-        if options.engine_cores and options.real_model
-        else {},
+        engine_cores=engine_cores(plan, options),
     )
+
+
+def engine_cores(plan: LabPlan, options: Options) -> dict[str, int]:
+    """Replica head IP -> the core its real vLLM engine binds: round robin over this machine's
+    cores (Options.engine_cores says why); none with the stand-in, which binds nothing."""
+    if not (options.engine_cores and options.real_model):
+        return {}
+    return {str(head.ip): index % (os.cpu_count() or 1) for index, head in enumerate(plan.heads)}
 
 
 def _prune(plan: LabPlan) -> list[str]:
