@@ -46,7 +46,10 @@ CLIENT = Path(__file__).parent / "helpers" / "lab_openai_client.py"
 def lab():
     lifecycle.down(LABEL)
     lab_plan = blueprint.load("onprem", nodes=2, label=LABEL)
-    options = lifecycle.Options(clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True)
+    # Both engines on one core, as before engine cores became the lab's default: the suite's other
+    # workers run their labs beside this module and need the other core (a clean-clone run with an
+    # engine on each core timed out TLS handshakes and /health probes in two other lab modules).
+    options = lifecycle.Options(clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True, engine_cores=False)
     try:
         up = lifecycle.up(lab_plan, options)
         assert up.ok, [(step.node, step.step, step.detail[-500:]) for step in up.steps if not step.ok]
