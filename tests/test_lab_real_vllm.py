@@ -47,8 +47,8 @@ def lab():
     lifecycle.down(LABEL)
     lab_plan = blueprint.load("onprem", nodes=2, label=LABEL)
     # Both engines on one core, as before engine cores became the lab's default: the suite's other
-    # workers run their labs beside this module and need the other core (a clean-clone run with an
-    # engine on each core timed out TLS handshakes and /health probes in two other lab modules).
+    # workers run their labs beside this module. A clean-clone run with an engine on each core had
+    # probes time out in two other lab modules; that the cores caused it is likely, not proven.
     options = lifecycle.Options(clock_scale=realvllm.REAL_MODEL_CLOCK, real_model=True, engine_cores=False)
     try:
         up = lifecycle.up(lab_plan, options)
